@@ -337,8 +337,9 @@ def _chain_from(g: LayerGraph, start: str, stop: str | None, ipdom) -> Chain:
     if join is None:
       raise UserError(f"graph of {g.model}: fork at '{current}' never joins")
     if join == stop:
-      raise UserError(f"graph of {g.model}: fork at '{current}' joins directly into '{join}', "
-                      "which closes an outer block; give the inner branches their own join layer")
+      raise UserError(f"graph of {g.model} is not series-parallel: fork at '{current}' joins "
+                      f"directly into '{join}', which closes an outer block; give the inner "
+                      "branches their own join layer")
     branches = []
     for s in succ:
       branches.append(Chain(()) if s == join else _chain_from(g, s, join, ipdom))

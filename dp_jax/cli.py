@@ -1,0 +1,155 @@
+"""Hydra entry points: one-line errors, per-job tracking, failed multirun cells recorded."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dp_jax.errors import UserError
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+log = logging.getLogger("dp_jax")
+
+TaskFn = Callable[[Any, Any], dict[str, Any] | None]  # task(cfg, run) -> summary
+
+
+def one_line(exc: BaseException) -> str:
+  """The message of `exc` (and of what caused it) as one readable line."""
+  from hydra.errors import MissingConfigException
+  from omegaconf.errors import OmegaConfBaseException
+
+  if isinstance(exc, UserError):
+    return _squash(str(exc))
+  if isinstance(exc, MissingConfigException) and exc.options is not None:
+    group = (exc.missing_cfg_file or "").rsplit("/", 1)
+    name = group[-1]
+    group_name = group[0] if len(group) == 2 else "config"
+    valid = ", ".join(o for o in sorted(exc.options) if not o.endswith("_schema"))
+    return f"unknown {group_name} '{name}' (valid {group_name} options: {valid})"
+  from hydra.errors import OverrideParseException
+
+  if isinstance(exc, OverrideParseException):
+    return f"malformed override: {_squash(str(exc)).split('; See ')[0]}"
+  msgs = []
+  e: BaseException | None = exc
+  while e is not None:
+    if isinstance(e, OmegaConfBaseException):
+      msgs.append(_omegaconf_message(e))
+      break  # what an OmegaConf error wraps repeats it with placeholders
+    text = _squash(str(e)).replace("; To append to your config use", " (to add a new key use")
+    if "(to add a new key use" in text:
+      text = text.rstrip(".") + ")"
+    if text and text not in msgs:
+      msgs.append(text)
+    e = e.__cause__ or e.__context__
+  return ": ".join(msgs) or type(exc).__name__
+
+
+def _omegaconf_message(e: Any) -> str:
+  import dataclasses
+
+  first = str(e).splitlines()[0] if str(e) else type(e).__name__
+  key = getattr(e, "full_key", None)
+  if key and key not in first:
+    first = f"{key}: {first}"
+  schema = getattr(e, "object_type", None)
+  if " not in '" in first and schema is not None and dataclasses.is_dataclass(schema):
+    first += f" (valid keys: {', '.join(f.name for f in dataclasses.fields(schema))})"
+  return _squash(first)
+
+
+def _squash(text: str) -> str:
+  lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+  lines = [ln for ln in lines if not ln.startswith(("Config search path", "provider=", "Set the env"))]
+  return re.sub(r"\s+", " ", "; ".join(lines)).strip()
+
+
+def hydra_app(config_name: str) -> Callable[[TaskFn], Callable[[], None]]:
+  """Turn `task(cfg, run) -> summary dict` into a Hydra app `main()` with one-line errors."""
+
+  def decorate(task: TaskFn) -> Callable[[], None]:
+    @functools.wraps(task)
+    def main() -> None:
+      import hydra
+
+      from dp_jax.config import register_configs
+
+      register_configs()
+      # Hydra re-raises instead of printing its own multi-line report; we print one line.
+      os.environ["HYDRA_FULL_ERROR"] = "1"
+      job = functools.partial(_run_job, task, config_name)
+      functools.update_wrapper(job, task)
+      hydra_main = hydra.main(version_base=None, config_path=CONF_DIR, config_name=config_name)(job)
+      try:
+        hydra_main()
+      except SystemExit:
+        raise
+      except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+      except Exception as e:  # noqa: BLE001 - every error ends as one line
+        if os.environ.get("DP_JAX_TRACEBACK"):
+          traceback.print_exc()
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        sys.exit(2)
+      finally:
+        from dp_jax import tracking
+
+        tracking.cleanup()
+
+    return main
+
+  return decorate
+
+
+def _run_job(task: TaskFn, app: str, cfg: Any) -> dict[str, Any] | None:
+  """Run one job: tracking around it; a failure in a multirun is recorded, not raised."""
+  from hydra.core.hydra_config import HydraConfig
+  from hydra.types import RunMode
+
+  from dp_jax import tracking
+
+  hc = HydraConfig.get()
+  output_dir = Path(hc.runtime.output_dir)
+  multirun = hc.mode == RunMode.MULTIRUN
+  _quiet_third_party_loggers()
+  run = tracking.start(cfg, app=app, output_dir=output_dir,
+                       sweep_name=Path(hc.sweep.dir).name if multirun else None)
+  try:
+    summary = task(cfg, run) or {}
+  except Exception as e:  # noqa: BLE001
+    message = one_line(e)
+    _write_status(output_dir, {"status": "failed", "error": message,
+                               "overrides": list(hc.overrides.task)})
+    run.summary({"status": "failed", "error": message})
+    run.finish(exit_code=1)
+    if os.environ.get("DP_JAX_TRACEBACK"):
+      traceback.print_exc()
+    print(f"error: {message}", file=sys.stderr)
+    if multirun:
+      log.error("cell %s failed: %s", " ".join(hc.overrides.task), message)
+      return {"status": "failed", "error": message}
+    raise SystemExit(2) from None
+  summary = {"status": "ok", **summary}
+  _write_status(output_dir, {**summary, "overrides": list(hc.overrides.task)})
+  run.summary(summary)
+  run.finish()
+  return summary
+
+
+def _write_status(output_dir: Path, status: dict[str, Any]) -> None:
+  output_dir.mkdir(parents=True, exist_ok=True)
+  (output_dir / "status.json").write_text(json.dumps(status, indent=1, default=str))
+
+
+def _quiet_third_party_loggers() -> None:
+  for name in ("jax._src", "absl", "orbax", "wandb"):
+    logging.getLogger(name).setLevel(logging.WARNING)

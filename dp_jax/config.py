@@ -1,0 +1,141 @@
+"""Structured configs (typed schemas) for every config group and app, registered with Hydra."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class WandbMode(str, Enum):
+  online = "online"
+  offline = "offline"
+  disabled = "disabled"
+
+
+@dataclass
+class ModelConfig:
+  """A zoo model and its size options (None: the model's own default)."""
+
+  name: str = MISSING
+  image_size: int | None = None
+  num_classes: int | None = None
+  seq_len: int | None = None
+  n_layer: int | None = None
+  d_model: int | None = None
+  n_head: int | None = None
+  vocab_size: int | None = None
+  dtype: str = "float32"
+
+
+@dataclass
+class ClusterConfig:
+  """A cluster: devices per node, nodes, device model, memory and links (see conf/cluster/)."""
+
+  name: str = MISSING
+  device: str = MISSING
+  num_nodes: int = 1
+  devices_per_node: int = 8
+  memory_gb_per_device: float = 40.0
+  intra_node_bandwidth_GBps: float = MISSING
+  intra_node_latency_us: float = MISSING
+  inter_node_bandwidth_GBps: float = MISSING
+  inter_node_latency_us: float = MISSING
+  num_devices: int | None = None  # G of the job; None: every device of the cluster
+
+
+class DeviceCounts(str, Enum):
+  divisors = "divisors"
+  powers_of_two = "powers_of_two"
+
+
+class PlannerMode(str, Enum):
+  fastest = "fastest"
+  frontier = "frontier"
+
+
+@dataclass
+class PlannerConfig:
+  """Burst-parallel planner options (see dp_jax/planner)."""
+
+  name: str = "burst"
+  amplification_limit: float = 2.0
+  amplification_floor_ms: float = 0.3
+  device_counts: DeviceCounts = DeviceCounts.divisors
+  overlap_allreduce: bool = True
+  mode: PlannerMode = PlannerMode.fastest
+  gradient_bytes_per_param: int = 4
+  optimizer_bytes_per_param: int = 8
+
+
+class ProfileSource(str, Enum):
+  measure = "measure"
+  analytic = "analytic"
+  deeppool_a100 = "deeppool_a100"
+  file = "file"
+
+
+@dataclass
+class ProfileConfig:
+  """Where per-layer costs come from (see dp_jax/profile)."""
+
+  source: ProfileSource = ProfileSource.analytic
+  path: str | None = None  # for source=file
+  device: str | None = None  # analytic: device model; None -> the cluster's device
+  dtype: str = "bfloat16"
+  batches: list[int] | None = None  # None: 1, 2, 4, ... up to the global batch
+  max_batch: int | None = None
+  repeats: int = 5
+  warmup: int = 2
+  cache_dir: str = ".cache/dp_jax/profiles"
+  data_dir: str = "${oc.env:DP_JAX_A100_DATA,../shared/data/deeppool-a100-profiles}"
+
+
+@dataclass
+class BackgroundConfig:
+  """A background job packed into the devices a plan leaves idle."""
+
+  name: str = "none"
+  model: ModelConfig | None = None
+  batch_per_device: int = 8
+  slowdown_cap: float = 0.1
+
+
+@dataclass
+class LoggerConfig:
+  """W&B tracking: offline by default (no server here); 'disabled' turns it off."""
+
+  mode: WandbMode = WandbMode.offline
+  project: str = "dp_jax"
+  entity: str | None = None
+  group: str | None = None  # None: a multirun's sweep name, else no group
+  job_type: str | None = None  # None: the app's name
+  tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class InspectConfig:
+  """python -m dp_jax.inspect: the layer table of a model, and its graph JSON."""
+
+  model: ModelConfig = MISSING
+  logger: LoggerConfig = field(default_factory=LoggerConfig)
+  out: str | None = None
+  seed: int = 0
+
+
+APP_SCHEMAS: dict[str, type] = {"inspect": InspectConfig}
+
+
+def register_configs() -> None:
+  """Register every schema with Hydra's ConfigStore (idempotent)."""
+  cs = ConfigStore.instance()
+  for name, node in APP_SCHEMAS.items():
+    cs.store(name=f"{name}_schema", node=node)
+
+
+def is_inf(x: Any) -> bool:
+  return isinstance(x, float) and math.isinf(x)
