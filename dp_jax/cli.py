@@ -72,17 +72,20 @@ def _squash(text: str) -> str:
   return re.sub(r"\s+", " ", "; ".join(lines)).strip()
 
 
-def hydra_app(config_name: str) -> Callable[[TaskFn], Callable[[], None]]:
-  """Turn `task(cfg, run) -> summary dict` into a Hydra app `main()` with one-line errors."""
+def hydra_app(config_name: str, schema: type) -> Callable[[TaskFn], Callable[[], None]]:
+  """Turn `task(cfg, run) -> summary dict` into a Hydra app `main()` with one-line errors.
+
+  `schema` is the app's structured config; conf/<config_name>.yaml lists `<config_name>_schema`
+  first in its defaults so every value is type-checked against it.
+  """
 
   def decorate(task: TaskFn) -> Callable[[], None]:
     @functools.wraps(task)
     def main() -> None:
       import hydra
+      from hydra.core.config_store import ConfigStore
 
-      from dp_jax.config import register_configs
-
-      register_configs()
+      ConfigStore.instance().store(name=f"{config_name}_schema", node=schema)
       # Hydra re-raises instead of printing its own multi-line report; we print one line.
       os.environ["HYDRA_FULL_ERROR"] = "1"
       job = functools.partial(_run_job, task, config_name)

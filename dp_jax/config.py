@@ -1,13 +1,10 @@
-"""Structured configs (typed schemas) for every config group and app, registered with Hydra."""
+"""Structured configs (typed schemas) of the config groups every app shares."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 
@@ -115,27 +112,3 @@ class LoggerConfig:
   group: str | None = None  # None: a multirun's sweep name, else no group
   job_type: str | None = None  # None: the app's name
   tags: list[str] = field(default_factory=list)
-
-
-@dataclass
-class InspectConfig:
-  """python -m dp_jax.inspect: the layer table of a model, and its graph JSON."""
-
-  model: ModelConfig = MISSING
-  logger: LoggerConfig = field(default_factory=LoggerConfig)
-  out: str | None = None
-  seed: int = 0
-
-
-APP_SCHEMAS: dict[str, type] = {"inspect": InspectConfig}
-
-
-def register_configs() -> None:
-  """Register every schema with Hydra's ConfigStore (idempotent)."""
-  cs = ConfigStore.instance()
-  for name, node in APP_SCHEMAS.items():
-    cs.store(name=f"{name}_schema", node=node)
-
-
-def is_inf(x: Any) -> bool:
-  return isinstance(x, float) and math.isinf(x)

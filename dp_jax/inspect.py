@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import MISSING
+
 from dp_jax.cli import hydra_app
+from dp_jax.config import LoggerConfig, ModelConfig
 from dp_jax.graph import LayerGraph
 from dp_jax.tracking import Run
+
+
+@dataclass
+class InspectConfig:
+  """python -m dp_jax.inspect: the layer table of a model, and its graph JSON."""
+
+  model: ModelConfig = MISSING
+  logger: LoggerConfig = field(default_factory=LoggerConfig)
+  out: str | None = None
+  seed: int = 0
+
 
 COLUMNS = ["name", "kind", "params", "output shape", "GFLOPs/sample"]
 
@@ -52,7 +67,7 @@ def inspect(cfg: Any, run: Run) -> dict[str, Any]:
           "fork_join_blocks": len(graph.fork_join_blocks()), "graph": str(out)}
 
 
-main = hydra_app("inspect")(inspect)
+main = hydra_app("inspect", InspectConfig)(inspect)
 
 if __name__ == "__main__":
   main()

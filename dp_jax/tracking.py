@@ -158,15 +158,23 @@ def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None
 
 
 def cleanup() -> None:
-  """Remove W&B's module-level temporary folders now (else they warn at interpreter exit)."""
-  for module, attr in (("wandb.sdk.data_types._private", "MEDIA_TMP"),
-                       ("wandb.sdk.artifacts.artifact", "Artifact._TMP_DIR")):
-    obj: Any = sys.modules.get(module)
-    for part in attr.split("."):
-      obj = getattr(obj, part, None)
-    if obj is not None and hasattr(obj, "cleanup"):
+  """Remove W&B's temporary folders now (else they warn at interpreter exit)."""
+  artifact_module = sys.modules.get("wandb.sdk.artifacts.artifact")
+  folders = []
+  media = sys.modules.get("wandb.sdk.data_types._private")
+  if media is not None:
+    folders.append(getattr(media, "MEDIA_TMP", None))
+  if artifact_module is not None:
+    artifact_cls = artifact_module.Artifact
+    folders.append(getattr(artifact_cls, "_TMP_DIR", None))
+    import gc
+
+    # Each logged wandb.Table builds an Artifact holding a temporary folder of its own.
+    folders += [getattr(o, "_tmp_dir", None) for o in gc.get_objects() if isinstance(o, artifact_cls)]
+  for folder in folders:
+    if folder is not None and hasattr(folder, "cleanup"):
       try:
-        obj.cleanup()
+        folder.cleanup()
       except OSError:
         pass
 
