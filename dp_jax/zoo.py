@@ -12,15 +12,15 @@ def model_kwargs(model_cfg: Any) -> dict[str, Any]:
   return {k: model_cfg.get(k) for k in keys if model_cfg.get(k) is not None}
 
 
-def build(model_cfg: Any, seed: int = 0):
-  """The zoo model a config names."""
+def build(model_cfg: Any, seed: int = 0, abstract: bool = False):
+  """The zoo model a config names (abstract: parameter shapes only, nothing allocated)."""
   from dp_jax.models.registry import build_model
 
-  return build_model(model_cfg.name, seed=seed, **model_kwargs(model_cfg))
+  return build_model(model_cfg.name, seed=seed, abstract=abstract, **model_kwargs(model_cfg))
 
 
 def graph_of(model_cfg: Any, seed: int = 0):
   """The LayerGraph of the zoo model a config names."""
   from dp_jax.trace import trace_graph
 
-  return trace_graph(build(model_cfg, seed), model_cfg.name)
+  return trace_graph(build(model_cfg, seed, abstract=True), model_cfg.name)
