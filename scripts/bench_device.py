@@ -47,6 +47,20 @@ def stream_bandwidth(mbytes: int, repeats: int) -> float:
   return 3 * n * 4 / _median_s(f, a, b, repeats=repeats)
 
 
+def numpy_add_bandwidth(mbytes: int, repeats: int) -> float:
+  """Bytes/s of numpy's in-place c = a + b over float32 arrays (no allocation in the loop)."""
+  import numpy as np
+
+  n = mbytes * 2**20 // 4
+  a, b, c = np.ones(n, np.float32), np.ones(n, np.float32), np.empty(n, np.float32)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    np.add(a, b, out=c)
+    times.append(time.perf_counter() - t0)
+  return 3 * n * 4 / statistics.median(times)
+
+
 def dispatch_overhead_us(repeats: int) -> float:
   """Wall time of a jitted op on a 1-element array: the per-kernel fixed cost of this backend."""
   x = jnp.ones((1,), jnp.float32)
@@ -68,6 +82,7 @@ def main() -> None:
       "matmul_flops": {dt: matmul_flops(a.size, dt, a.repeats)
                        for dt in ("float32", "bfloat16", "float16")},
       "stream_bytes_per_s": stream_bandwidth(a.mbytes, a.repeats),
+      "numpy_add_bytes_per_s": numpy_add_bandwidth(a.mbytes, a.repeats),
       "dispatch_overhead_us": dispatch_overhead_us(a.repeats),
   }
   print(json.dumps(out, indent=1))

@@ -46,7 +46,9 @@ def full(name: str) -> LayerGraph:
 @pytest.mark.parametrize("name", sorted(TORCHVISION_PARAMS))
 def test_param_counts_match_torchvision(name):
   g = full(name)
-  assert abs(g.total_params - TORCHVISION_PARAMS[name]) <= 0.01 * TORCHVISION_PARAMS[name]
+  graph_json = json.loads(json.dumps(g.to_json()))  # read the count as a user of the JSON would
+  total = sum(node["params"] for node in graph_json["nodes"])
+  assert abs(total - TORCHVISION_PARAMS[name]) <= 0.01 * TORCHVISION_PARAMS[name]
   assert g.total_param_bytes == 4 * g.total_params
 
 
