@@ -1,0 +1,12 @@
+"""Planner: burst-parallel search, data-parallel baseline and the Plan they produce (no JAX)."""
+
+from dp_jax.planner.baseline import data_parallel_plan
+from dp_jax.planner.evaluate import Evaluation, evaluate, evaluate_plan
+from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, pareto
+from dp_jax.planner.make import make_plan, plan_for_limit
+from dp_jax.planner.options import PlanOptions, candidate_counts
+from dp_jax.planner.plan import PLAN_SCHEMA, LayerPlan, Plan
+
+__all__ = ["DEFAULT_LIMITS", "PLAN_SCHEMA", "Evaluation", "FrontierPoint", "LayerPlan", "Plan",
+           "PlanOptions", "candidate_counts", "data_parallel_plan", "evaluate", "evaluate_plan",
+           "make_plan", "pareto", "plan_for_limit"]

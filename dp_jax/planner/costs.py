@@ -1,0 +1,225 @@
+"""Cost terms shared by burst plans and data parallelism: compute, gradient sync, sample moves.
+
+A placement is (start, count): devices [start, start + count) of the job, each holding a
+contiguous range of global_batch / count samples, in order. All functions are pure; the
+array versions broadcast over numpy arrays so the search can price every count at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dp_jax.cluster import BYTES_PER_MS_PER_GBPS, ClusterSpec
+from dp_jax.errors import UserError
+from dp_jax.graph import LayerGraph
+from dp_jax.planner.options import PlanOptions, candidate_counts
+from dp_jax.profile.table import MissingProfileError, ProfileTable
+
+Placement = tuple[int, int]  # (first device, number of devices)
+
+
+# --- links -----------------------------------------------------------------------------------
+
+
+def link_of(cluster: ClusterSpec, first, last):
+  """(bandwidth GB/s, latency us) for device ranges [first, last]: intra-node iff one node."""
+  dpn = cluster.devices_per_node
+  intra = np.asarray(first) // dpn == np.asarray(last) // dpn
+  bw = np.where(intra, cluster.intra_node_bandwidth_GBps, cluster.inter_node_bandwidth_GBps)
+  lat = np.where(intra, cluster.intra_node_latency_us, cluster.inter_node_latency_us)
+  return bw, lat
+
+
+def ring_bandwidth_ms(nbytes, count, bandwidth_GBps):
+  """Bandwidth part of a ring all-reduce: 2(g-1)/g x bytes / bandwidth (0 on one device)."""
+  count = np.asarray(count, dtype=float)
+  return 2.0 * (count - 1) / count * np.asarray(nbytes) / (bandwidth_GBps * BYTES_PER_MS_PER_GBPS)
+
+
+def ring_latency_ms(count, latency_us):
+  """Latency part of a ring all-reduce: 2(g-1) steps of the link latency (0 on one device)."""
+  return 2.0 * (np.asarray(count, dtype=float) - 1) * latency_us / 1000.0
+
+
+def stage_sync_ms(bandwidth_ms: Sequence[float], bwd_ms: Sequence[float], latency_ms: float,
+                  overlap: bool) -> float:
+  """Exposed time of one stage's combined all-reduce; layers in forward order.
+
+  Without overlap: latency + sum of bandwidth terms, after the stage's backward. With overlap,
+  a single channel sends each layer's gradients once its backward is done (last layer first)
+  while the backward of earlier layers runs: exposed = latency + max over l of
+  (bandwidth of layers <= l) - (backward of layers < l). No parameters: no all-reduce, 0.
+  """
+  if not any(a > 0 for a in bandwidth_ms):
+    return 0.0
+  if not overlap:
+    return latency_ms + float(sum(bandwidth_ms))
+  exposed, sent, hidden = 0.0, 0.0, 0.0
+  for a, b in zip(bandwidth_ms, bwd_ms, strict=True):
+    sent += a
+    exposed = max(exposed, sent - hidden)
+    hidden += b
+  return latency_ms + exposed
+
+
+# --- sample moves ----------------------------------------------------------------------------
+
+
+def busiest_samples(batch: int, src_start, src_count, dst_start, dst_count):
+  """Samples the busiest device sends or receives when a layout changes (0 if none moves).
+
+  Device src_start + i holds samples [i P, (i+1) P), P = batch / src_count; device
+  dst_start + j needs [j Q, (j+1) Q). A device sends what it holds but does not need and
+  receives what it needs but does not hold. The overlap of the two ranges is a concave
+  function of the device index, so its minimum over the shared devices is at an end.
+  """
+  sp, gp, sc, gc = (np.asarray(x, dtype=np.int64) for x in (src_start, src_count, dst_start,
+                                                               dst_count))
+  p, q = batch // gp, batch // gc
+  lo, hi = np.maximum(sp, sc), np.minimum(sp + gp, sc + gc)
+  shared = np.maximum(hi - lo, 0)
+
+  def overlap(d):
+    x, y = (d - sp) * p, (d - sc) * q
+    return np.maximum(0, np.minimum(x + p, y + q) - np.maximum(x, y))
+
+  least = np.minimum(overlap(lo), overlap(hi - 1))
+  out = np.where(shared > 0, np.maximum(p, q) - least, 0)
+  out = np.maximum(out, np.where(shared < gp, p, 0))
+  return np.maximum(out, np.where(shared < gc, q, 0))
+
+
+def devices_in_move(src_start, src_count, dst_start, dst_count):
+  """Devices of both layouts together (all take part in the move)."""
+  shared = np.maximum(np.minimum(np.asarray(src_start) + src_count,
+                                 np.asarray(dst_start) + dst_count)
+                      - np.maximum(src_start, dst_start), 0)
+  return np.asarray(src_count) + dst_count - shared
+
+
+def move_parts(cluster: ClusterSpec, batch: int, src_start, src_count, dst_start, dst_count):
+  """(busiest samples, link bandwidth in bytes/ms, link latency ms) of a layout change."""
+  samples = busiest_samples(batch, src_start, src_count, dst_start, dst_count)
+  first = np.minimum(src_start, dst_start)
+  last = np.maximum(np.asarray(src_start) + src_count, np.asarray(dst_start) + dst_count) - 1
+  bw, lat = link_of(cluster, first, last)
+  return samples, bw * BYTES_PER_MS_PER_GBPS, lat / 1000.0
+
+
+def move_from_parts(parts, bytes_per_sample):
+  """Forward activations plus backward gradients: 2 x (busiest bytes / bw + latency), 0 if none."""
+  samples, bw, lat = parts
+  nbytes = samples * np.asarray(bytes_per_sample, dtype=float)
+  return np.where(samples > 0, 2.0 * (nbytes / bw + lat), 0.0)
+
+
+def move_ms(cluster: ClusterSpec, batch: int, bytes_per_sample, src_start, src_count, dst_start,
+            dst_count):
+  """Forward activations plus backward gradients of one edge: 2 x (busiest bytes / bw + lat)."""
+  parts = move_parts(cluster, batch, src_start, src_count, dst_start, dst_count)
+  return move_from_parts(parts, bytes_per_sample)
+
+
+# --- per-layer tables ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostModel:
+  """Per-layer costs over the candidate device counts, plus what scalar lookups need."""
+
+  graph: LayerGraph
+  profile: ProfileTable
+  cluster: ClusterSpec
+  options: PlanOptions
+  counts: np.ndarray  # (C,) ascending, counts[0] == 1
+  names: tuple[str, ...]  # graph order
+  row: dict[str, int]
+  compute_ms: np.ndarray  # (L, C) forward + backward at per-device batch B / count
+  bwd_ms: np.ndarray  # (L, C)
+  grad_bytes: np.ndarray  # (L,) gradient bytes all-reduced per step
+  out_bytes: np.ndarray  # (L,) output bytes per sample
+  state_bytes: np.ndarray  # (L,) params + gradients + optimizer state per device holding it
+  interpolated: frozenset[str] = frozenset()  # layers priced from interpolated profile rows
+  _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+  @property
+  def batch(self) -> int:
+    return self.options.global_batch
+
+  def timing(self, name: str, count: int) -> tuple[float, float]:
+    """(fwd + bwd ms, bwd ms) of a layer on `count` devices."""
+    key = (name, count)
+    hit = self._cache.get(key)
+    if hit is None:
+      t = self.profile.lookup(name, self.batch // count)
+      hit = self._cache[key] = (t.fwd_ms + t.bwd_ms, t.bwd_ms)
+    return hit
+
+  def move(self, src: str, a: Placement, b: Placement) -> tuple[float, int]:
+    """(fwd + bwd ms, devices taking part) of moving `src`'s output from layout a to b."""
+    key = ("move", src, a, b)
+    hit = self._cache.get(key)
+    if hit is None:
+      ms = float(move_ms(self.cluster, self.batch, self.out_bytes[self.row[src]], *a, *b))
+      hit = self._cache[key] = (ms, int(devices_in_move(*a, *b)))
+    return hit
+
+  def stage(self, layers: tuple[str, ...], p: Placement) -> tuple[float, float]:
+    """(compute ms, exposed all-reduce ms) of one stage: `layers` in forward order on p."""
+    key = ("stage", layers, p)
+    hit = self._cache.get(key)
+    if hit is None:
+      start, count = p
+      bw, lat = link_of(self.cluster, start, start + count - 1)
+      band = [float(ring_bandwidth_ms(self.grad_bytes[self.row[n]], count, bw)) for n in layers]
+      bwd = [self.timing(n, count)[1] for n in layers]
+      compute = float(sum(self.timing(n, count)[0] for n in layers))
+      sync = stage_sync_ms(band, bwd, float(ring_latency_ms(count, lat)),
+                           self.options.overlap_allreduce)
+      hit = self._cache[key] = (compute, float(sync))
+    return hit
+
+
+def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+                     options: PlanOptions) -> CostModel:
+  """Look every layer up at every candidate count once."""
+  missing = profile.missing(list(graph.names))
+  if missing:
+    more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+    raise MissingProfileError(
+        f"profile of {profile.model} on {profile.device} has no timing for layer(s) "
+        f"{', '.join(repr(n) for n in missing[:5])}{more}; profile them (python -m "
+        "dp_jax.profile) or pass a profile that covers every layer of the graph")
+  if options.num_devices > cluster.num_devices:
+    raise UserError(f"cluster {cluster.name} has at most {cluster.num_devices} devices "
+                    f"({cluster.num_nodes} nodes x {cluster.devices_per_node}), got "
+                    f"num_devices={options.num_devices}; use fewer devices or a larger cluster")
+  counts = candidate_counts(options)
+  names = graph.names
+  comp = np.zeros((len(names), len(counts)))
+  bwd = np.zeros_like(comp)
+  interpolated = set()
+  for i, name in enumerate(names):
+    for c, g in enumerate(counts):
+      t = profile.lookup(name, options.global_batch // int(g))
+      comp[i, c], bwd[i, c] = t.fwd_ms + t.bwd_ms, t.bwd_ms
+      if t.interpolated:
+        interpolated.add(name)
+  params = np.array([n.params if n.params > 0 else n.param_bytes / options.param_bytes_per_param
+                     for n in graph.nodes], dtype=float)
+  param_bytes = np.array([n.param_bytes for n in graph.nodes], dtype=float)
+  model = CostModel(
+      graph=graph, profile=profile, cluster=cluster, options=options, counts=counts,
+      names=names, row={n: i for i, n in enumerate(names)}, compute_ms=comp, bwd_ms=bwd,
+      grad_bytes=params * options.grad_bytes_per_param,
+      out_bytes=np.array([n.out_bytes_per_sample for n in graph.nodes], dtype=float),
+      state_bytes=param_bytes + params * (options.grad_bytes_per_param
+                                          + options.optimizer_bytes_per_param),
+      interpolated=frozenset(interpolated))
+  for i, name in enumerate(names):
+    for c, g in enumerate(counts):
+      model._cache[(name, int(g))] = (comp[i, c], bwd[i, c])
+  return model

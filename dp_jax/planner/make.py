@@ -1,0 +1,160 @@
+"""make_plan: validate, price every layer, search, check memory, compare with data parallelism."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from dp_jax.cluster import ClusterSpec
+from dp_jax.errors import UserError
+from dp_jax.graph import LayerGraph
+from dp_jax.planner import memory
+from dp_jax.planner.amplification import allowed_counts, amplification
+from dp_jax.planner.baseline import data_parallel
+from dp_jax.planner.costs import CostModel, Placement, build_cost_model
+from dp_jax.planner.evaluate import Evaluation, evaluate
+from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
+from dp_jax.planner.options import MODES, PlanOptions
+from dp_jax.planner.plan import LayerPlan, Plan, sample_ranges
+from dp_jax.planner.search import build_tables, search
+from dp_jax.profile.table import ProfileTable
+
+# Lagrange multipliers (ms per GB of saved activations) tried when the fastest plan overflows
+# device memory; the fastest plan that fits wins.
+MEMORY_PENALTIES_MS_PER_GB = (0.01, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e6)
+
+
+def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
+              num_devices: int, global_batch: int, amplification_limit: float = math.inf,
+              device_counts: str = "divisors", overlap_allreduce: bool = True,
+              amplification_floor_ms: float = 0.3, grad_bytes_per_param: float = 4,
+              optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4,
+              check_memory: bool = True, mode: str = "fastest",
+              frontier_limits: Iterable[float] = DEFAULT_LIMITS) -> Plan:
+  """The fastest burst-parallel plan under the amplification limit (mode="frontier" also
+  attaches the Pareto front of (iteration_ms, gpu_ms) over frontier_limits)."""
+  start = time.perf_counter()
+  if mode not in MODES:
+    raise UserError(f"planner mode '{mode}' is unknown (valid: {', '.join(MODES)})")
+  opts = PlanOptions(
+      num_devices=num_devices, global_batch=global_batch,
+      amplification_limit=amplification_limit, device_counts=device_counts,
+      overlap_allreduce=overlap_allreduce, amplification_floor_ms=amplification_floor_ms,
+      grad_bytes_per_param=grad_bytes_per_param,
+      optimizer_bytes_per_param=optimizer_bytes_per_param,
+      param_bytes_per_param=param_bytes_per_param, check_memory=check_memory)
+  model = build_cost_model(graph, profile, cluster, opts)
+  fits = memory.fits_alone(model)
+  baseline = data_parallel(model)
+  best = plan_for_limit(model, opts.amplification_limit, fits, baseline)
+  extra: dict[str, Any] = {"strategy": "burst"}
+  if mode == "frontier":
+    front = sweep(lambda a: plan_for_limit(model, a, fits, baseline), frontier_limits)
+    extra["frontier"] = [p.to_json() for p in front]
+  return build_plan(model, dict(best.assignment), evaluate(model, best.assignment), baseline,
+                    seconds=time.perf_counter() - start, extra=extra)
+
+
+def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
+                   baseline: tuple[int, Evaluation] | None = None) -> FrontierPoint:
+  """Fastest plan under `limit` that fits in memory (Lagrange repair when the sum overflows)."""
+  allowed = allowed_counts(model, limit, fits)
+  assignment, _ = search(build_tables(model, allowed))
+  if _fits(model, assignment):
+    ev = evaluate(model, assignment)
+    return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment)
+  found: list[tuple[float, dict]] = []
+  act_gb = memory.activation_bytes(model) / memory.GB
+  for lam in MEMORY_PENALTIES_MS_PER_GB:
+    candidate, _ = search(build_tables(model, allowed, penalty_ms=lam * act_gb))
+    if _fits(model, candidate):
+      found.append((evaluate(model, candidate).iteration_ms, candidate))
+  if baseline is not None:
+    count = baseline[0]
+    column = int(np.searchsorted(model.counts, count))
+    dp = {n: (0, count) for n in model.names}
+    if allowed[:, column].all() and _fits(model, dp):
+      found.append((baseline[1].iteration_ms, dp))
+  if not found:
+    memory.check_fits(model, candidate)  # raises, naming the device and its largest layer
+  _, assignment = min(found, key=lambda x: x[0])
+  ev = evaluate(model, assignment)
+  return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment)
+
+
+def _fits(model: CostModel, assignment: Mapping[str, Placement]) -> bool:
+  if not model.options.check_memory:
+    return True
+  return bool(memory.device_bytes(model, assignment).max() <= memory.capacity_bytes(model))
+
+
+def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evaluation,
+               baseline: tuple[int, Evaluation], *, seconds: float,
+               extra: Mapping[str, Any] | None = None) -> Plan:
+  """A Plan with per-layer and per-stage costs and the data-parallel comparison."""
+  opts, g = model.options, model.options.num_devices
+  dp_count, dp = baseline
+  stage_of, sync_share = {}, {}
+  for i, st in enumerate(ev.stages):
+    grads = sum(model.grad_bytes[model.row[n]] for n in st.layers)
+    for n in st.layers:
+      stage_of[n] = i
+      sync_share[n] = st.sync_ms * model.grad_bytes[model.row[n]] / grads if grads else 0.0
+  moved_in: dict[str, float] = {}
+  for mv in ev.moves:
+    moved_in[mv.dst] = moved_in.get(mv.dst, 0.0) + mv.ms
+  amp = amplification(model)
+  layers = []
+  for node in model.graph.nodes:
+    start, count = assignment[node.name]
+    fb, bwd = model.timing(node.name, count)
+    column = np.searchsorted(model.counts, count)
+    in_table = column < len(model.counts) and model.counts[column] == count
+    layers.append(LayerPlan(
+        name=node.name, devices=tuple(range(start, start + count)),
+        samples=sample_ranges(opts.global_batch, count),
+        extra={"kind": node.kind, "per_device_batch": opts.global_batch // count,
+               "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
+               "sync_ms": float(sync_share[node.name]),
+               "move_in_ms": float(moved_in.get(node.name, 0.0)),
+               "amplification": float(amp[model.row[node.name], column]) if in_table else None,
+               "stage": stage_of[node.name]}))
+  used = memory.device_bytes(model, assignment)
+  dp_used = memory.device_bytes(model, {n: (0, dp_count) for n in model.names})
+  predicted = {
+      "iteration_ms": ev.iteration_ms, "gpu_ms": ev.gpu_ms,
+      "data_parallel_iteration_ms": dp.iteration_ms, "data_parallel_gpu_ms": dp.gpu_ms,
+      "idle_fraction": 1.0 - ev.gpu_ms / (g * ev.iteration_ms) if ev.iteration_ms else 0.0,
+      "data_parallel_idle_fraction":
+          1.0 - dp.gpu_ms / (g * dp.iteration_ms) if dp.iteration_ms else 0.0,
+      "samples_per_s": opts.global_batch / ev.iteration_ms * 1e3 if ev.iteration_ms else 0.0,
+      "data_parallel_samples_per_s":
+          opts.global_batch / dp.iteration_ms * 1e3 if dp.iteration_ms else 0.0,
+      "speedup_vs_data_parallel": dp.iteration_ms / ev.iteration_ms if ev.iteration_ms else 1.0,
+      "data_parallel_devices": dp_count,
+      "memory_peak_gb": float(used.max()) / memory.GB,
+      "data_parallel_memory_peak_gb": float(dp_used.max()) / memory.GB,
+  }
+  job = model.cluster.with_num_devices(g)
+  more = {
+      "stages": [{"devices": [s.placement[0], s.placement[1]], "layers": list(s.layers),
+                  "compute_ms": s.compute_ms, "sync_ms": s.sync_ms} for s in ev.stages],
+      "moves": [{"src": m.src, "dst": m.dst, "ms": m.ms, "devices": m.devices}
+                for m in ev.moves],
+      "topology": {"nodes": job.num_nodes, "devices_per_node": job.devices_per_node,
+                   "multi_node": job.num_nodes > 1},
+      "cluster_spec": asdict(model.cluster),
+      "options": {k: (None if isinstance(v, float) and math.isinf(v) else v)
+                  for k, v in asdict(opts).items()},
+      "candidate_counts": [int(c) for c in model.counts],
+      "interpolated_layers": sorted(model.interpolated),
+      **dict(extra or {}),
+  }
+  return Plan(model=model.graph.model, global_batch=opts.global_batch, num_devices=g,
+              cluster=model.cluster.name, amplification_limit=float(opts.amplification_limit),
+              layers=tuple(layers), predicted=predicted, planner_seconds=seconds, extra=more)

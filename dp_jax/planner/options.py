@@ -1,0 +1,73 @@
+"""Planner options: what the user chooses, validated once, and the candidate device counts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dp_jax.errors import UserError
+
+DEVICE_COUNT_MODES = ("divisors", "powers_of_two")
+MODES = ("fastest", "frontier")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+  """The knobs of one planning run (validated here, once)."""
+
+  num_devices: int
+  global_batch: int
+  amplification_limit: float = math.inf
+  device_counts: str = "divisors"
+  overlap_allreduce: bool = True
+  amplification_floor_ms: float = 0.3  # the original DeepPool exempts layers under 300 us
+  grad_bytes_per_param: int = 4  # gradients all-reduced in fp32
+  optimizer_bytes_per_param: int = 8  # Adam: two fp32 moments
+  param_bytes_per_param: int = 4  # only used to count params when a node gives param_bytes alone
+  check_memory: bool = True
+
+  def __post_init__(self):
+    for key in ("num_devices", "global_batch"):
+      value = getattr(self, key)
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise UserError(f"{key} must be a positive integer, got {value!r}")
+    if self.num_devices > self.global_batch:
+      raise UserError(f"num_devices ({self.num_devices}) is larger than global_batch "
+                      f"({self.global_batch}): every device needs at least one sample; "
+                      "use num_devices <= global_batch")
+    a = self.amplification_limit
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or math.isnan(a) or a < 1:
+      raise UserError(f"amplification_limit must be a number >= 1 (1: no layer may use more "
+                      f"device-time than on one device; inf: fastest plan), got {a!r}")
+    if self.device_counts not in DEVICE_COUNT_MODES:
+      raise UserError(f"device_counts '{self.device_counts}' is unknown "
+                      f"(valid: {', '.join(DEVICE_COUNT_MODES)})")
+    f = self.amplification_floor_ms
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 0:
+      raise UserError(f"amplification_floor_ms must be a number >= 0, got {f!r}")
+    for key in ("grad_bytes_per_param", "optimizer_bytes_per_param", "param_bytes_per_param"):
+      value = getattr(self, key)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise UserError(f"{key} must be a number >= 0, got {value!r}")
+    if self.param_bytes_per_param <= 0:
+      raise UserError(f"param_bytes_per_param must be > 0, got {self.param_bytes_per_param!r}")
+
+
+def candidate_counts(options: PlanOptions) -> np.ndarray:
+  """Device counts a layer may use: divisors of B (or powers of two) up to G, always 1 and G|B."""
+  b, g = options.global_batch, options.num_devices
+  if options.device_counts == "divisors":
+    counts = {d for d in range(1, g + 1) if b % d == 0}
+  else:
+    counts = {1 << k for k in range(g.bit_length()) if (1 << k) <= g and b % (1 << k) == 0}
+    if b % g == 0:
+      counts.add(g)
+  return np.array(sorted(counts), dtype=np.int64)
+
+
+def data_parallel_count(options: PlanOptions) -> int:
+  """Devices data parallelism uses: G when G divides B, else the largest divisor of B below G."""
+  b, g = options.global_batch, options.num_devices
+  return max(d for d in range(1, g + 1) if b % d == 0)

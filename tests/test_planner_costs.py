@@ -1,0 +1,134 @@
+"""Cost terms: sample moves, stage all-reduce exposure, amplification, candidate counts."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dp_jax.cluster import ClusterSpec, allreduce_ms
+from dp_jax.planner.amplification import allowed_counts, amplification
+from dp_jax.planner.costs import (
+  build_cost_model,
+  busiest_samples,
+  devices_in_move,
+  link_of,
+  move_ms,
+  ring_bandwidth_ms,
+  ring_latency_ms,
+  stage_sync_ms,
+)
+from dp_jax.planner.options import PlanOptions, candidate_counts, data_parallel_count
+from dp_jax.planner.synthetic import linear_profile, resnet_like
+
+CLUSTER = ClusterSpec("t", "synthetic", 16, 4, 80.0, 100.0, 2.0, 10.0, 5.0)
+
+
+def busiest_by_device(batch, sp, gp, sc, gc):
+  """Reference: per device, samples held but not needed (out) and needed but not held (in)."""
+  have, need = {}, {}
+  for i in range(gp):
+    have[sp + i] = set(range(i * batch // gp, (i + 1) * batch // gp))
+  for j in range(gc):
+    need[sc + j] = set(range(j * batch // gc, (j + 1) * batch // gc))
+  worst = 0
+  for d in set(have) | set(need):
+    h, n = have.get(d, set()), need.get(d, set())
+    worst = max(worst, len(h - n), len(n - h))
+  return worst
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch_div=st.sampled_from([(24, [1, 2, 3, 4, 6, 8, 12, 24]), (16, [1, 2, 4, 8, 16])]),
+       data=st.data())
+def test_busiest_samples_matches_per_device_count(batch_div, data):
+  batch, divs = batch_div
+  gp, gc = data.draw(st.sampled_from(divs)), data.draw(st.sampled_from(divs))
+  sp, sc = data.draw(st.integers(0, 20)), data.draw(st.integers(0, 20))
+  assert int(busiest_samples(batch, sp, gp, sc, gc)) == busiest_by_device(batch, sp, gp, sc, gc)
+
+
+def test_nested_prefixes_move_only_what_changes_device():
+  assert int(busiest_samples(32, 0, 4, 0, 4)) == 0
+  assert int(busiest_samples(32, 0, 1, 0, 4)) == 24  # scatter: device 0 keeps its quarter
+  assert int(busiest_samples(32, 0, 4, 0, 1)) == 24  # gather
+  assert int(busiest_samples(12, 0, 3, 0, 4)) == 3  # device 2 keeps 1 of its 4, dev 3 gets 3
+  assert int(devices_in_move(0, 4, 2, 4)) == 6
+
+
+def test_move_is_forward_plus_backward_on_slowest_link():
+  # 8 samples x 1e6 bytes leave device 0 for devices 4..7 on another node (10 GB/s, 5 us)
+  ms = float(move_ms(CLUSTER, 8, 1e6, 0, 1, 4, 4))
+  assert ms == pytest.approx(2 * (8e6 / 10e6 + 5e-3))
+  assert float(move_ms(CLUSTER, 8, 1e6, 0, 2, 0, 2)) == 0.0
+
+
+def channel(a, b, lat):
+  """Reference event simulation: one channel, layer l's gradients ready after its backward."""
+  t, free = 0.0, 0.0
+  for al, bl in zip(reversed(a), reversed(b), strict=True):
+    t += bl
+    free = max(free, t) + al
+  return lat + max(free - t, 0.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 5), st.floats(0, 5)), min_size=1, max_size=8),
+       st.floats(0, 1))
+def test_overlapped_sync_matches_a_channel_simulation(layers, lat):
+  a, b = [x for x, _ in layers], [y for _, y in layers]
+  if not any(x > 0 for x in a):
+    assert stage_sync_ms(a, b, lat, True) == 0.0
+    return
+  assert stage_sync_ms(a, b, lat, True) == pytest.approx(channel(a, b, lat), abs=1e-9)
+  assert stage_sync_ms(a, b, lat, False) == pytest.approx(lat + sum(a))
+  assert stage_sync_ms(a, b, lat, True) <= stage_sync_ms(a, b, lat, False) + 1e-12
+
+
+@pytest.mark.parametrize("devices", [range(1), range(4), range(8), range(2, 6), range(3, 7)])
+def test_vector_terms_agree_with_cluster_allreduce(devices):
+  g, start = len(devices), devices[0]
+  bw, lat = link_of(CLUSTER, start, start + g - 1)
+  vector = ring_bandwidth_ms(3e8, g, bw) + (ring_latency_ms(g, lat) if g > 1 else 0.0)
+  assert float(vector) == pytest.approx(allreduce_ms(CLUSTER, 3e8, devices))
+
+
+def test_candidate_counts():
+  opts = PlanOptions(num_devices=960, global_batch=960)
+  assert len(candidate_counts(opts)) == 28
+  opts = PlanOptions(num_devices=12, global_batch=24, device_counts="powers_of_two")
+  assert list(candidate_counts(opts)) == [1, 2, 4, 8, 12]
+  assert data_parallel_count(PlanOptions(num_devices=10, global_batch=24)) == 8
+
+
+def model_for(**kw):
+  graph = resnet_like(blocks=(1, 1))
+  profile = linear_profile(graph, [1, 2, 4, 8, 16], np.random.default_rng(0))
+  return build_cost_model(graph, profile, CLUSTER,
+                          PlanOptions(num_devices=16, global_batch=16, **kw))
+
+
+def test_amplification_definition():
+  model = model_for(amplification_floor_ms=0.0)
+  amp = amplification(model)
+  assert np.allclose(amp[:, 0], 1.0)
+  i, c = 0, 2
+  g = int(model.counts[c])
+  expected = g * model.compute_ms[i, c] / model.compute_ms[i, 0]  # stem conv of a synthetic
+  if model.grad_bytes[i] > 0:
+    expected += g * 2 * (g - 1) / g * model.grad_bytes[i] / 100e6 / model.compute_ms[i, 0]
+  assert amp[i, c] == pytest.approx(expected)
+
+
+def test_floor_exempts_small_layers_and_fallback_is_least_amplifying():
+  model = model_for(amplification_floor_ms=1e9)
+  assert np.all(amplification(model) == 1.0)
+  model = model_for(amplification_floor_ms=0.0)
+  fits = np.ones(model.compute_ms.shape, dtype=bool)
+  fits[:, 0] = False  # no layer may run on one device
+  ok = allowed_counts(model, 1.0, fits)
+  amp = amplification(model)
+  for i in range(len(ok)):
+    assert ok[i].any() and not ok[i, 0]
+    assert math.isclose(amp[i][ok[i]].max(), amp[i, 1:].min()) or (amp[i][ok[i]] <= 1.0).all()
