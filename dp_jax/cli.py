@@ -90,6 +90,7 @@ def hydra_app(config_name: str, schema: type) -> Callable[[TaskFn], Callable[[],
       os.environ["HYDRA_FULL_ERROR"] = "1"
       job = functools.partial(_run_job, task, config_name)
       functools.update_wrapper(job, task)
+      sys.argv[1:] = expand_file_overrides(sys.argv[1:])
       hydra_main = hydra.main(version_base=None, config_path=CONF_DIR, config_name=config_name)(job)
       try:
         hydra_main()
@@ -111,6 +112,22 @@ def hydra_app(config_name: str, schema: type) -> Callable[[TaskFn], Callable[[],
     return main
 
   return decorate
+
+
+# Config groups that also take a file: `profile=x.json` means `profile=file profile.path=x.json`.
+FILE_GROUPS = {"profile": "file"}
+
+
+def expand_file_overrides(args: list[str]) -> list[str]:
+  """Rewrite `group=<path>.json` overrides of FILE_GROUPS into the group's file option."""
+  out = []
+  for arg in args:
+    key, sep, value = arg.partition("=")
+    if sep and key in FILE_GROUPS and value.endswith(".json") and "," not in value:
+      out += [f"{key}={FILE_GROUPS[key]}", f"{key}.path={value}"]
+    else:
+      out.append(arg)
+  return out
 
 
 def _run_job(task: TaskFn, app: str, cfg: Any) -> dict[str, Any] | None:

@@ -1,0 +1,78 @@
+"""Profile from config (analytic / deeppool_a100 / measure / file): the one place apps get costs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from dp_jax.errors import UserError
+from dp_jax.graph import LayerGraph
+from dp_jax.profile.table import ProfileTable
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def profile_batches(global_batch: int, *extra: int) -> list[int]:
+  """Per-device batches a plan can use (B / d for every divisor d of B), plus `extra`."""
+  return sorted({global_batch // d for d in divisors(global_batch)} | {int(e) for e in extra})
+
+
+def _source(cfg: Any) -> str:
+  value = cfg.get("source", "analytic")
+  return str(getattr(value, "value", value))
+
+
+def _data_dir(path: str | None) -> str | None:
+  """The A100 table folder: as given, else relative to the repository (apps run anywhere)."""
+  if not path:
+    return None
+  p = Path(path)
+  if p.is_dir() or p.is_absolute():
+    return str(p)
+  return str(REPO / p) if (REPO / p).is_dir() else str(p)
+
+
+def load_profile(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
+                 model_cfg: Any = None) -> ProfileTable:
+  """The ProfileTable the profile config names, for `graph` at per-device `batches`."""
+  source = _source(cfg)
+  if source == "analytic":
+    from dp_jax.profile.analytic import analytic_profile
+
+    return analytic_profile(graph, cfg.get("device") or device, cfg.get("dtype", "bfloat16"),
+                            cfg.get("batches") or batches)
+  if source == "deeppool_a100":
+    from dp_jax.profile.deeppool_import import import_deeppool_a100
+
+    table, report = import_deeppool_a100(graph, _data_dir(cfg.get("data_dir")))
+    if report.unmatched:
+      log.warning("DeepPool A100 tables lack %d layer(s) of %s: %s", len(report.unmatched),
+                  graph.model, ", ".join(report.unmatched[:10]))
+    if report.estimated:
+      log.info("backward estimated from forward for: %s", ", ".join(report.estimated))
+    return table
+  if source == "file":
+    if not cfg.get("path"):
+      raise UserError("profile.source=file needs profile.path=<profile.json>")
+    table = ProfileTable.load(cfg.path)
+    if table.model != graph.model:
+      raise UserError(f"profile file {cfg.path} is for {table.model}, not {graph.model}; pass "
+                      f"a profile of {graph.model}")
+    return table
+  if source == "measure":
+    from dp_jax import zoo
+    from dp_jax.profile.measure import measure_profile
+
+    if model_cfg is None:
+      raise UserError("profile.source=measure needs a zoo model config to build the layers")
+    return measure_profile(zoo.build(model_cfg), graph, cfg.get("batches") or batches,
+                           cache_dir=cfg.get("cache_dir", ".cache/dp_jax/profiles"),
+                           repeats=cfg.get("repeats", 5), warmup=cfg.get("warmup", 2))
+  raise UserError(f"profile source '{source}' is unknown (valid: analytic, deeppool_a100, "
+                  "measure, file)")

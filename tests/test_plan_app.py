@@ -1,0 +1,73 @@
+"""The plan app: plan JSON + table + chart; graph/profile files in place of a zoo model; errors."""
+
+import json
+
+import pytest
+
+from apps import assert_one_line_error, run_app
+from dp_jax.graph import LayerGraph, LayerNode
+from dp_jax.planner import Plan
+from dp_jax.profile.table import ProfileTable
+
+
+def write_graph_and_profile(tmp_path, cycle=False, drop=None):
+  """A 4-layer chain with a residual block, and a profile that scales linearly with batch."""
+  nodes = [LayerNode("a", "conv2d", ("d",) if cycle else (), 10, 40, (8,), 32),
+           LayerNode("b", "conv2d", ("a",), 10, 40, (8,), 32),
+           LayerNode("c", "add", ("b", "a"), 0, 0, (8,), 32),
+           LayerNode("d", "linear", ("c",), 1000, 4000, (4,), 16)]
+  graph = {"schema": "dp_jax.graph/1", "model": "toy", "nodes": [n.to_json() for n in nodes]}
+  gpath = tmp_path / "graph.json"
+  gpath.write_text(json.dumps(graph))
+  layers = {n.name: {b: (0.1 + 0.05 * b, 0.2 + 0.1 * b) for b in (1, 2, 4, 8)}
+            for n in nodes if n.name != drop}
+  ppath = ProfileTable("toy", "A100-SXM4-40GB", "bfloat16", "analytic", layers).save(
+      tmp_path / "profile.json")
+  return gpath, ppath
+
+
+def test_plans_a_graph_and_profile_file(tmp_path):
+  gpath, ppath = write_graph_and_profile(tmp_path)
+  out = tmp_path / "plan.json"
+  result = run_app("plan", f"graph={gpath}", f"profile={ppath}", "cluster=a100_nvlink_8",
+                   "cluster.num_devices=4", "batch_size=8", "planner.amplification_limit=inf",
+                   f"out={out}", "logger=disabled", cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  plan = Plan.load(out)
+  assert [lp.name for lp in plan.layers] == ["a", "b", "c", "d"]
+  assert plan.predicted["iteration_ms"] <= plan.predicted["data_parallel_iteration_ms"] + 1e-9
+  assert (tmp_path / "run" / "devices_per_layer.png").stat().st_size > 0
+  assert (tmp_path / "run" / "plan_layers.csv").read_text().startswith("layer,kind,devices")
+
+
+def test_vgg16_on_the_a100_tables(tmp_path):
+  result = run_app("plan", "model=vgg16", "cluster=a100_nvlink_8", "batch_size=32",
+                   "profile=deeppool_a100", "planner.amplification_limit=inf", "logger=disabled",
+                   cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  plan = Plan.load(tmp_path / "run" / "plan.json")
+  assert [lp.name for lp in plan.layers][:2] == ["features.0", "features.1"]
+  assert plan.predicted["iteration_ms"] <= plan.predicted["data_parallel_iteration_ms"] + 1e-9
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    (["cluster.num_devices=0"], ["num_devices"]),
+    (["batch_size=0"], ["batch"]),
+    (["cluster.num_devices=8", "batch_size=4", "planner.amplification_limit=inf"], ["8"]),
+    (["planner.amplification_limit=0.5"], ["amplification"]),
+    (["cluster.num_devices=64"], ["at most 8 devices"]),
+])
+def test_bad_plan_input_is_one_line(tmp_path, overrides, fragments):
+  gpath, ppath = write_graph_and_profile(tmp_path)
+  result = run_app("plan", f"graph={gpath}", f"profile={ppath}", *overrides, "logger=disabled",
+                   cwd=tmp_path)
+  assert_one_line_error(result, *fragments)
+
+
+def test_cyclic_graph_and_missing_profile_row_are_one_line(tmp_path):
+  gpath, ppath = write_graph_and_profile(tmp_path, cycle=True)
+  assert_one_line_error(run_app("plan", f"graph={gpath}", f"profile={ppath}", "logger=disabled",
+                                cwd=tmp_path), "cycle")
+  gpath, ppath = write_graph_and_profile(tmp_path, drop="b")
+  assert_one_line_error(run_app("plan", f"graph={gpath}", f"profile={ppath}", "logger=disabled",
+                                cwd=tmp_path), "'b'")
