@@ -28,7 +28,7 @@ def _source(cfg: Any) -> str:
   return str(getattr(value, "value", value))
 
 
-def _data_dir(path: str | None) -> str | None:
+def data_dir(path: str | None) -> str | None:
   """The A100 table folder: as given, else relative to the repository (apps run anywhere)."""
   if not path:
     return None
@@ -50,7 +50,7 @@ def load_profile(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
   if source == "deeppool_a100":
     from dp_jax.profile.deeppool_import import import_deeppool_a100
 
-    table, report = import_deeppool_a100(graph, _data_dir(cfg.get("data_dir")))
+    table, report = import_deeppool_a100(graph, data_dir(cfg.get("data_dir")))
     if report.unmatched:
       log.warning("DeepPool A100 tables lack %d layer(s) of %s: %s", len(report.unmatched),
                   graph.model, ", ".join(report.unmatched[:10]))
