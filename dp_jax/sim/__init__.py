@@ -1,0 +1,1 @@
+"""Simulator: a plan's iteration per device, background fill, metrics, Gantt (no JAX)."""

@@ -1,0 +1,79 @@
+"""The simulator's numbers, defined once (docs/simulator.md, "Metrics")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dp_jax.planner.memory import GB
+from dp_jax.sim.engine import Simulation
+from dp_jax.sim.windows import busy_ms
+
+
+def gpu_ms(sim: Simulation) -> float:
+  """Device-ms per iteration with foreground work on either stream (union over streams)."""
+  return float((busy_ms(sim.timeline, sim.classes) * sim.classes.sizes).sum())
+
+
+def metrics(sim: Simulation) -> dict[str, Any]:
+  """Foreground alone and with background, background, cluster throughput vs data parallelism."""
+  g, b = sim.plan.num_devices, sim.plan.global_batch
+  alone = sim.timeline.iteration_ms
+  busy = gpu_ms(sim)
+  dp_count, dp = sim.data_parallel
+  dp_sps = b / dp.iteration_ms * 1e3
+  out: dict[str, Any] = {
+      "model": sim.plan.model, "num_devices": g, "global_batch": b,
+      "cluster": sim.plan.cluster,
+      "planner_iteration_ms": sim.evaluation.iteration_ms,
+      "planner_gpu_ms": sim.evaluation.gpu_ms,
+      "alone_iteration_ms": alone,
+      "timeline_vs_planner": alone / sim.evaluation.iteration_ms - 1.0,
+      "gpu_ms": busy,
+      "alone_idle_fraction": 1.0 - busy / (g * alone),
+      "alone_samples_per_s": b / alone * 1e3,
+      "data_parallel_devices": dp_count,
+      "data_parallel_iteration_ms": dp.iteration_ms,
+      "data_parallel_samples_per_s": dp_sps,
+      "speedup_vs_data_parallel_alone": dp.iteration_ms / alone,
+      "foreground_memory_peak_gb": float(np.max(sim.foreground_bytes)) / GB,
+  }
+  f, job = sim.fill, sim.job
+  if f is None or job is None:
+    iteration, bg_sps, idle = alone, 0.0, out["alone_idle_fraction"]
+    out.update(background="none", slowdown_cap=None, max_slowdown=0.0)
+  else:
+    total = float(f.iteration_ms.sum())
+    iteration = total / len(f.iteration_ms)
+    bg_sps = float(f.bg_steps.sum()) * job.batch / total * 1e3
+    idle = 1.0 - (busy * len(f.iteration_ms) + float(f.bg_work_ms.sum())) / (g * total)
+    free_sps = float(f.bg_free_ms.sum()) / job.step_ms * job.batch / total * 1e3
+    out.update(background=job.model, background_batch=job.batch,
+               background_samples_per_s_on_free_devices=free_sps,
+               background_samples_per_s_in_windows=bg_sps - free_sps,
+               background_step_ms=job.step_ms, background_pieces=len(job.pieces_ms),
+               background_memory_gb=job.memory_bytes / GB, slowdown_cap=f.cap,
+               max_slowdown=float(f.slowdown.max()),
+               windows_admitted=int(f.admitted.sum()), windows=len(f.admitted),
+               simulated_iterations=len(f.iteration_ms))
+    out.update(best_data_parallel_plus_background(sim))
+  fg_sps = b / iteration * 1e3
+  out.update(iteration_ms=iteration, idle_fraction=idle, samples_per_s=fg_sps,
+             background_samples_per_s=bg_sps, cluster_samples_per_s=fg_sps + bg_sps,
+             speedup_vs_data_parallel=dp.iteration_ms / iteration,
+             cluster_throughput_vs_data_parallel=(fg_sps + bg_sps) / dp_sps)
+  if "best_data_parallel_cluster_samples_per_s" in out:
+    out["cluster_throughput_vs_best_data_parallel"] = (
+        (fg_sps + bg_sps) / out["best_data_parallel_cluster_samples_per_s"])
+  return out
+
+
+def best_data_parallel_plus_background(sim: Simulation) -> dict[str, Any]:
+  """A stronger baseline: data parallelism on its fastest device count d <= G, and the
+  background job alone at full speed on the G - d devices it leaves free."""
+  g, b = sim.plan.num_devices, sim.plan.global_batch
+  d, ms = min(sim.data_parallel_ms.items(), key=lambda kv: (kv[1], kv[0]))
+  per_device = sim.job.batch / sim.job.step_ms * 1e3
+  return {"best_data_parallel_devices": d, "best_data_parallel_iteration_ms": ms,
+          "best_data_parallel_cluster_samples_per_s": b / ms * 1e3 + (g - d) * per_device}

@@ -1,0 +1,223 @@
+"""One foreground iteration as a dependency graph of tasks and its schedule, per device range.
+
+Built from the planner's own cost terms (dp_jax/planner/costs.py) on the planner's segments
+(dp_jax/sim/segments.py): the forward pass walks the segments in order, then the backward pass
+walks them in reverse. A stage's layers run one after another on its devices (forward, then
+backward in reverse); its gradient all-reduce runs on the communication stream, one piece per
+layer as soon as that layer's backward is done when the plan overlaps all-reduce with the
+backward pass (else one piece after the stage's backward), then the ring latency once. As in the
+planner, the next backward segment waits for the stage's all-reduce. A move costs half of the
+planner's move_ms forward (activations) and half backward (their gradients), on every device of
+both layouts. Branch groups of a block run side by side; branches in one group run one after
+another; identity (fork -> join) moves run after the groups forward and before them backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dp_jax.errors import UserError
+from dp_jax.planner.costs import (
+  CostModel,
+  Placement,
+  link_of,
+  move_ms,
+  ring_bandwidth_ms,
+  ring_latency_ms,
+)
+from dp_jax.sim.segments import Block, Move, Segment, Stage, segments
+
+STREAMS = ("compute", "comm")
+KINDS = ("fwd", "bwd", "move", "allreduce", "bg")
+Span = tuple[int, int]  # (first device, count), the planner's Placement convention
+
+
+@dataclass(frozen=True)
+class Event:
+  """Work on devices [first, first + count) of one stream between two times (ms)."""
+
+  devices: Span
+  stream: str
+  kind: str
+  label: str
+  start_ms: float
+  end_ms: float
+
+  def to_json(self) -> dict:
+    return {"devices": list(self.devices), "stream": self.stream, "kind": self.kind,
+            "label": self.label, "start_ms": self.start_ms, "end_ms": self.end_ms}
+
+
+@dataclass(frozen=True)
+class Task:
+  """A node of the iteration's dependency graph: it starts when all of `deps` have ended."""
+
+  spans: tuple[Span, ...]
+  stream: str
+  kind: str
+  label: str
+  duration_ms: float
+  deps: tuple[int, ...]
+  stage: int  # index of the planner stage it belongs to; -1 for moves
+
+
+@dataclass(frozen=True, eq=False)
+class Timeline:
+  """Tasks of one foreground iteration and their schedule when the foreground runs alone."""
+
+  num_devices: int
+  tasks: tuple[Task, ...]
+  start_ms: np.ndarray  # (tasks,)
+  end_ms: np.ndarray  # (tasks,)
+  stages: tuple[Stage, ...] = field(default=())
+
+  @property
+  def iteration_ms(self) -> float:
+    return float(self.end_ms.max()) if len(self.tasks) else 0.0
+
+  def events(self, start_ms=None, end_ms=None) -> list[Event]:
+    """Every task as one Event per device span (optionally under another schedule)."""
+    s = self.start_ms if start_ms is None else start_ms
+    e = self.end_ms if end_ms is None else end_ms
+    return [Event(span, t.stream, t.kind, t.label, float(s[i]), float(e[i]))
+            for i, t in enumerate(self.tasks) for span in t.spans]
+
+  def on_device(self, device: int) -> list[Event]:
+    """Events that involve one device, by start time."""
+    if not 0 <= device < self.num_devices:
+      raise UserError(f"device {device} is outside the plan's {self.num_devices} devices")
+    out = [ev for ev in self.events() if ev.devices[0] <= device < sum(ev.devices)]
+    return sorted(out, key=lambda ev: (ev.start_ms, ev.stream))
+
+
+def schedule(tasks: tuple[Task, ...] | list[Task]) -> tuple[np.ndarray, np.ndarray]:
+  """Earliest start and end of every task (tasks are in a topological order)."""
+  start = np.zeros(len(tasks))
+  end = np.zeros(len(tasks))
+  for i, t in enumerate(tasks):
+    s = max((end[d] for d in t.deps), default=0.0)
+    start[i], end[i] = s, s + t.duration_ms
+  return start, end
+
+
+def build_timeline(model: CostModel, assignment: Mapping[str, Placement]) -> Timeline:
+  """The alone timeline of a plan under the planner's cost model."""
+  b = _Builder(model, assignment)
+  segs = segments(model.graph, assignment)
+  done = b.forward(segs, ())
+  b.backward(segs, done)
+  start, end = schedule(b.tasks)
+  return Timeline(model.options.num_devices, tuple(b.tasks), start, end, tuple(b.stages))
+
+
+class _Builder:
+  """Appends tasks for the forward and backward walks; returns the ids a successor waits on."""
+
+  def __init__(self, model: CostModel, assignment: Mapping[str, Placement]):
+    self.m, self.a = model, assignment
+    self.tasks: list[Task] = []
+    self.stages: list[Stage] = []
+
+  def add(self, spans, stream, kind, label, ms, deps, stage=-1) -> tuple[int, ...]:
+    if ms <= 0:
+      return deps  # nothing to wait for: successors wait on what this would have waited on
+    self.tasks.append(Task(tuple(spans), stream, kind, label, float(ms), tuple(deps), stage))
+    return (len(self.tasks) - 1,)
+
+  # --- walks --------------------------------------------------------------------------------
+
+  def forward(self, segs: tuple[Segment, ...], after: tuple[int, ...]) -> tuple[int, ...]:
+    for seg in segs:
+      if isinstance(seg, Stage):
+        self.stages.append(seg)
+        for name in seg.layers:
+          total, bwd = self.m.timing(name, seg.placement[1])
+          after = self.add([seg.placement], "compute", "fwd", name, total - bwd, after, seg.index)
+      elif isinstance(seg, Move):
+        after = self.move(seg, after, "fwd")
+      else:
+        after = self.block_forward(seg, after)
+    return after
+
+  def backward(self, segs: tuple[Segment, ...], after: tuple[int, ...]) -> tuple[int, ...]:
+    for seg in reversed(segs):
+      if isinstance(seg, Stage):
+        after = self.stage_backward(seg, after)
+      elif isinstance(seg, Move):
+        after = self.move(seg, after, "bwd")
+      else:
+        after = self.block_backward(seg, after)
+    return after
+
+  def block_forward(self, blk: Block, after: tuple[int, ...]) -> tuple[int, ...]:
+    ends: list[int] = []
+    for group in blk.groups:
+      a = after
+      for br in group:
+        a = self.move(br.move_in, a, "fwd")
+        a = self.forward(br.body, a)
+        a = self.move(br.move_out, a, "fwd")
+      ends.extend(a)
+    after = tuple(dict.fromkeys(ends))
+    for mv in blk.identity:
+      after = self.move(mv, after, "fwd")
+    return after
+
+  def block_backward(self, blk: Block, after: tuple[int, ...]) -> tuple[int, ...]:
+    for mv in reversed(blk.identity):
+      after = self.move(mv, after, "bwd")
+    ends: list[int] = []
+    for group in blk.groups:
+      a = after
+      for br in reversed(group):
+        a = self.move(br.move_out, a, "bwd")
+        a = self.backward(br.body, a)
+        a = self.move(br.move_in, a, "bwd")
+      ends.extend(a)
+    return tuple(dict.fromkeys(ends))
+
+  # --- segments -----------------------------------------------------------------------------
+
+  def stage_backward(self, st: Stage, after: tuple[int, ...]) -> tuple[int, ...]:
+    start, count = st.placement
+    bw, lat = link_of(self.m.cluster, start, start + count - 1)
+    span = [st.placement]
+    band = {n: float(ring_bandwidth_ms(self.m.grad_bytes[self.m.row[n]], count, bw))
+            for n in st.layers}
+    overlap = self.m.options.overlap_allreduce
+    comm: tuple[int, ...] = ()
+    for name in reversed(st.layers):
+      after = self.add(span, "compute", "bwd", name, self.m.timing(name, count)[1], after,
+                       st.index)
+      if overlap and band[name] > 0:
+        comm = self.add(span, "comm", "allreduce", f"all-reduce {name}", band[name],
+                        tuple(dict.fromkeys(after + comm)), st.index)
+    if not any(v > 0 for v in band.values()):
+      return after
+    latency = float(ring_latency_ms(count, lat))
+    label = f"all-reduce stage {st.index}"
+    if overlap:
+      done = self.add(span, "comm", "allreduce", f"{label} latency", latency,
+                      tuple(dict.fromkeys(after + comm)), st.index)
+    else:
+      done = self.add(span, "comm", "allreduce", label, latency + sum(band.values()), after,
+                      st.index)
+    return tuple(dict.fromkeys(after + done))
+
+  def move(self, mv: Move, after: tuple[int, ...], direction: str) -> tuple[int, ...]:
+    (s0, g0), (s1, g1) = self.a[mv.src], self.a[mv.dst]
+    ms = float(move_ms(self.m.cluster, self.m.batch, self.m.out_bytes[self.m.row[mv.src]],
+                       s0, g0, s1, g1))
+    label = f"{mv.src} -> {mv.dst}" if direction == "fwd" else f"grad {mv.dst} -> {mv.src}"
+    return self.add(union_spans((s0, g0), (s1, g1)), "comm", "move", label, ms / 2, after)
+
+
+def union_spans(a: Span, b: Span) -> list[Span]:
+  """Two device ranges as the fewest disjoint ranges covering both."""
+  (s0, g0), (s1, g1) = sorted([a, b])
+  if s1 <= s0 + g0:
+    return [(s0, max(s0 + g0, s1 + g1) - s0)]
+  return [(s0, g0), (s1, g1)]

@@ -1,0 +1,186 @@
+"""python -m dp_jax.simulate: a plan's iteration per device, background fill, cluster throughput.
+
+    python -m dp_jax.simulate plan=plan.json
+    python -m dp_jax.simulate model=vgg16 cluster=a100_nvlink_8 cluster.num_devices=8 \
+        batch_size=32 profile=deeppool_a100 planner.amplification_limit=2 background=same_family
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from dp_jax.cli import hydra_app
+from dp_jax.config import (
+  BackgroundConfig,
+  ClusterConfig,
+  LoggerConfig,
+  ModelConfig,
+  PlannerConfig,
+  ProfileConfig,
+)
+from dp_jax.tracking import Run
+
+TIMELINE_SCHEMA = "dp_jax.timeline/1"
+
+
+class FillPolicy(str, Enum):  # noqa: UP042 - the style of dp_jax/config.py
+  fit = "fit"
+  overrun = "overrun"
+
+
+@dataclass
+class InterferenceConfig:
+  """How background pieces interact with the foreground (docs/simulator.md)."""
+
+  policy: FillPolicy = FillPolicy.fit
+  piece_ms: float = 0.5  # DeepPool's be_graph_split_ms
+  switch_us: float | None = None  # None: the device's per-kernel overhead (profile/devices.py)
+
+
+@dataclass
+class SimulateConfig:
+  """python -m dp_jax.simulate: plan (or load a plan), simulate it alone and with background."""
+
+  model: ModelConfig = MISSING
+  cluster: ClusterConfig = MISSING
+  planner: PlannerConfig = field(default_factory=PlannerConfig)
+  profile: ProfileConfig = field(default_factory=ProfileConfig)
+  background: BackgroundConfig = field(default_factory=BackgroundConfig)
+  interference: InterferenceConfig = field(default_factory=InterferenceConfig)
+  logger: LoggerConfig = field(default_factory=LoggerConfig)
+  plan: str | None = None  # a plan JSON to simulate instead of planning
+  graph: str | None = None  # a graph JSON to use instead of tracing the zoo model
+  batch_size: int = 32
+  iterations: int = 4
+  seed: int = 0
+
+
+def background_for(cfg: Any, graph, profile, cluster, plan):
+  """The background job the config names (None for background=none)."""
+  from dp_jax.profile.sources import load_profile, profile_batches
+  from dp_jax.sim.background import background_job
+  from dp_jax.sim.engine import plan_options
+
+  bg = cfg.background
+  if bg.name == "none":
+    return None
+  if bg.model is not None:  # another model than the foreground's: trace and profile it
+    from dp_jax import zoo
+
+    graph = zoo.graph_of(bg.model, seed=cfg.seed)
+    profile = load_profile(cfg.profile, graph, cluster.device,
+                           profile_batches(bg.batch_per_device), bg.model)
+  opts = plan_options(plan)
+  return background_job(graph, profile, cluster, int(bg.batch_per_device),
+                        piece_ms=float(cfg.interference.piece_ms),
+                        grad_bytes_per_param=opts.grad_bytes_per_param,
+                        optimizer_bytes_per_param=opts.optimizer_bytes_per_param,
+                        param_bytes_per_param=opts.param_bytes_per_param)
+
+
+def timeline_json(sim, metrics: dict[str, Any]) -> dict[str, Any]:
+  """Alone and with-background events of one iteration, devices as [first, count] ranges."""
+  out = {"schema": TIMELINE_SCHEMA, "model": sim.plan.model, "num_devices": sim.plan.num_devices,
+         "global_batch": sim.plan.global_batch, "cluster": sim.plan.cluster,
+         "device_groups": [int(b) for b in sim.classes.bounds],
+         "alone": {"iteration_ms": sim.timeline.iteration_ms,
+                   "events": [e.to_json() for e in sim.timeline.events()]}}
+  if sim.fill is not None:
+    out["with_background"] = {
+        "iteration_ms": float(sim.fill.iteration_ms[-1]),
+        "iteration_ms_all": [float(t) for t in sim.fill.iteration_ms],
+        "slowdown_cap": sim.fill.cap, "max_slowdown": metrics["max_slowdown"],
+        "events": [e.to_json() for e in sim.fill.events]}
+  return out
+
+
+def gantt(sim, metrics: dict[str, Any], path: Path) -> Path:
+  from dp_jax.sim.gantt import plot_gantt
+
+  m = metrics
+  title = (f"{m['model']}: G={m['num_devices']}, B={m['global_batch']}, {m['cluster']} | "
+           f"alone {m['alone_iteration_ms']:.2f} ms (planner {m['planner_iteration_ms']:.2f}, "
+           f"data parallel {m['data_parallel_iteration_ms']:.2f})")
+  marks = [("alone iteration", m["alone_iteration_ms"])]
+  events = sim.timeline.events()
+  if sim.fill is not None:
+    events = sim.fill.events
+    title += (f"\nwith background {m['background']} x{m['background_batch']}: "
+              f"{sim.fill.iteration_ms[-1]:.2f} ms (cap {sim.fill.cap:.0%}), "
+              f"{m['background_samples_per_s']:.0f} bg samples/s, cluster "
+              f"{m['cluster_throughput_vs_data_parallel']:.2f}x data parallel")
+    marks.append(("slowdown cap", (1 + sim.fill.cap) * m["alone_iteration_ms"]))
+  return plot_gantt(events, sim.plan.num_devices, path, title=title, classes=sim.classes,
+                    marks=marks)
+
+
+def print_metrics(metrics: dict[str, Any]) -> list[list[Any]]:
+  from rich.console import Console
+  from rich.table import Table
+
+  rows = [[k, round(v, 4) if isinstance(v, float) else v] for k, v in metrics.items()]
+  table = Table(title=f"simulation of {metrics['model']} on {metrics['num_devices']} devices")
+  table.add_column("metric")
+  table.add_column("value", justify="right")
+  for k, v in rows:
+    table.add_row(k, str(v))
+  Console(width=100).print(table)
+  return rows
+
+
+def simulate_task(cfg: Any, run: Run) -> dict[str, Any]:
+  """Plan (or load) a plan, simulate it, write plan/metrics/timeline JSON and the Gantt PNG."""
+  from hydra.core.hydra_config import HydraConfig
+
+  from dp_jax import workflow
+  from dp_jax.planner import Plan
+  from dp_jax.profile.sources import load_profile, profile_batches
+  from dp_jax.sim.engine import simulate
+  from dp_jax.sim.fill import validate
+  from dp_jax.sim.metrics import metrics as compute_metrics
+
+  policy = workflow.enum_value(cfg.interference.policy)
+  switch_ms = None if cfg.interference.switch_us is None else cfg.interference.switch_us / 1e3
+  validate(float(cfg.background.slowdown_cap), switch_ms or 0.0, policy, cfg.iterations)
+  out_dir = Path(HydraConfig.get().runtime.output_dir)
+  cluster = workflow.cluster_spec(cfg.cluster)
+  loaded = Plan.load(cfg.plan) if cfg.plan else None
+  batch = loaded.global_batch if loaded else cfg.batch_size
+  graph = workflow.load_graph(cfg)
+  profile = load_profile(cfg.profile, graph, cluster.device,
+                         profile_batches(batch, cfg.background.batch_per_device),
+                         None if cfg.graph else cfg.model)
+  t0 = time.perf_counter()
+  plan = loaded or workflow.make_plan_from_config(
+      cfg.planner, graph, profile, cluster,
+      num_devices=workflow.job_devices(cfg.cluster, cluster), global_batch=batch)
+  planning_s = time.perf_counter() - t0
+  plan.save(out_dir / "plan.json")
+  job = background_for(cfg, graph, profile, cluster, plan)
+  t0 = time.perf_counter()
+  sim = simulate(graph, profile, cluster, plan, job=job, cap=float(cfg.background.slowdown_cap),
+                 switch_ms=switch_ms, policy=policy, iterations=cfg.iterations)
+  m = compute_metrics(sim)
+  m.update(planning_s=planning_s, simulation_s=time.perf_counter() - t0,
+           profile_source=profile.source)
+  (out_dir / "metrics.json").write_text(json.dumps(m, indent=1))
+  (out_dir / "timeline.json").write_text(json.dumps(timeline_json(sim, m)))
+  png = gantt(sim, m, out_dir / "gantt.png")
+  rows = print_metrics(m)
+  run.log_table("simulation", ["metric", "value"], [[k, str(v)] for k, v in rows])
+  run.log_image("gantt", png)
+  print(f"outputs: {out_dir}")
+  return {k: v for k, v in m.items() if isinstance(v, (int, float, str)) or v is None}
+
+
+main = hydra_app("simulate", SimulateConfig)(simulate_task)
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,41 @@
+"""Small synthetic plans for simulator tests (no JAX, no zoo)."""
+
+import functools
+import math
+from pathlib import Path
+
+import yaml
+
+from dp_jax.cluster import ClusterSpec, load_cluster
+from dp_jax.planner import make_plan, synthetic
+from dp_jax.profile.sources import profile_batches
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def cluster(name: str = "dgx_a100") -> ClusterSpec:
+  return load_cluster(yaml.safe_load((REPO / "conf/cluster" / f"{name}.yaml").read_text()))
+
+
+@functools.cache
+def graph(kind: str, size: int = 0):
+  if kind == "resnet":
+    return synthetic.resnet_like(blocks=(1, 1, 1, 1) if size else (3, 4, 6, 3))
+  return synthetic.inception_like(modules=3 if size else 11)
+
+
+@functools.cache
+def profile(kind: str, batch: int, size: int = 0):
+  return synthetic.analytic_profile(graph(kind, size), profile_batches(batch, 8))
+
+
+@functools.cache
+def plan(kind: str, g: int, b: int, limit: float = 2.0, overlap: bool = True, size: int = 0,
+         cluster_name: str = "dgx_a100"):
+  return make_plan(graph(kind, size), profile(kind, b, size), cluster(cluster_name),
+                   num_devices=g, global_batch=b, amplification_limit=limit,
+                   overlap_allreduce=overlap)
+
+
+INF = math.inf

@@ -1,0 +1,66 @@
+"""python -m dp_jax.simulate: outputs, plan files, offline W&B, one-line errors."""
+
+import json
+
+import pytest
+from apps import assert_one_line_error, run_app
+from sim_helpers import graph, profile
+
+from dp_jax.planner import Plan
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  d = tmp_path_factory.mktemp("inputs")
+  return {"graph": str(graph("inception", 1).save(d / "graph.json")),
+          "profile": str(profile("inception", 32, 1).save(d / "profile.json"))}
+
+
+def _args(files, *more):
+  return ["model.name=inception_like", f"graph={files['graph']}", "profile.source=file",
+          f"profile.path={files['profile']}", "cluster=dgx_a100", "cluster.num_devices=16",
+          "batch_size=32", *more]
+
+
+def test_plans_simulates_and_writes_everything(tmp_path, files):
+  result = run_app("simulate", *_args(files), cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  run = tmp_path / "run"
+  m = json.loads((run / "metrics.json").read_text())
+  assert m["model"] == "inception_like" and m["num_devices"] == 16
+  assert m["max_slowdown"] <= 0.1 + 1e-9
+  assert m["cluster_samples_per_s"] >= m["samples_per_s"]
+  tl = json.loads((run / "timeline.json").read_text())
+  assert tl["schema"] == "dp_jax.timeline/1"
+  assert {e["kind"] for e in tl["with_background"]["events"]} >= {"fwd", "bwd", "bg"}
+  assert (run / "gantt.png").read_bytes()[:4] == b"\x89PNG"
+  assert Plan.load(run / "plan.json").num_devices == 16
+  files_dir = next((run / "wandb").glob("offline-run-*")) / "files"
+  assert list((files_dir / "media" / "table").glob("simulation_*.table.json"))
+  assert list((files_dir / "media" / "images").glob("gantt_*.png"))
+
+
+def test_simulates_a_plan_file_without_background(tmp_path, files):
+  (tmp_path / "a").mkdir()
+  (tmp_path / "b").mkdir()
+  first = run_app("simulate", *_args(files, "logger=disabled"), cwd=tmp_path / "a")
+  assert first.returncode == 0, first.stderr
+  plan = tmp_path / "a" / "run" / "plan.json"
+  result = run_app("simulate", *_args(files, f"plan={plan}", "background=none",
+                                      "logger=disabled"), cwd=tmp_path / "b")
+  assert result.returncode == 0, result.stderr
+  m = json.loads((tmp_path / "b" / "run" / "metrics.json").read_text())
+  assert m["background_samples_per_s"] == 0
+  assert m["alone_iteration_ms"] == pytest.approx(Plan.load(plan).predicted["iteration_ms"],
+                                                  rel=0.01)
+
+
+@pytest.mark.parametrize("more, fragments", [
+    (["background.slowdown_cap=-0.5"], ["slowdown_cap must be a number >= 0"]),
+    (["background.batch_per_device=4000000"], ["needs", "GB per device", "background=none"]),
+    (["interference.policy=nope"], ["interference.policy"]),
+    (["background=nope"], ["unknown background 'nope'", "same_family"]),
+])
+def test_bad_input_is_one_line(tmp_path, files, more, fragments):
+  result = run_app("simulate", *_args(files, "logger=disabled", *more), cwd=tmp_path)
+  assert_one_line_error(result, *fragments)

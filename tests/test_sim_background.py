@@ -1,0 +1,56 @@
+"""Background jobs: pieces of a step, their total, memory from the planner's model."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sim_helpers import cluster, graph, profile
+
+from dp_jax.errors import UserError
+from dp_jax.planner import memory
+from dp_jax.planner.costs import build_cost_model
+from dp_jax.planner.options import PlanOptions
+from dp_jax.sim.background import background_job, check_memory, kernels_ms, merge_pieces
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 3), max_size=40), st.floats(0.05, 2))
+def test_pieces_keep_the_work_and_respect_the_size(kernels, piece_ms):
+  pieces = merge_pieces(kernels, piece_ms)
+  assert pieces.sum() == pytest.approx(sum(kernels), abs=1e-9)
+  longest = max(kernels, default=0.0)
+  assert all(p <= max(piece_ms, longest) + 1e-12 for p in pieces)
+  assert all(p > 0 for p in pieces)
+
+
+def test_a_step_is_the_profiled_forward_and_backward():
+  g, prof = graph("resnet"), profile("resnet", 32)
+  assert sum(kernels_ms(g, prof, 8)) == pytest.approx(prof.iteration_ms(8, list(g.names)))
+  job = background_job(g, prof, cluster(), 8, piece_ms=0.5)
+  assert job.step_ms == pytest.approx(prof.iteration_ms(8, list(g.names)))
+  assert len(job.pieces_ms) > 1
+
+
+def test_memory_is_the_planner_model_on_one_device():
+  g, prof = graph("resnet"), profile("resnet", 32)
+  job = background_job(g, prof, cluster(), 8)
+  model = build_cost_model(g, prof, cluster(), PlanOptions(num_devices=1, global_batch=8))
+  one = {n: (0, 1) for n in g.names}
+  assert job.memory_bytes == pytest.approx(memory.device_bytes(model, one)[0])
+  assert job.memory_bytes > g.total_param_bytes * 3  # params + grads + Adam moments
+
+
+def test_memory_overflow_is_one_clear_error():
+  job = background_job(graph("resnet"), profile("resnet", 32), cluster(), 8)
+  capacity = 40e9
+  check_memory(job, np.full(8, capacity - job.memory_bytes - 1), capacity)
+  used = np.zeros(8)
+  used[5] = capacity - job.memory_bytes / 2
+  with pytest.raises(UserError, match=r"device 5 has only .* GB free.*batch_per_device"):
+    check_memory(job, used, capacity)
+
+
+@pytest.mark.parametrize("batch, piece", [(0, 0.5), (-1, 0.5), (8, 0), (8, -1.0), (2.5, 0.5)])
+def test_bad_settings_are_user_errors(batch, piece):
+  with pytest.raises(UserError):
+    background_job(graph("resnet"), profile("resnet", 32), cluster(), batch, piece_ms=piece)

@@ -1,0 +1,121 @@
+"""The alone timeline reproduces the planner's prediction from the planner's own cost terms."""
+
+import math
+
+import numpy as np
+import pytest
+from sim_helpers import INF, cluster, graph, plan, profile
+
+from dp_jax.planner.costs import link_of, move_ms, ring_bandwidth_ms, ring_latency_ms, stage_sync_ms
+from dp_jax.planner.evaluate import data_parallel_assignment, evaluate
+from dp_jax.sim.engine import cost_model_for
+from dp_jax.sim.segments import Move, Stage, segments
+from dp_jax.sim.timeline import build_timeline, union_spans
+
+PLANS = [("resnet", 8, 32, 2.0, True), ("resnet", 8, 32, INF, False), ("resnet", 32, 32, 2.0, True),
+         ("resnet", 64, 64, 1.5, True), ("inception", 8, 32, 2.0, True),
+         ("inception", 16, 32, 1.5, False), ("inception", 64, 64, 2.0, True),
+         ("inception", 1024, 1024, 2.0, True)]
+
+
+def _timeline(kind, g, b, limit, overlap):
+  p = plan(kind, g, b, limit, overlap)
+  model = cost_model_for(graph(kind), profile(kind, b), cluster(), p)
+  return p, model, build_timeline(model, p.assignment())
+
+
+@pytest.mark.parametrize("kind, g, b, limit, overlap", PLANS)
+def test_alone_iteration_matches_the_planner_within_one_percent(kind, g, b, limit, overlap):
+  p, _, tl = _timeline(kind, g, b, limit, overlap)
+  assert tl.iteration_ms == pytest.approx(p.predicted["iteration_ms"], rel=0.01)
+  assert tl.iteration_ms >= p.predicted["iteration_ms"] * (1 - 1e-12)
+
+
+def _two_pass(model, a, segs):
+  """Reference: forward and backward critical paths summed (a block: max over branch groups)."""
+  f = w = 0.0
+  for s in segs:
+    if isinstance(s, Stage):
+      st, c = s.placement
+      bw, lat = link_of(model.cluster, st, st + c - 1)
+      bwd = [model.timing(n, c)[1] for n in s.layers]
+      f += sum(model.timing(n, c)[0] for n in s.layers) - sum(bwd)
+      band = [float(ring_bandwidth_ms(model.grad_bytes[model.row[n]], c, bw)) for n in s.layers]
+      w += sum(bwd) + stage_sync_ms(band, bwd, float(ring_latency_ms(c, lat)),
+                                    model.options.overlap_allreduce)
+    elif isinstance(s, Move):
+      (s0, g0), (s1, g1) = a[s.src], a[s.dst]
+      half = float(move_ms(model.cluster, model.batch, model.out_bytes[model.row[s.src]],
+                           s0, g0, s1, g1)) / 2
+      f, w = f + half, w + half
+    else:
+      fs, ws = [], []
+      for group in s.groups:
+        parts = [_two_pass(model, a, [br.move_in, *br.body, br.move_out]) for br in group]
+        fs.append(sum(x for x, _ in parts))
+        ws.append(sum(y for _, y in parts))
+      x, y = _two_pass(model, a, s.identity)
+      f, w = f + max(fs) + x, w + max(ws) + y
+  return f, w
+
+
+@pytest.mark.parametrize("kind, g, b, limit, overlap", PLANS + [("resnet", 16, 32, 1.5, False)])
+def test_alone_iteration_is_forward_plus_backward_critical_path(kind, g, b, limit, overlap):
+  p, model, tl = _timeline(kind, g, b, limit, overlap)
+  f, w = _two_pass(model, p.assignment(), segments(model.graph, p.assignment()))
+  assert tl.iteration_ms == pytest.approx(f + w, rel=1e-9)
+
+
+def test_where_planner_and_timeline_differ_it_is_the_branch_max():
+  # Branch groups whose forward and backward maxima come from different groups: the planner
+  # charges max(F + B), a schedule with dependencies needs max F + max B (docs/simulator.md).
+  p, _, tl = _timeline("resnet", 16, 32, 1.5, False)
+  assert tl.iteration_ms > p.predicted["iteration_ms"] * 1.001
+
+
+@pytest.mark.parametrize("kind, g, b, limit, overlap", PLANS[:5])
+def test_stages_and_moves_use_the_planner_costs(kind, g, b, limit, overlap):
+  p, model, tl = _timeline(kind, g, b, limit, overlap)
+  ev = evaluate(model, p.assignment())
+  assert [s.layers for s in tl.stages] == [s.layers for s in ev.stages]
+  for st in ev.stages:
+    i = [s.layers for s in ev.stages].index(st.layers)
+    compute = sum(t.duration_ms for t in tl.tasks if t.stage == i and t.kind in ("fwd", "bwd"))
+    assert compute == pytest.approx(st.compute_ms, rel=1e-9, abs=1e-12)
+  moves = sum(t.duration_ms for t in tl.tasks if t.kind == "move")
+  assert moves == pytest.approx(sum(m.ms for m in ev.moves), rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind, g, b, limit, overlap", PLANS)
+def test_schedule_is_consistent(kind, g, b, limit, overlap):
+  _, _, tl = _timeline(kind, g, b, limit, overlap)
+  for i, t in enumerate(tl.tasks):
+    assert all(d < i for d in t.deps), "tasks are in a topological order"
+    assert t.duration_ms > 0
+    assert tl.start_ms[i] >= max((tl.end_ms[d] for d in t.deps), default=0.0) - 1e-12
+  for d in sorted({0, g // 2, g - 1}):
+    busy = [e for e in tl.on_device(d) if e.stream == "compute"]
+    for a, c in zip(busy, busy[1:], strict=False):
+      assert c.start_ms >= a.end_ms - 1e-9, f"device {d}: {a.label} overlaps {c.label}"
+
+
+def test_data_parallel_plan_is_exact_and_leaves_no_idle_time():
+  kind, g, b = "inception", 8, 32
+  p = plan(kind, g, b)
+  model = cost_model_for(graph(kind), profile(kind, b), cluster(), p)
+  tl = build_timeline(model, data_parallel_assignment(model, g))
+  assert tl.iteration_ms == pytest.approx(p.predicted["data_parallel_iteration_ms"], rel=1e-12)
+  assert {t.spans for t in tl.tasks} == {((0, g),)}
+
+
+def test_union_spans():
+  assert union_spans((0, 4), (2, 4)) == [(0, 6)]
+  assert union_spans((4, 4), (0, 4)) == [(0, 8)]
+  assert union_spans((0, 2), (6, 2)) == [(0, 2), (6, 2)]
+  assert math.isclose(sum(c for _, c in union_spans((0, 8), (0, 1))), 8)
+
+
+def test_events_cover_each_span_once():
+  _, _, tl = _timeline("inception", 8, 32, 2.0, True)
+  assert len(tl.events()) == sum(len(t.spans) for t in tl.tasks)
+  assert np.isclose(max(e.end_ms for e in tl.events()), tl.iteration_ms)
