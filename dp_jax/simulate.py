@@ -142,13 +142,11 @@ def simulate_task(cfg: Any, run: Run) -> dict[str, Any]:
   from dp_jax import workflow
   from dp_jax.planner import Plan
   from dp_jax.profile.sources import load_profile, profile_batches
-  from dp_jax.sim.engine import simulate
   from dp_jax.sim.fill import validate
-  from dp_jax.sim.metrics import metrics as compute_metrics
 
-  policy = workflow.enum_value(cfg.interference.policy)
   switch_ms = None if cfg.interference.switch_us is None else cfg.interference.switch_us / 1e3
-  validate(float(cfg.background.slowdown_cap), switch_ms or 0.0, policy, cfg.iterations)
+  validate(float(cfg.background.slowdown_cap), switch_ms or 0.0,
+           workflow.enum_value(cfg.interference.policy), cfg.iterations)
   out_dir = Path(HydraConfig.get().runtime.output_dir)
   cluster = workflow.cluster_spec(cfg.cluster)
   loaded = Plan.load(cfg.plan) if cfg.plan else None
@@ -163,21 +161,35 @@ def simulate_task(cfg: Any, run: Run) -> dict[str, Any]:
       num_devices=workflow.job_devices(cfg.cluster, cluster), global_batch=batch)
   planning_s = time.perf_counter() - t0
   plan.save(out_dir / "plan.json")
+  result = simulate_and_write(cfg, graph, profile, cluster, plan, out_dir)
+  m = {**result["metrics"], "planning_s": planning_s}
+  rows = print_metrics(m)
+  run.log_table("simulation", ["metric", "value"], [[k, str(v)] for k, v in rows])
+  run.log_image("gantt", result["gantt"])
+  print(f"outputs: {out_dir}")
+  return {k: v for k, v in m.items() if isinstance(v, (int, float, str)) or v is None}
+
+
+def simulate_and_write(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -> dict[str, Any]:
+  """Simulate `plan` alone and with cfg.background; write metrics, timeline and Gantt chart."""
+  from dp_jax import workflow
+  from dp_jax.sim.engine import simulate
+  from dp_jax.sim.fill import validate
+  from dp_jax.sim.metrics import metrics as compute_metrics
+
+  policy = workflow.enum_value(cfg.interference.policy)
+  switch_ms = None if cfg.interference.switch_us is None else cfg.interference.switch_us / 1e3
+  validate(float(cfg.background.slowdown_cap), switch_ms or 0.0, policy, cfg.iterations)
   job = background_for(cfg, graph, profile, cluster, plan)
   t0 = time.perf_counter()
   sim = simulate(graph, profile, cluster, plan, job=job, cap=float(cfg.background.slowdown_cap),
                  switch_ms=switch_ms, policy=policy, iterations=cfg.iterations)
   m = compute_metrics(sim)
-  m.update(planning_s=planning_s, simulation_s=time.perf_counter() - t0,
-           profile_source=profile.source)
+  m.update(simulation_s=time.perf_counter() - t0, profile_source=profile.source)
   (out_dir / "metrics.json").write_text(json.dumps(m, indent=1))
   (out_dir / "timeline.json").write_text(json.dumps(timeline_json(sim, m)))
   png = gantt(sim, m, out_dir / "gantt.png")
-  rows = print_metrics(m)
-  run.log_table("simulation", ["metric", "value"], [[k, str(v)] for k, v in rows])
-  run.log_image("gantt", png)
-  print(f"outputs: {out_dir}")
-  return {k: v for k, v in m.items() if isinstance(v, (int, float, str)) or v is None}
+  return {"metrics": m, "gantt": str(png)}
 
 
 main = hydra_app("simulate", SimulateConfig)(simulate_task)

@@ -38,12 +38,13 @@ def load_graph(cfg: Any):
   return zoo.graph_of(cfg.model, seed=cfg.get("seed", 0))
 
 
-def load_profile_for(cfg: Any, graph, cluster, global_batch: int):
+def load_profile_for(cfg: Any, graph, cluster, global_batch: int, *extra_batches: int):
   """The profile cfg.profile names, covering every per-device batch a plan of B can use."""
   from dp_jax.profile.sources import load_profile, profile_batches
 
   model_cfg = None if cfg.get("graph") else cfg.model
-  return load_profile(cfg.profile, graph, cluster.device, profile_batches(global_batch), model_cfg)
+  return load_profile(cfg.profile, graph, cluster.device,
+                      profile_batches(global_batch, *extra_batches), model_cfg)
 
 
 def plan_options(planner_cfg: Any, num_devices: int, global_batch: int) -> dict[str, Any]:
