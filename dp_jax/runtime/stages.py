@@ -1,0 +1,67 @@
+"""Stages: runs of consecutive layers (series-parallel order) that share one device set."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from dp_jax.graph import Chain, LayerGraph, LayerNode, Parallel
+
+INPUT = "<input>"  # producer name of the model input
+
+
+@dataclass(frozen=True)
+class Stage:
+  """Layers compiled as one program on one device set; exports are read by later stages."""
+
+  index: int
+  devices: tuple[int, ...]
+  layers: tuple[str, ...]
+  inputs: tuple[str, ...]  # producers outside the stage it reads (INPUT: the model input)
+  exports: tuple[str, ...]  # its layers read by later stages, and the model output
+
+
+def series_parallel_order(graph: LayerGraph) -> list[str]:
+  """Every layer once: fork, then each branch in full, then the join (a topological order)."""
+
+  def walk(chain: Chain) -> Iterable[str]:
+    for item in chain.items:
+      if isinstance(item, Parallel):
+        for branch in item.branches:
+          yield from walk(branch)
+      else:
+        yield item
+
+  return list(walk(graph.decompose()))
+
+
+def group_stages(graph: LayerGraph, devices_of: Mapping[str, Sequence[int]]) -> list[Stage]:
+  """Fuse consecutive layers (series-parallel order) placed on the same ordered device set."""
+  runs: list[tuple[tuple[int, ...], list[str]]] = []
+  for name in series_parallel_order(graph):
+    devs = tuple(devices_of[name])
+    if runs and runs[-1][0] == devs:
+      runs[-1][1].append(name)
+    else:
+      runs.append((devs, [name]))
+  stage_of = {n: i for i, (_, names) in enumerate(runs) for n in names}
+  readers: dict[str, set[int]] = {n: set() for n in graph.names}
+  for node in graph.nodes:
+    for p in node.inputs:
+      readers[p].add(stage_of[node.name])
+  stages = []
+  for i, (devs, names) in enumerate(runs):
+    inputs: list[str] = []
+    for n in names:
+      for p in graph.node(n).inputs or (INPUT,):
+        if (p == INPUT or stage_of[p] != i) and p not in inputs:
+          inputs.append(p)
+    exports = [n for n in names if readers[n] - {i} or n == graph.sink]
+    stages.append(Stage(i, devs, tuple(names), tuple(inputs), tuple(exports)))
+  return stages
+
+
+def structure_graph(model, name: str) -> LayerGraph:
+  """The layer wiring of a zoo model as a LayerGraph without costs (no tracing needed)."""
+  nodes = [LayerNode(name=s.name, kind=s.kind, inputs=tuple(s.inputs)) for s in model.layer_specs()]
+  return LayerGraph(model=name, input_shape=(), input_dtype="float32", nodes=tuple(nodes))

@@ -1,0 +1,308 @@
+"""The burst-parallel train step: one jitted program per stage, device_put between stages.
+
+Forward and backward (exact, nothing recomputed):
+  - every stage but the last runs `fwd`: its layers under jax.vjp inside one jit. It returns
+    the exported activations, the VJP (its residuals are outputs of the jit and stay on the
+    stage's devices) and the new batch-norm statistics. saveable_args=False keeps the params
+    and inputs out of the residuals (no copies); `bwd` receives them again and restores them.
+  - the last stage runs `fused`: forward, loss (mean over the global batch), backward and
+    optimizer update in one program.
+  - `bwd` applies a stage's VJP to the sum of the cotangents its exports received from later
+    stages, adds the gradients other stages computed for its tied params, and updates it.
+Gradient reduction: params are replicated and the batch sharded on a stage's mesh, so GSPMD
+all-reduces parameter gradients over the stage's devices inside the stage's own program.
+Transfers: jax.device_put moves activations forward and cotangents backward between meshes
+(a no-op when both stages share a device set). Dispatch is asynchronous: stages on disjoint
+devices (fork/join branches) run concurrently, and host-side nothing waits until the loss.
+Tied params (GPT-2's lm_head reading embed's wte): the owner is the first layer holding the
+Param; a later stage reading it gets a replicated copy each step and sends its gradient back,
+where it is summed into the owner's gradient before the update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from dp_jax.errors import UserError
+from dp_jax.graph import LayerGraph
+from dp_jax.runtime import mesh as meshlib
+from dp_jax.runtime.functional import LayerDef, apply_layer
+from dp_jax.runtime.loss import cross_entropy
+from dp_jax.runtime.plan_check import CheckedPlan
+from dp_jax.runtime.stages import INPUT, Stage, group_stages
+
+TrainState = dict[str, dict[str, Any]]  # {"params"|"stats"|"opt": {layer: ...}}
+
+
+@dataclass(frozen=True, eq=False)
+class StageProgram:
+  """A stage's mesh, shardings and compiled programs (fwd + bwd, or fused if last)."""
+
+  stage: Stage
+  mesh: Mesh
+  batch: NamedSharding
+  replicated: NamedSharding
+  tied_in: tuple[str, ...]  # tied values (owner:key) this stage reads from other stages
+  tied_owned: tuple[str, ...]  # its params that later stages read (gradients come back)
+  fwd: Callable | None
+  bwd: Callable | None
+  fused: Callable | None
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+  """Every stage of a plan, compiled lazily by jax.jit on first call."""
+
+  model: str
+  stages: tuple[StageProgram, ...]
+  defs: Mapping[str, LayerDef]
+  stage_of: Mapping[str, int]
+  global_batch: int
+  num_devices: int  # of the plan (device indices 0..num_devices-1)
+
+  @property
+  def input_stage(self) -> StageProgram:
+    return next(s for s in self.stages if INPUT in s.stage.inputs)
+
+  @property
+  def last_stage(self) -> StageProgram:
+    return self.stages[-1]
+
+
+def tied_key(owner: str, key: str) -> str:
+  return f"{owner}:{key}"
+
+
+def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: CheckedPlan,
+                  optimizer: optax.GradientTransformation,
+                  devices: list[jax.Device]) -> Program:
+  """Group the plan into stages and define each stage's jitted programs on its sub-mesh."""
+  stages = group_stages(graph, {n: p.devices for n, p in plan.placements.items()})
+  stage_of = {n: s.index for s in stages for n in s.layers}
+  reads: dict[int, list[str]] = {s.index: [] for s in stages}
+  owned: dict[int, list[str]] = {s.index: [] for s in stages}
+  for d in defs.values():
+    for owner, key in d.tied.values():
+      t, si, so = tied_key(owner, key), stage_of[d.name], stage_of[owner]
+      if si < so:
+        raise UserError(f"layer '{d.name}' reads parameter '{key}' of layer '{owner}', which "
+                        "runs in a later stage; place them so the owner runs first")
+      if si != so and t not in reads[si]:
+        reads[si].append(t)
+      if si != so and t not in owned[so]:
+        owned[so].append(t)
+  programs = []
+  for s in stages:
+    m = meshlib.stage_mesh([devices[i] for i in s.devices])
+    sp = StageProgram(s, m, meshlib.batch_sharding(m), meshlib.replicated(m),
+                      tuple(reads[s.index]), tuple(owned[s.index]), None, None, None)
+    last = s.index == len(stages) - 1
+    fns = _stage_functions(sp, defs, optimizer, graph.sink if last else None)
+    programs.append(dataclasses.replace(sp, **fns))
+  return Program(graph.model, tuple(programs), defs, stage_of, plan.global_batch,
+                 plan.num_devices)
+
+
+def init_state(program: Program, params: Mapping[str, Any], stats: Mapping[str, Any],
+               optimizer: optax.GradientTransformation) -> TrainState:
+  """Params and stats replicated on each layer's stage mesh; optimizer state made there."""
+  state: TrainState = {"params": {}, "stats": {}, "opt": {}}
+  for sp in program.stages:
+    layers = sp.stage.layers
+    p = jax.device_put({n: params[n] for n in layers}, sp.replicated)
+    st = jax.device_put({n: stats[n] for n in layers}, sp.replicated)
+    init = jax.jit(lambda p: {n: optimizer.init(v) for n, v in p.items()},
+                   out_shardings=sp.replicated)
+    state["params"].update(p)
+    state["stats"].update(st)
+    state["opt"].update(init(p))
+  return state
+
+
+def train_step(program: Program, state: TrainState, x: jax.Array, y: jax.Array,
+               timer: list[dict[str, Any]] | None = None,
+               on_stage: Callable | None = None) -> tuple[TrainState, jax.Array]:
+  """One step: (new state, loss on the last stage); with `timer`, waits on and records each call.
+
+  on_stage(stage_program, phase) is called just before each stage call (fwd | fwd_bwd | bwd).
+  """
+  stages, n = program.stages, len(program.stages)
+  params, stats, opt = dict(state["params"]), dict(state["stats"]), dict(state["opt"])
+  acts: dict[str, jax.Array] = {}
+  saved: dict[int, tuple[Any, ...]] = {}
+  call = _timed_call(timer)
+  if on_stage is not None:
+    call = _hooked_call(call, on_stage)
+  for sp in stages[:-1]:
+    tied, ins = call(sp, "transfer_fwd", _gather_inputs, sp, params, acts)
+    x_in = x if INPUT in sp.stage.inputs else None
+    p, st = _select(params, sp), _select(stats, sp)
+    outs, vjp, new_stats = call(sp, "fwd", sp.fwd, p, st, tied, ins, x_in)
+    stats.update(new_stats)
+    acts.update(outs)
+    saved[sp.stage.index] = (vjp, tied, ins)
+  sp = stages[-1]
+  tied, ins = call(sp, "transfer_fwd", _gather_inputs, sp, params, acts)
+  x_in = x if INPUT in sp.stage.inputs else None
+  loss, new_p, new_st, new_opt, g_tied, g_ins = call(
+      sp, "fwd_bwd", sp.fused, _select(params, sp), _select(stats, sp), _select(opt, sp), tied,
+      ins, x_in, y, {})
+  params.update(new_p)
+  stats.update(new_st)
+  opt.update(new_opt)
+  cots: dict[str, list[jax.Array]] = {}
+  tied_grads: dict[str, list[jax.Array]] = {}
+  call(sp, "transfer_bwd", _send_back, program, g_tied, g_ins, cots, tied_grads)
+  for i in range(n - 2, -1, -1):
+    sp = stages[i]
+    vjp, tied, ins = saved.pop(i)
+    ct = {e: tuple(cots.pop(e)) for e in sp.stage.exports}
+    extra = {t: tuple(tied_grads.pop(t)) for t in sp.tied_owned}
+    new_p, new_opt, g_tied, g_ins = call(sp, "bwd", sp.bwd, vjp, ct, _select(params, sp), tied,
+                                         ins, _select(opt, sp), extra)
+    params.update(new_p)
+    opt.update(new_opt)
+    call(sp, "transfer_bwd", _send_back, program, g_tied, g_ins, cots, tied_grads)
+  return {"params": params, "stats": stats, "opt": opt}, loss
+
+
+def _select(tree: Mapping[str, Any], sp: StageProgram) -> dict[str, Any]:
+  return {n: tree[n] for n in sp.stage.layers}
+
+
+def _gather_inputs(sp: StageProgram, params, acts):
+  """Tied values and activations this stage reads, moved onto its mesh (one call each)."""
+  tied = {}
+  for t in sp.tied_in:
+    owner, key = t.split(":", 1)
+    tied[t] = params[owner][key]
+  ins = {p: acts[p] for p in sp.stage.inputs if p != INPUT}
+  return jax.device_put(tied, sp.replicated), jax.device_put(ins, sp.batch)
+
+
+def _send_back(program: Program, g_tied, g_ins, cots, tied_grads) -> list[jax.Array]:
+  """Move cotangents of a stage's inputs (and tied values) to their producers' meshes."""
+  moved = []
+  for p, g in g_ins.items():
+    dst = program.stages[program.stage_of[p]]
+    moved.append(jax.device_put(g, dst.batch))
+    cots.setdefault(p, []).append(moved[-1])
+  for t, g in g_tied.items():
+    dst = program.stages[program.stage_of[t.split(":", 1)[0]]]
+    moved.append(jax.device_put(g, dst.replicated))
+    tied_grads.setdefault(t, []).append(moved[-1])
+  return moved
+
+
+def _hooked_call(call, on_stage: Callable):
+  """`call`, with on_stage(sp, phase) first for stage calls (not transfers)."""
+
+  def hooked(sp: StageProgram, phase: str, fn, *args):
+    if not phase.startswith("transfer"):
+      on_stage(sp, phase)
+    return call(sp, phase, fn, *args)
+
+  return hooked
+
+
+def _timed_call(timer: list[dict[str, Any]] | None):
+  if timer is None:
+    return lambda sp, phase, fn, *args: fn(*args)
+
+  def call(sp: StageProgram, phase: str, fn, *args):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    timer.append({"stage": sp.stage.index, "phase": phase, "start_s": start,
+                  "end_s": time.perf_counter()})
+    return out
+
+  return call
+
+
+# --- per-stage programs ---------------------------------------------------------------------
+
+
+def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
+                     optimizer: optax.GradientTransformation, sink: str | None) -> dict[str, Any]:
+  stage, batch = sp.stage, sp.batch
+
+  def forward(params, stats, tied, ins, x):
+    env = dict(ins)
+    if x is not None:
+      env[INPUT] = x
+    new_stats = {}
+    for name in stage.layers:
+      d = defs[name]
+      p = dict(params[name])
+      for key, (owner, okey) in d.tied.items():
+        p[key] = params[owner][okey] if owner in params else tied[tied_key(owner, okey)]
+      args = [env[i] for i in d.inputs] if d.inputs else [env[INPUT]]
+      env[name], new_stats[name] = apply_layer(d, p, stats[name], args)
+    outs = {e: jax.lax.with_sharding_constraint(env[e], batch) for e in stage.exports}
+    return outs, new_stats
+
+  def update(params, grads, opt, extra):
+    grads = {n: dict(g) for n, g in grads.items()}
+    for t, contributions in extra.items():
+      owner, key = t.split(":", 1)
+      for g in contributions:
+        grads[owner][key] = grads[owner][key] + g
+    new_params, new_opt = {}, {}
+    for name in stage.layers:
+      upd, new_opt[name] = optimizer.update(grads[name], opt[name], params[name])
+      new_params[name] = optax.apply_updates(params[name], upd)
+    return new_params, new_opt
+
+  if sink is not None:
+    def fused(params, stats, opt, tied, ins, x, y, extra):
+      def loss_fn(params, tied, ins):
+        outs, new_stats = forward(params, stats, tied, ins, x)
+        return cross_entropy(outs[sink], y), new_stats
+
+      (loss, new_stats), (g_p, g_tied, g_ins) = jax.value_and_grad(
+          loss_fn, argnums=(0, 1, 2), has_aux=True)(params, tied, ins)
+      new_params, new_opt = update(params, g_p, opt, extra)
+      return loss, new_params, new_stats, new_opt, g_tied, g_ins
+
+    return {"fused": jax.jit(fused, donate_argnums=(0, 1, 2))}
+
+  def fwd(params, stats, tied, ins, x):
+    f = lambda params, tied, ins: forward(params, stats, tied, ins, x)  # noqa: E731
+    outs, vjp, new_stats = jax.vjp(f, params, tied, ins, has_aux=True, saveable_args=False)
+    return outs, vjp, new_stats
+
+  def bwd(vjp, cots, params, tied, ins, opt, extra):
+    vjp = _restore_args(vjp, (params, tied, ins))
+    ct = {e: _sum(cs) for e, cs in cots.items()}
+    g_p, g_tied, g_ins = vjp(ct)
+    new_params, new_opt = update(params, g_p, opt, extra)
+    return new_params, new_opt, g_tied, g_ins
+
+  return {"fwd": jax.jit(fwd, donate_argnums=(1,)),
+          "bwd": jax.jit(bwd, donate_argnums=(0, 2, 5))}
+
+
+def _sum(arrays):
+  total = arrays[0]
+  for a in arrays[1:]:
+    total = total + a
+  return total
+
+
+def _restore_args(vjp, primals):
+  """Put the primal args that saveable_args=False left out back into the VJP's residuals."""
+  restored = jax.tree.map(lambda r, v: v if type(r).__name__ == "NotSaveable" else r,
+                          vjp.args_res, list(primals), is_leaf=_is_sentinel)
+  return vjp.replace(args_res=restored)
+
+
+def _is_sentinel(x) -> bool:
+  return type(x).__name__ in ("NotSaveable", "NotNeeded")

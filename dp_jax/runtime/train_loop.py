@@ -1,0 +1,177 @@
+"""The training loop: a plan's program, checkpoints, metrics, progress, a measured timeline.
+
+train() checks the plan against the model and devices before touching any file, resumes from
+the newest checkpoint in checkpoint_dir, saves every `checkpoint_every` steps (0: only at the
+end) and at the end, and writes metrics.jsonl (one line per step) and timeline.json (the
+second step of the call, every stage call waited for) to output_dir (default: the parent of
+checkpoint_dir). Batches depend only on the step index, so a resumed run repeats exactly
+what an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from dp_jax.errors import UserError
+from dp_jax.graph import LayerGraph
+from dp_jax.runtime import checkpoint as ckpt
+from dp_jax.runtime import data as datalib
+from dp_jax.runtime import mesh as meshlib
+from dp_jax.runtime import timeline as tl
+from dp_jax.runtime.functional import split_layers
+from dp_jax.runtime.plan_check import check_plan
+from dp_jax.runtime.step import Program, TrainState, build_program, init_state, train_step
+
+log = logging.getLogger(__name__)
+LogFn = Callable[[dict[str, Any], int], None]
+METRICS_FILE = "metrics.jsonl"
+TIMELINE_FILE = "timeline.json"
+STEP_SLEEP_ENV = "DP_JAX_STEP_SLEEP_S"  # test hook: pause after each step (kill/resume tests)
+
+
+@dataclass
+class TrainResult:
+  """What a call of train() did: the final state, losses and timings of the steps it ran."""
+
+  state: TrainState
+  program: Program
+  start_step: int  # steps already done (restored from a checkpoint) when the call began
+  final_step: int
+  losses: list[float] = field(default_factory=list)
+  step_ms: list[float] = field(default_factory=list)
+  timeline_path: Path | None = None
+  metrics_path: Path | None = None
+
+  @property
+  def median_step_ms(self) -> float | None:
+    times = self.step_ms[1:] or self.step_ms  # the first step includes compilation
+    return statistics.median(times) if times else None
+
+
+def train(model, graph: LayerGraph, plan: Any, *, steps: int,
+          optimizer: optax.GradientTransformation, data: datalib.DataSource,
+          checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
+          log_fn: LogFn | None = None, output_dir: str | Path | None = None,
+          devices: list[jax.Device] | None = None, progress: bool = False,
+          on_stage: Callable | None = None) -> TrainResult:
+  """Train `model` under `plan` until `steps` steps in total are done (see the module doc).
+
+  on_stage(stage_program, phase) is passed to every train_step (background job hook).
+  """
+  if steps < 0 or checkpoint_every < 0:
+    raise UserError(f"steps ({steps}) and checkpoint_every ({checkpoint_every}) must be >= 0")
+  devices = devices or meshlib.job_devices()
+  _check_model_graph(model, graph)
+  checked = check_plan(plan, graph, available_devices=len(devices))
+  defs, params, stats = split_layers(model)
+  program = build_program(graph, defs, checked, optimizer, devices)
+  state = init_state(program, params, stats, optimizer)
+  del params, stats
+  if output_dir is None and checkpoint_dir is not None:
+    output_dir = Path(checkpoint_dir).resolve().parent
+  manager, start = None, 0
+  if checkpoint_dir is not None:
+    manager = ckpt.open_manager(checkpoint_dir, ckpt.state_signature(graph.model, state))
+    restored = ckpt.restore_latest(manager, state)
+    if restored is not None:
+      start, state = restored
+      log.info("resumed from checkpoint step %d in %s", start, checkpoint_dir)
+  metrics_path = None
+  if output_dir is not None:
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    metrics_path = Path(output_dir) / METRICS_FILE
+    _truncate_metrics(metrics_path, start)
+  result = TrainResult(state, program, start, start, metrics_path=metrics_path)
+  try:
+    _run(result, data, steps, manager, checkpoint_every, log_fn, output_dir, progress,
+         on_stage)
+  finally:
+    if manager is not None:
+      manager.wait_until_finished()
+      manager.close()
+  return result
+
+
+def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, output_dir,
+         progress: bool, on_stage: Callable | None = None) -> None:
+  program, batch = result.program, result.program.global_batch
+  x_sh, y_sh = program.input_stage.batch, program.last_stage.batch
+  timed_step = min(result.start_step + 1, steps - 1)
+  sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
+  bar = _progress(progress)
+  with bar:
+    task = bar.add_task("train", total=steps, completed=result.start_step, loss=float("nan"))
+    for step in range(result.start_step, steps):
+      t0 = time.perf_counter()
+      x, y = datalib.batch_at(data, step, batch, x_sh, y_sh)
+      timer: list[dict[str, Any]] | None = [] if step == timed_step else None
+      result.state, loss = train_step(program, result.state, x, y, timer=timer,
+                                      on_stage=on_stage)
+      loss_value = _scalar(loss)
+      ms = (time.perf_counter() - t0) * 1e3
+      done = step + 1
+      metrics: dict[str, Any] = {"step": done, "loss": loss_value, "step_ms": ms,
+                                 "samples_per_s": batch / ms * 1e3}
+      if timer:
+        metrics["stage_ms"] = tl.stage_ms(timer)
+        if output_dir is not None:
+          result.timeline_path = tl.write_timeline(
+              Path(output_dir) / TIMELINE_FILE,
+              tl.timeline_json(timer, [s.stage for s in program.stages], model=program.model,
+                               global_batch=batch, num_devices=program.num_devices, step=done))
+      result.losses.append(loss_value)
+      result.step_ms.append(ms)
+      result.final_step = done
+      if result.metrics_path is not None:
+        with result.metrics_path.open("a") as f:
+          f.write(json.dumps(metrics) + "\n")
+      if log_fn is not None:
+        log_fn({f"train/{k}": v for k, v in metrics.items() if k != "step"}, done)
+      if manager is not None and ((every and done % every == 0) or done == steps):
+        ckpt.save(manager, done, result.state)
+      bar.update(task, completed=done, loss=loss_value)
+      if sleep_s:
+        time.sleep(sleep_s)
+
+
+def _check_model_graph(model, graph: LayerGraph) -> None:
+  names = [s.name for s in model.layer_specs()]
+  if set(names) != set(graph.names):
+    missing = sorted(set(graph.names) - set(names))[:3]
+    extra = sorted(set(names) - set(graph.names))[:3]
+    raise UserError(f"graph of {graph.model} does not match the model's layers (graph only: "
+                    f"{missing}, model only: {extra}); trace the graph from this model")
+
+
+def _truncate_metrics(path: Path, start: int) -> None:
+  """Keep only the metrics of steps <= start (a resumed run rewrites the later ones)."""
+  if not path.exists():
+    return
+  keep = [ln for ln in path.read_text().splitlines()
+          if ln.strip() and json.loads(ln).get("step", 0) <= start]
+  path.write_text("".join(ln + "\n" for ln in keep))
+
+
+def _scalar(a: jax.Array) -> float:
+  """A replicated scalar's value from this process's first shard (works multi-host)."""
+  return float(np.asarray(a.addressable_shards[0].data))
+
+
+def _progress(enabled: bool):
+  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+  return Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(),
+                  disable=not enabled, transient=False)

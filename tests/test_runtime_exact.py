@@ -1,0 +1,104 @@
+"""Burst plans train exactly like one device: same losses and parameters after N steps.
+
+vgg16 and gpt2 are compared in float32. Batch-norm models (resnet, inception) are compared in
+float64: at 32x32 their float32 gradients change by up to ~15% between ANY two reduction
+orders (the fused data-parallel jit on 8 devices vs 1 device included; in float64 they agree
+to 1e-12 after one step and ~1e-9 after three), so float32 cannot tell a runtime bug from
+rounding there. A real bug shows as differences of order 1e-2 or more.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from runtime_helpers import (
+  batches,
+  by_prefix,
+  make_model,
+  run_plan,
+  run_reference,
+  sgd,
+  state_diffs,
+)
+
+STEPS = 3
+ALL8, FIRST4, LAST4 = range(8), range(4), range(4, 8)
+
+
+def vgg16_devices(name: str):
+  """4 -> 2 -> 2 (other devices) -> 2 -> 1 along the chain (batch 4)."""
+  if name.startswith("features."):
+    i = int(name.split(".")[1])
+    return FIRST4 if i < 10 else [4, 5] if i < 20 else [6, 7]
+  if name == "flatten":
+    return [6, 7]
+  return [2] if name == "classifier.4" else [0, 1]
+
+
+LAYOUTS = {
+    "vgg16": vgg16_devices,
+    # embed and lm_head on different devices: the tied wte travels each step
+    "gpt2": by_prefix([("embed", FIRST4), ("h.0", ALL8), ("h.1", [4, 5]), ("ln_f", [0, 1]),
+                       ("lm_head", [2, 3])], ALL8),
+    # fork/join branches on separate devices: main path on 0-1, shortcut on 2-3
+    "resnet50": by_prefix([("conv1", ALL8), ("maxpool", ALL8), ("layer1", ALL8),
+                           ("layer2.0.conv", [0, 1]), ("layer2.0.downsample", [2, 3]),
+                           ("layer2", FIRST4), ("layer3", FIRST4), ("fc", [0])], [4, 5]),
+    # each branch of Mixed_5b on its own devices, nested fork/join of Mixed_7b split too
+    "inception_v3": by_prefix([("Mixed_5b.branch1x1", [0, 1]), ("Mixed_5b.branch5x5", [2, 3]),
+                               ("Mixed_5b.branch3x3dbl", [4, 5]), ("Mixed_5b.pool", [6, 7]),
+                               ("Mixed_5b.branch_pool", [6, 7]),
+                               ("Mixed_7b.branch3x3_2a", [0, 1]),
+                               ("Mixed_7b.branch3x3_2b", [2, 3]),
+                               ("Mixed_7b", FIRST4), ("fc", [0]), ("Mixed_6", [4, 5])], ALL8),
+}
+LAYOUTS["wide_resnet50_2"] = LAYOUTS["wide_resnet101_2"] = LAYOUTS["resnet50"]
+
+
+def _exact(name, layout_key, dtype, batch, loss_rtol, param_atol, stat_atol=1e-5):
+  data = batches(make_model(name, dtype), batch, STEPS, dtype=dtype)
+  model = make_model(name, dtype)
+  losses, program, _ = run_plan(model, name, LAYOUTS[layout_key], data, sgd())
+  counts = {len(s.stage.devices) for s in program.stages}
+  assert len(counts) >= 3, f"the plan should use several device counts, got {counts}"
+  reference = make_model(name, dtype)
+  ref_losses = run_reference(reference, data, sgd())
+  np.testing.assert_allclose(losses, ref_losses, rtol=loss_rtol)
+  assert losses[0] != losses[-1], "the model should train"
+  initial = make_model(name, dtype)
+  diff, update = state_diffs(model, reference, initial)
+  assert diff < param_atol and update > 20 * param_atol, (diff, update)
+  # batch-norm running statistics (stored in float32 by flax even for float64 models)
+  assert state_diffs(model, reference, initial, nnx.BatchStat)[0] < stat_atol
+  return program
+
+
+def test_vgg16_burst_plan_matches_one_device():
+  program = _exact("vgg16", "vgg16", jnp.float32, 4, 1e-5, 5e-5)
+  assert [len(s.stage.devices) for s in program.stages] == [4, 2, 2, 2, 1]
+
+
+def test_gpt2_tied_embedding_across_stages_matches_one_device():
+  program = _exact("gpt2_small", "gpt2", jnp.float32, 8, 1e-5, 1e-6)
+  head = program.stages[program.stage_of["lm_head"]]
+  assert head.tied_in == ("embed:wte",)
+  assert program.stages[program.stage_of["embed"]].tied_owned == ("embed:wte",)
+
+
+@pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
+def test_resnet50_fork_join_on_separate_devices_matches_one_device():
+  with jax.enable_x64(True):
+    program = _exact("resnet50", "resnet50", jnp.float64, 8, 1e-9, 1e-7)
+  main = program.stages[program.stage_of["layer2.0.conv1"]]
+  short = program.stages[program.stage_of["layer2.0.downsample"]]
+  assert main.stage.layers == ("layer2.0.conv1", "layer2.0.conv2", "layer2.0.conv3")
+  assert short.stage.devices == (2, 3) and main.stage.devices == (0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
+@pytest.mark.parametrize("name", ["inception_v3", "wide_resnet50_2", "wide_resnet101_2"])
+def test_batch_norm_models_match_one_device(name):
+  with jax.enable_x64(True):  # deeper nets amplify float64 rounding more (101 layers: 1e-7)
+    _exact(name, name, jnp.float64, 8, 1e-9, 1e-6)

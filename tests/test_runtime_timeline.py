@@ -1,0 +1,54 @@
+"""The measured timeline JSON (simulator event format) and multi-host configuration."""
+
+import pytest
+
+from dp_jax.errors import UserError
+from dp_jax.runtime import distributed
+from dp_jax.runtime.stages import Stage
+from dp_jax.runtime.timeline import spans, stage_ms, timeline_json
+
+
+def test_spans_are_maximal_contiguous_runs():
+  assert spans([0, 1, 2, 5, 6, 9]) == [(0, 3), (5, 2), (9, 1)]
+
+
+def test_timeline_has_simulator_events_per_device_span():
+  stages = [Stage(0, (0, 1, 2, 3), ("a",), ("<input>",), ("a",)),
+            Stage(1, (4, 6), ("b",), ("a",), ("b",))]
+  events = [{"stage": 0, "phase": "fwd", "start_s": 10.0, "end_s": 10.002},
+            {"stage": 1, "phase": "transfer_fwd", "start_s": 10.002, "end_s": 10.003},
+            {"stage": 1, "phase": "fwd_bwd", "start_s": 10.003, "end_s": 10.010},
+            {"stage": 0, "phase": "bwd", "start_s": 10.010, "end_s": 10.014}]
+  t = timeline_json(events, stages, model="m", global_batch=8, num_devices=8, step=2)
+  ev = t["alone"]["events"]
+  assert t["schema"] == "dp_jax.timeline/1" and t["source"] == "measured"
+  assert [e["devices"] for e in ev] == [[0, 4], [4, 1], [6, 1], [4, 1], [6, 1], [0, 4]]
+  assert [e["kind"] for e in ev] == ["fwd", "move", "move", "bwd", "bwd", "bwd"]
+  assert ev[0]["start_ms"] == 0 and t["alone"]["iteration_ms"] == pytest.approx(14)
+  assert stage_ms(events) == {"0": pytest.approx(6), "1": pytest.approx(7)}
+
+
+def test_distributed_is_a_no_op_by_default(monkeypatch):
+  for name in ("DP_JAX_COORDINATOR_ADDRESS", "DP_JAX_NUM_PROCESSES", "DP_JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  assert distributed.initialize() is False
+
+
+def test_distributed_settings_come_from_config_then_environment(monkeypatch):
+  monkeypatch.setenv("DP_JAX_COORDINATOR_ADDRESS", "h0:1234")
+  monkeypatch.setenv("DP_JAX_NUM_PROCESSES", "4")
+  monkeypatch.setenv("DP_JAX_PROCESS_ID", "2")
+  c = distributed.resolve(distributed.DistributedConfig(process_id=1))
+  assert (c.coordinator_address, c.num_processes, c.process_id) == ("h0:1234", 4, 1)
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (dict(num_processes=2), "no coordinator_address"),
+    (dict(coordinator_address="h:1", num_processes=2), "together"),
+    (dict(coordinator_address="h:1", num_processes=2, process_id=2), "must lie in"),
+])
+def test_incomplete_distributed_settings_are_one_line_errors(monkeypatch, cfg, message):
+  for name in ("DP_JAX_COORDINATOR_ADDRESS", "DP_JAX_NUM_PROCESSES", "DP_JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  with pytest.raises(UserError, match=message):
+    distributed.initialize(distributed.DistributedConfig(**cfg))

@@ -1,0 +1,162 @@
+"""python -m dp_jax.train as a user runs it: SIGKILL + resume, outputs, one-line bad input."""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from apps import REPO, assert_one_line_error, run_app
+
+TINY = ["model=gpt2", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
+        "model.seq_len=16", "model.vocab_size=64", "runtime.num_devices=8",
+        "logger=disabled", "runtime.progress=false", "optimizer.name=adam",
+        "optimizer.lr=0.01"]
+STEPS = ["steps=8", "runtime.checkpoint_every=2"]  # plan files give the batch size (8)
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+  """A persistent XLA cache shared by this module's subprocesses (same programs, one compile)."""
+  d = tmp_path_factory.mktemp("jax_cache")
+  return {"JAX_COMPILATION_CACHE_DIR": str(d), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, compile_cache):
+  """An uninterrupted 8-step run under a burst plan file (its folder)."""
+  cwd = tmp_path_factory.mktemp("finished")
+  plan = burst_plan_file(cwd)
+  result = run_app("train", *TINY, *STEPS, f"plan={plan}", cwd=cwd, env=compile_cache)
+  assert result.returncode == 0, result.stderr
+  return cwd / "run"
+
+
+def burst_plan_file(folder) -> str:
+  from dp_jax.graph import LayerGraph, LayerNode
+  from dp_jax.runtime.plans import layout_plan
+
+  names = ["embed", "h.0", "h.1", "ln_f", "lm_head"]
+  graph = LayerGraph("gpt2_small", (16,), "int32", tuple(
+      LayerNode(n, "x", (names[i - 1],) if i else ()) for i, n in enumerate(names)))
+  layout = {"embed": range(4), "h.0": range(8), "h.1": [4, 5], "ln_f": [4, 5], "lm_head": [6, 7]}
+  path = folder / "burst.json"
+  path.write_text(json.dumps(layout_plan(graph, layout, global_batch=8, num_devices=8)))
+  return str(path)
+
+
+def final_state(run_dir, step=8):
+  import orbax.checkpoint as ocp
+
+  return ocp.StandardCheckpointer().restore(run_dir / "checkpoints" / str(step) / "default")
+
+
+def metrics(run_dir, key):
+  return [json.loads(x)[key] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def digest(path):
+  h = hashlib.sha256()
+  for f in sorted(p for p in path.rglob("*") if p.is_file()):
+    h.update(str(f.relative_to(path)).encode() + f.read_bytes())
+  return h.hexdigest()
+
+
+def test_finished_run_writes_its_outputs(finished):
+  status = json.loads((finished / "status.json").read_text())
+  assert status["status"] == "ok" and status["final_step"] == 8 and status["stages"] == 4
+  assert metrics(finished, "step") == list(range(1, 9))
+  assert json.loads((finished / "timeline.json").read_text())["source"] == "measured"
+  assert (finished / "gantt.png").stat().st_size > 0
+  assert len(json.loads((finished / "plan.json").read_text())["layers"]) == 5
+
+
+def test_sigkilled_run_resumes_to_the_same_parameters(tmp_path, finished, compile_cache):
+  plan = burst_plan_file(tmp_path)
+  env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path),
+         "PYTHONPATH": str(REPO), "DP_JAX_STEP_SLEEP_S": "1", **compile_cache}
+  env.pop("XLA_FLAGS", None)
+  cmd = [sys.executable, "-m", "dp_jax.train", *TINY, *STEPS, f"plan={plan}",
+         f"hydra.run.dir={tmp_path}/run"]
+  proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+  ckpt = tmp_path / "run" / "checkpoints"
+  try:
+    deadline = time.time() + 240
+    while not (ckpt / "4").is_dir():
+      assert proc.poll() is None, proc.stderr.read().decode()
+      assert time.time() < deadline, "no checkpoint at step 4"
+      time.sleep(0.1)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  assert max(metrics(tmp_path / "run", "step")) < 8, "killed before its end"
+  result = run_app("train", *TINY, *STEPS, f"plan={plan}", cwd=tmp_path, env=compile_cache)
+  assert result.returncode == 0, result.stderr
+  status = json.loads((tmp_path / "run" / "status.json").read_text())
+  assert 4 <= status["resumed_from_step"] < 8 and status["final_step"] == 8
+  for a, b in zip(jax.tree.leaves(final_state(tmp_path / "run")),
+                  jax.tree.leaves(final_state(finished)), strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert metrics(tmp_path / "run", "loss") == metrics(finished, "loss")
+
+
+def bad_layers_plan(folder) -> list[str]:
+  p = json.loads(open(burst_plan_file(folder)).read())
+  p["layers"][2]["name"] = "h.7"
+  (folder / "bad.json").write_text(json.dumps(p))
+  return [f"plan={folder / 'bad.json'}"]
+
+
+def sixteen_device_plan(folder) -> list[str]:
+  p = json.loads(open(burst_plan_file(folder)).read())
+  p["num_devices"] = 16
+  p["layers"][1]["devices"] = list(range(8, 16))
+  (folder / "big.json").write_text(json.dumps(p))
+  return [f"plan={folder / 'big.json'}"]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (bad_layers_plan, ["plan layers do not match model gpt2_small", "unknown: h.7"]),
+    (sixteen_device_plan, ["plan needs 16 devices but only 8 are available"]),
+    (lambda _: ["plan=data_parallel", "batch_size=12"],
+     ["layer 'embed' splits global batch 12 over 8 devices"]),
+    (lambda _: ["plan=nowhere.json"], ["plan 'nowhere.json' is neither burst nor data_parallel"]),
+])
+def test_bad_input_is_one_line_and_leaves_checkpoints_alone(tmp_path, finished, args, fragments):
+  shutil.copytree(finished, tmp_path / "run")
+  before = digest(tmp_path / "run" / "checkpoints")
+  result = run_app("train", *TINY, *STEPS, *args(tmp_path), cwd=tmp_path)
+  assert_one_line_error(result, *fragments)
+  assert digest(tmp_path / "run" / "checkpoints") == before
+
+
+def test_importing_the_app_leaves_jax_unloaded():
+  """The app must set XLA_FLAGS (host device count) before JAX starts."""
+  code = "import sys, dp_jax.train; assert 'jax' not in sys.modules, 'jax imported'"
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert result.returncode == 0, result.stderr
+
+
+def test_host_device_count_flag_is_replaced_not_duplicated(monkeypatch):
+  from dp_jax.train import set_host_device_count
+
+  monkeypatch.setenv("XLA_FLAGS", "--foo=1 --xla_force_host_platform_device_count=2")
+  set_host_device_count(8)
+  assert os.environ["XLA_FLAGS"] == "--foo=1 --xla_force_host_platform_device_count=8"
+
+
+def test_burst_plan_is_made_for_the_local_devices(tmp_path):
+  result = run_app("train", *TINY, "batch_size=8", "plan=burst", "steps=0", cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+  assert plan["num_devices"] == 8 and plan["global_batch"] == 8
+  assert [x["name"] for x in plan["layers"]] == ["embed", "h.0", "h.1", "ln_f", "lm_head"]
