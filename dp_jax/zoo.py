@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 
@@ -20,7 +21,14 @@ def build(model_cfg: Any, seed: int = 0, abstract: bool = False):
 
 
 def graph_of(model_cfg: Any, seed: int = 0):
-  """The LayerGraph of the zoo model a config names."""
+  """The LayerGraph of the zoo model a config names (cached: multirun cells share it)."""
+  return _traced(model_cfg.name, seed, tuple(sorted(model_kwargs(model_cfg).items())))
+
+
+@functools.lru_cache(maxsize=32)
+def _traced(name: str, seed: int, kwargs: tuple[tuple[str, Any], ...]):
+  """Trace a zoo model once per (name, seed, size options); LayerGraph is immutable."""
+  from dp_jax.models.registry import build_model
   from dp_jax.trace import trace_graph
 
-  return trace_graph(build(model_cfg, seed, abstract=True), model_cfg.name)
+  return trace_graph(build_model(name, seed=seed, abstract=True, **dict(kwargs)), name)

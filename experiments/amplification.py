@@ -1,0 +1,123 @@
+"""Amplification: foreground speed against GPU-time as the amplification limit A varies.
+
+    scripts/reproduce.sh amplification      # sweep + aggregation into results/amplification/
+    # which runs (S: a timestamped sweep folder):
+    python -m dp_jax.plan -m +experiment=amplification hydra.sweep.dir=multirun/amplification/S
+    python -m experiments.amplification multirun/amplification/S --out results/amplification
+
+Plan app, analytic roofline profiles (bfloat16), dgx_a100 (8 A100 per NVLink node, one 25 GB/s
+InfiniBand NIC per GPU): the five models at G=8 B=32 (one node), G=32 B=32 (four nodes) and
+G=256 B=256, with A in {1, 1.5, 2, 2.5, 5, inf}. A bounds how much more GPU-time a layer may
+use on more devices (DeepPool's amplification limit: A = 1 takes extra devices only when they
+cost no GPU-time, inf gives the fastest plan). `on_front` marks the plans of a (model, G, B)
+group that no other A beats on both iteration time and GPU-time (the Pareto front); data
+parallelism is drawn for reference. GPU-ms are the planner's (busy device-ms per iteration).
+
+It should show: lowering A trades foreground speed for GPU-time (A = 1 keeps almost every layer
+on one device); across nodes the data-parallel point lies far from the front (slower and more
+GPU-time), on one node close to it. The planner picks the fastest plan under A, not the cheapest,
+so a plan at some A can be dominated by the plan at a larger A (e.g. resnet50, G=256: A=2 is
+beaten on both axes by A=2.5).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from experiments import plots
+from experiments.fields import (
+  PLAN_IDENTITY,
+  limit_label,
+  number,
+  percent,
+  pivot,
+  times,
+)
+from experiments.pareto import on_front
+from experiments.report import Row, Study, main
+from experiments.strong_scaling import DERIVED, RESULTS
+from experiments.strong_scaling import derive as plan_derive
+
+GROUP = ("model", "cluster", "num_devices", "global_batch")
+
+
+def derive(row: Row) -> Row:
+  """The strong_scaling columns of a plan cell (on_front is added per group afterwards)."""
+  return {**plan_derive(row), "on_front": None}
+
+
+def mark_front(rows: list[Row]) -> list[Row]:
+  """Rows with on_front set within each (model, cluster, G, B) group of finished cells."""
+  out = [dict(r) for r in rows]
+  groups: dict[tuple, list[Row]] = {}
+  for r in out:
+    if number(r["iteration_ms"]) is not None and number(r["gpu_ms"]) is not None:
+      groups.setdefault(tuple(r[k] for k in GROUP), []).append(r)
+  for members in groups.values():
+    flags = on_front([(r["iteration_ms"], r["gpu_ms"]) for r in members])
+    for r, f in zip(members, flags, strict=True):
+      r["on_front"] = f
+  return out
+
+
+def figures(rows: list[Row], out: Path) -> list[Path]:
+  """Per (G, B) and model: GPU-ms against iteration ms, A labelled, front and DP marked."""
+  plt = plots.pyplot()
+  shapes = sorted({(r["num_devices"], r["global_batch"]) for r in rows})
+  models = list(dict.fromkeys(r["model"] for r in rows))
+  fig, axes = plt.subplots(len(shapes), len(models), squeeze=False,
+                           figsize=(3.3 * len(models), 2.8 * len(shapes) + 0.4))
+  for i, (g, b) in enumerate(shapes):
+    for j, m in enumerate(models):
+      ax = axes[i][j]
+      sub = sorted((r for r in rows if (r["num_devices"], r["global_batch"], r["model"]) ==
+                    (g, b, m)), key=lambda r: r["iteration_ms"])
+      front = [r for r in sub if r["on_front"]]
+      ax.plot([r["iteration_ms"] for r in front], [r["gpu_ms"] for r in front], "-",
+              color="tab:blue", lw=1, label="Pareto front")
+      ax.scatter([r["iteration_ms"] for r in sub], [r["gpu_ms"] for r in sub], s=14,
+                 color="tab:blue", label="burst plan (A)")
+      for r in sub:
+        ax.annotate(limit_label(r["amplification_limit"]), (r["iteration_ms"], r["gpu_ms"]),
+                    fontsize=6, xytext=(3, 3), textcoords="offset points")
+      if sub:
+        ax.scatter([sub[0]["data_parallel_iteration_ms"]], [sub[0]["data_parallel_gpu_ms"]],
+                   marker="x", color="tab:red", label="data parallel")
+      ax.set_title(f"{m} | G={g} B={b}", fontsize=8)
+      plots.log_axes(ax)
+      ax.tick_params(labelsize=7, which="both")
+      ax.grid(alpha=0.3)
+      ax.set_xlabel("iteration ms", fontsize=8)
+      ax.set_ylabel("GPU-ms per iteration", fontsize=8)
+  handles, labels = plots.legend_entries(axes.flat)
+  fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
+  fig.suptitle("amplification limit: foreground iteration time vs GPU-time (log-log)",
+               fontsize=10)
+  fig.tight_layout(rect=(0, 0.04, 1, 0.97))
+  return [plots.save(fig, out / "amplification_front.png")]
+
+
+def headline(rows: list[Row]) -> str:
+  """Per (G, B): speed-up over data parallelism and GPU-time saving for each A."""
+  limits = sorted({r["amplification_limit"] for r in rows})
+  parts = []
+  for g, b in sorted({(r["num_devices"], r["global_batch"]) for r in rows}):
+    sub = [r for r in rows if (r["num_devices"], r["global_batch"]) == (g, b)]
+    cols = [(f"A={limit_label(a)}", lambda r, a=a: r["amplification_limit"] == a)
+            for a in limits]
+    parts.append(f"### G={g}, B={b} ({sub[0]['cluster']}): speed-up over data parallelism "
+                 "(GPU-time saving); * = on the Pareto front\n\n" + pivot(
+                     sub, row_key="model", cols=cols, row_header="model",
+                     value=lambda r: f"{times(r['speedup'])} ({percent(r['gpu_time_saving'])})"
+                                     f"{'*' if r['on_front'] else ''}"))
+  return "\n".join(parts)
+
+
+STUDY = Study(name="amplification", app="plan", doc=__doc__,
+              columns=(*PLAN_IDENTITY, *RESULTS, *DERIVED, "on_front"),
+              timing=("planner_seconds",), derive=derive, figures=figures, headline=headline,
+              finish=mark_front)
+
+if __name__ == "__main__":
+  sys.exit(main(STUDY))

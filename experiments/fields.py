@@ -1,0 +1,71 @@
+"""Columns read from a cell's config and summary, and markdown cells, shared by the studies."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Row = dict[str, Any]
+PLAN_IDENTITY = ("model", "cluster", "device", "num_devices", "global_batch",
+                 "amplification_limit")
+
+
+def plan_identity(cfg: Row) -> Row:
+  """Model, cluster, G, B and amplification limit of a plan/simulate cell, from its config."""
+  model, cluster, planner = (cfg.get(k) or {} for k in ("model", "cluster", "planner"))
+  return {"model": model.get("name"), "cluster": cluster.get("name"),
+          "device": cluster.get("device"), "num_devices": cluster.get("num_devices"),
+          "global_batch": cfg.get("batch_size"),
+          "amplification_limit": planner.get("amplification_limit")}
+
+
+def pick(row: Row, keys: Sequence[str]) -> Row:
+  """The summary values of `keys` (None where the cell has none, e.g. it failed)."""
+  return {k: row.get(k) for k in keys}
+
+
+def number(x: Any) -> float | None:
+  """x as a finite float, else None."""
+  try:
+    v = float(x)
+  except (TypeError, ValueError):
+    return None
+  return v if math.isfinite(v) else None
+
+
+def ratio(a: Any, b: Any) -> float | None:
+  """a / b, None when either is missing or b is zero."""
+  a, b = number(a), number(b)
+  return None if a is None or not b else a / b
+
+
+def times(x: Any) -> str:
+  """1.234 -> '1.23x' ('-' when missing)."""
+  v = number(x)
+  return "-" if v is None else f"{v:.2f}x"
+
+
+def percent(x: Any) -> str:
+  """0.123 -> '12%' ('-' when missing)."""
+  v = number(x)
+  return "-" if v is None else f"{v:.0%}"
+
+
+def limit_label(a: Any) -> str:
+  """An amplification limit as text: 2.0 -> '2', inf -> 'inf'."""
+  v = float(a)
+  return "inf" if math.isinf(v) else f"{v:g}"
+
+
+def pivot(rows: Sequence[Row], *, row_key: str, cols: Sequence[tuple[str, Callable[[Row], bool]]],
+          value: Callable[[Row], str], row_header: str) -> str:
+  """Markdown table: a line per row_key value, a column per (header, predicate), '-' if none."""
+  keys = list(dict.fromkeys(r[row_key] for r in rows))
+  lines = ["| " + " | ".join([row_header, *(h for h, _ in cols)]) + " |",
+           "|" + "---|" * (len(cols) + 1)]
+  for k in keys:
+    sub = [r for r in rows if r[row_key] == k]
+    cells = [next((value(r) for r in sub if pred(r)), "-") for _, pred in cols]
+    lines.append("| " + " | ".join([str(k), *cells]) + " |")
+  return "\n".join(lines) + "\n"

@@ -1,0 +1,80 @@
+"""Network: how the burst gain changes as the inter-node link bandwidth falls.
+
+    scripts/reproduce.sh network      # sweep + aggregation into results/network/
+    # which runs (S: a timestamped sweep folder):
+    python -m dp_jax.simulate -m +experiment=network hydra.sweep.dir=multirun/network/S
+    python -m experiments.network multirun/network/S --out results/network
+
+Simulate app, analytic roofline profiles (bfloat16), dgx_a100 (8 A100 per node on NVLink at
+300 GB/s) with the per-GPU inter-node bandwidth overridden: 300 GB/s (NVLink-class, a flat
+network as DeepPool's planner assumed), 100, 50 (InfiniBand NDR), 25 (HDR, the dgx_a100
+default), 12.5 (100 GbE) and 1.25 GB/s (10 GbE); inter-node latency stays at the spec's 5 us
+per ring step. The five models at G=32 B=32 (four nodes) and G=B=256, amplification limit 2 and
+inf, background `same_family` under a 10% slowdown cap.
+
+It should show: the foreground gain over data parallelism on all G devices grows steeply as the
+links slow down (A = inf, G = 32: 1.0-1.4x at 300 GB/s, 1.2-8.5x at 25 GB/s, 7-104x at 10 GbE),
+but most of that is data parallelism spanning slow links; against data parallelism on its
+fastest d <= G devices the gain stays within 1.0-2.2x, largest at intermediate bandwidths, and
+nearly vanishes at 10 GbE (1.0-1.2x), where both keep the work inside one node.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from experiments import plots, simulated
+from experiments.fields import limit_label, pivot, times
+from experiments.report import Row, Study, main
+
+LINK = ("inter_node_bandwidth_GBps", "inter_node_latency_us")
+
+
+def derive(row: Row) -> Row:
+  """The simulated columns plus the cell's inter-node link."""
+  cluster = row["config"].get("cluster") or {}
+  return {**simulated.derive(row), **{k: cluster.get(k) for k in LINK}}
+
+
+def figures(rows: list[Row], out: Path) -> list[Path]:
+  """Ratios to data parallelism against inter-node bandwidth, per G and model, per A."""
+  paths = []
+  for a in sorted({r["amplification_limit"] for r in rows}):
+    sub = [r for r in rows if r["amplification_limit"] == a]
+    paths.append(plots.grid(
+        sub, out / f"network_A{limit_label(a)}.png", panel_row="num_devices", panel_col="model",
+        x="inter_node_bandwidth_GBps", points=simulated.ratio_points, logx=10,
+        xlabel="inter-node GB/s per GPU", ylabel="ratio", style=simulated.ratio_style,
+        title=f"burst (A={limit_label(a)}) + background vs data parallelism as links slow down"))
+  return paths
+
+
+def headline(rows: list[Row]) -> str:
+  """Per A and (G, B): foreground speed-up (cluster / DP) for each bandwidth."""
+  bands = sorted({r["inter_node_bandwidth_GBps"] for r in rows}, reverse=True)
+  parts = []
+  for a in sorted({r["amplification_limit"] for r in rows}):
+    for g, b in sorted({(r["num_devices"], r["global_batch"]) for r in rows}):
+      sub = [r for r in rows if (r["amplification_limit"], r["num_devices"],
+                                 r["global_batch"]) == (a, g, b)]
+      if not sub:
+        continue
+      cols = [(f"{bw:g} GB/s", lambda r, bw=bw: r["inter_node_bandwidth_GBps"] == bw)
+              for bw in bands]
+      parts.append(f"### A={limit_label(a)}, G={g}, B={b}: foreground speed-up over data "
+                   "parallelism on G / on its best d <= G devices (cluster throughput / best "
+                   "DP + background)\n\n" + pivot(
+                       sub, row_key="model", cols=cols, row_header="model",
+                       value=lambda r: f"{times(r['speedup_vs_data_parallel'])} / "
+                                       f"{times(r['speedup_vs_best_data_parallel'])} "
+                                       f"({times(r['cluster_throughput_vs_best_data_parallel'])})"))
+  return "\n".join(parts)
+
+
+STUDY = Study(name="network", app="simulate", doc=__doc__,
+              columns=(*simulated.IDENTITY, *LINK, *simulated.RESULTS, *simulated.DERIVED),
+              timing=simulated.TIMING, derive=derive, figures=figures, headline=headline)
+
+if __name__ == "__main__":
+  sys.exit(main(STUDY))

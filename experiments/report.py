@@ -1,0 +1,166 @@
+"""A study's multirun folder -> CSV, timing CSV, markdown, PNG figures and provenance."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dp_jax import aggregate
+from dp_jax.errors import UserError
+
+HEAD = ("job", "cell", "status")
+TAIL = ("seed", "git_sha", "git_dirty", "error")
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Study:
+  """What a study sweeps (its app and overlay) and how its cells become columns and figures."""
+
+  name: str
+  app: str
+  doc: str
+  columns: tuple[str, ...]  # deterministic result columns, between HEAD and TAIL
+  timing: tuple[str, ...]  # wall-clock columns: only in <name>_timing.csv
+  derive: Callable[[Row], Row]  # one cell (summary + "config") -> its result columns
+  figures: Callable[[list[Row], Path], list[Path]]
+  headline: Callable[[list[Row]], str]  # markdown
+  finish: Callable[[list[Row]], list[Row]] = list  # columns that need the whole table
+
+  @property
+  def csv_columns(self) -> list[str]:
+    """Every column of <name>.csv, in order."""
+    return [*HEAD, *self.columns, *TAIL]
+
+
+def read_json(path: Path) -> dict[str, Any]:
+  """A JSON object from `path`, or {} when the file is missing."""
+  return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def cell_overrides(job_dir: Path, status: dict[str, Any]) -> list[str]:
+  """The cell's own overrides (the study's +experiment=... left out)."""
+  hydra_file = job_dir / ".hydra" / "overrides.yaml"
+  if hydra_file.is_file():
+    import yaml
+
+    overrides = yaml.safe_load(hydra_file.read_text()) or []
+  else:
+    overrides = status.get("overrides") or []
+  return [o for o in overrides if not o.lstrip("+~").startswith("experiment=")]
+
+
+def cells(sweep_dir: str | Path) -> list[Row]:
+  """Every cell of a sweep: status.json, config.json ("config"), its folder ("dir"), provenance."""
+  sweep_dir = Path(sweep_dir)
+  rows = []
+  for base in aggregate.collect(sweep_dir):
+    job_dir = sweep_dir / str(base["job"])
+    status = read_json(job_dir / "status.json")
+    cfg = read_json(job_dir / "config.json")
+    prov = read_json(job_dir / "provenance.json")
+    rows.append({**base, "config": cfg, "dir": job_dir,
+                 "cell": " ".join(cell_overrides(job_dir, status)),
+                 "seed": cfg.get("seed"), "git_sha": prov.get("git_sha"),
+                 "git_dirty": prov.get("git_dirty")})
+  if not rows:
+    raise UserError(f"no cells in {sweep_dir}: expected numbered job folders of a Hydra multirun")
+  return rows
+
+
+def table_rows(study: Study, raw: Sequence[Row]) -> list[Row]:
+  """The study's rows: HEAD, derived columns (failed cells: what their config says), TAIL."""
+  return study.finish([{**{k: r.get(k) for k in (*HEAD, *TAIL)}, **study.derive(r),
+                        **{k: r.get(k) for k in study.timing}} for r in raw])
+
+
+def ok(rows: Sequence[Row]) -> list[Row]:
+  """The cells that finished."""
+  return [r for r in rows if r.get("status") == "ok"]
+
+
+def failed_section(rows: Sequence[Row]) -> str:
+  """Markdown list of the failed cells with their one-line errors."""
+  bad = [r for r in rows if r.get("status") != "ok"]
+  if not bad:
+    return "## Failed cells\n\nnone\n"
+  return "## Failed cells\n\n" + aggregate.markdown_table(bad, ["job", "cell", "error"])
+
+
+def sweep_provenance(study: Study, sweep_dir: Path, rows: Sequence[Row]) -> dict[str, Any]:
+  """Where the numbers come from: sweep folder, commits, packages and the sweep's wall time."""
+  first = read_json(sweep_dir / str(rows[0]["job"]) / "provenance.json")
+  stamps = [p.stat().st_mtime for p in sweep_dir.glob("*/status.json")]
+  start = sweep_dir / "multirun.yaml"
+  wall = max(stamps) - start.stat().st_mtime if stamps and start.is_file() else None
+  return {"study": study.name, "app": study.app, "sweep_dir": str(sweep_dir),
+          "cells": len(rows), "ok": len(ok(rows)), "failed": len(rows) - len(ok(rows)),
+          "git_shas": sorted({str(r.get("git_sha")) for r in rows}),
+          "git_dirty": any(bool(r.get("git_dirty")) for r in rows),
+          "packages": first.get("packages"), "python": first.get("python"),
+          "sweep_wall_s": None if wall is None else round(wall, 1)}
+
+
+def markdown(study: Study, rows: Sequence[Row], prov: dict[str, Any]) -> str:
+  """The study's markdown report: what it is, how to rerun it, headline tables, failed cells."""
+  title, _, rest = study.doc.strip().partition("\n")
+  return (f"# {title}\n\n{textwrap.dedent(rest).strip(chr(10))}\n\n"
+          f"Cells: {prov['cells']} ({prov['ok']} ok, {prov['failed']} failed); "
+          f"commit {', '.join(s[:12] for s in prov['git_shas'])}"
+          f"{' (uncommitted changes)' if prov['git_dirty'] else ''}.\n\n"
+          f"{study.headline(ok(rows))}\n{failed_section(rows)}")
+
+
+def load(study: Study, sweep_dir: str | Path) -> tuple[list[Row], dict[str, Any]]:
+  """The study's rows of a sweep and the sweep's provenance."""
+  sweep_dir = Path(sweep_dir)
+  raw = cells(sweep_dir)
+  return table_rows(study, raw), sweep_provenance(study, sweep_dir, raw)
+
+
+def write(study: Study, rows: list[Row], prov: dict[str, Any], out: str | Path) -> dict[str, Path]:
+  """Write CSV, timing CSV (if the study has timing columns), markdown, provenance, PNGs."""
+  out = Path(out)
+  out.mkdir(parents=True, exist_ok=True)
+  paths = {"csv": aggregate.write_csv(rows, out / f"{study.name}.csv", study.csv_columns)}
+  if study.timing:
+    paths["timing csv"] = aggregate.write_csv(rows, out / f"{study.name}_timing.csv",
+                                              ["job", "cell", "status", *study.timing])
+  paths["markdown"] = out / f"{study.name}.md"
+  paths["markdown"].write_text(markdown(study, rows, prov))
+  paths["provenance"] = out / "provenance.json"
+  paths["provenance"].write_text(json.dumps(prov, indent=1))
+  for png in study.figures(ok(rows), out) if ok(rows) else []:
+    paths[f"figure {png.stem}"] = png
+  return paths
+
+
+def main(study: Study, argv: Sequence[str] | None = None) -> int:
+  """CLI: python -m experiments.<study> SWEEP_DIR [--out DIR]; prints what it wrote."""
+  ap = argparse.ArgumentParser(prog=f"python -m experiments.{study.name}",
+                               description=study.doc.strip().splitlines()[0])
+  ap.add_argument("sweep_dir", help="the Hydra multirun folder (hydra.sweep.dir)")
+  ap.add_argument("--out", default=f"results/local/{study.name}",
+                  help="output folder (default: %(default)s)")
+  args = ap.parse_args(argv)
+  try:
+    rows, prov = load(study, args.sweep_dir)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  paths = write(study, rows, prov, args.out)
+  print(f"{study.name}: {prov['cells']} cells, {prov['ok']} ok, {prov['failed']} failed "
+        f"(sweep {args.sweep_dir}, {prov['sweep_wall_s']} s)")
+  for r in rows:
+    if r.get("status") != "ok":
+      print(f"  failed cell {r['job']} ({r['cell']}): {r.get('error')}")
+  for kind, path in paths.items():
+    print(f"{kind}: {path}")
+  return 0
+

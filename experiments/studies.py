@@ -1,0 +1,34 @@
+"""The studies by name: python -m experiments.studies <study> prints the app that sweeps it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from dp_jax.errors import UserError
+from experiments.report import Study
+
+NAMES = ("strong_scaling", "amplification", "cluster_throughput", "network", "runtime")
+
+
+def study(name: str) -> Study:
+  """The Study of experiments/<name>.py."""
+  if name not in NAMES:
+    raise UserError(f"unknown study '{name}' (valid studies: {', '.join(NAMES)})")
+  return importlib.import_module(f"experiments.{name}").STUDY
+
+
+def main(argv: list[str]) -> int:
+  """Print the app of the study named in argv (for scripts/reproduce.sh)."""
+  try:
+    if len(argv) != 1:
+      raise UserError(f"usage: python -m experiments.studies <study> ({', '.join(NAMES)})")
+    print(study(argv[0]).app)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,95 @@
+"""experiments/report.py: a multirun folder -> CSV, timing CSV, markdown, provenance, figures."""
+
+import csv
+import json
+
+import pytest
+
+from dp_jax.errors import UserError
+from experiments import report
+from experiments.strong_scaling import STUDY
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def write_cell(sweep, job, overrides, cfg, status):
+  d = sweep / str(job)
+  (d / ".hydra").mkdir(parents=True)
+  (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+  (d / "config.json").write_text(json.dumps(cfg))
+  (d / "provenance.json").write_text(json.dumps({"git_sha": SHA, "git_dirty": False,
+                                                 "packages": {"jax": "0"}, "python": "3.12"}))
+  (d / "status.json").write_text(json.dumps({**status, "overrides": overrides}))
+
+
+def config(g, b):
+  return {"model": {"name": "vgg16"}, "batch_size": b, "seed": 0,
+          "cluster": {"name": "dgx_a100", "device": "A100-SXM4-40GB", "num_devices": g},
+          "planner": {"amplification_limit": 2.0}}
+
+
+@pytest.fixture
+def sweep(tmp_path):
+  s = tmp_path / "sweep"
+  s.mkdir()
+  (s / "multirun.yaml").write_text("{}\n")
+  write_cell(s, 0, ["model=vgg16", "+experiment/shape=g8_b32", "+experiment=strong_scaling"],
+             config(8, 32), {"status": "ok", "iteration_ms": 10.0, "gpu_ms": 40.0,
+                             "data_parallel_iteration_ms": 12.0, "data_parallel_gpu_ms": 96.0,
+                             "speedup": 1.2, "gpu_time_saving": 0.5833, "planner_seconds": 0.1})
+  write_cell(s, 1, ["model=vgg16", "cluster.num_devices=64", "+experiment=strong_scaling"],
+             config(64, 32), {"status": "failed", "error": "num_devices (64) is larger than "
+                                                           "global_batch (32)"})
+  return s
+
+
+def read_csv(path):
+  with path.open() as f:
+    return list(csv.DictReader(f))
+
+
+def test_rows_carry_config_identity_provenance_and_failures(sweep):
+  rows, prov = report.load(STUDY, sweep)
+  assert [r["status"] for r in rows] == ["ok", "failed"]
+  assert rows[0]["cell"] == "model=vgg16 +experiment/shape=g8_b32"
+  assert rows[0]["samples_per_s"] == pytest.approx(3200.0)
+  assert rows[0]["idle_fraction"] == pytest.approx(0.5)
+  assert rows[1]["num_devices"] == 64 and rows[1]["iteration_ms"] is None
+  assert all(r["git_sha"] == SHA and r["seed"] == 0 for r in rows)
+  assert prov["cells"] == 2 and prov["failed"] == 1 and prov["git_shas"] == [SHA]
+
+
+def test_outputs_split_timing_and_list_failed_cells(sweep, tmp_path):
+  rows, prov = report.load(STUDY, sweep)
+  paths = report.write(STUDY, rows, prov, tmp_path / "out")
+  table = read_csv(paths["csv"])
+  assert list(table[0]) == STUDY.csv_columns and "planner_seconds" not in table[0]
+  assert read_csv(paths["timing csv"])[0]["planner_seconds"] == "0.1"
+  md = paths["markdown"].read_text()
+  assert "## Failed cells" in md and "cluster.num_devices=64" in md and "larger than" in md
+  assert json.loads(paths["provenance"].read_text())["packages"] == {"jax": "0"}
+  assert all(p.read_bytes()[:4] == b"\x89PNG" for k, p in paths.items() if k.startswith("fig"))
+
+
+def test_the_csv_is_the_same_twice(sweep, tmp_path):
+  for out in ("a", "b"):
+    rows, prov = report.load(STUDY, sweep)
+    report.write(STUDY, rows, prov, tmp_path / out)
+  name = f"{STUDY.name}.csv"
+  assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_cli_prints_outputs_and_failed_cells(sweep, tmp_path, capsys):
+  assert report.main(STUDY, [str(sweep), "--out", str(tmp_path / "cli")]) == 0
+  out = capsys.readouterr().out
+  assert "2 cells, 1 ok, 1 failed" in out and "failed cell 1" in out
+  assert f"csv: {tmp_path / 'cli' / 'strong_scaling.csv'}" in out
+
+
+def test_missing_or_empty_sweep_is_a_user_error(tmp_path, capsys):
+  with pytest.raises(UserError, match="not found"):
+    report.load(STUDY, tmp_path / "nope")
+  with pytest.raises(UserError, match="no cells"):
+    report.load(STUDY, tmp_path)
+  assert report.main(STUDY, [str(tmp_path / "nope")]) == 2
+  assert capsys.readouterr().err.startswith("error: sweep folder not found")

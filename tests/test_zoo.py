@@ -1,0 +1,18 @@
+"""dp_jax/zoo.py: a model config's graph is traced once per process (multirun cells share it)."""
+
+from omegaconf import OmegaConf
+
+from dp_jax import zoo
+
+
+def tiny(**more):
+  return OmegaConf.create({"name": "gpt2_small", "n_layer": 1, "d_model": 16, "n_head": 2,
+                           "seq_len": 8, "vocab_size": 32, "dtype": "float32", **more})
+
+
+def test_graph_of_is_cached_by_the_config_values():
+  first = zoo.graph_of(tiny())
+  assert zoo.graph_of(tiny()) is first  # an equal config (another object) hits the cache
+  other = zoo.graph_of(tiny(seq_len=16))
+  assert other is not first and other.node(other.source).out_shape != first.node(
+      first.source).out_shape
