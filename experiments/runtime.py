@@ -20,8 +20,11 @@ what they cost here. The host devices share two cores, so the times reflect disp
 and oversubscription, not accelerator speed-ups: resnet50's burst plan (8-38 stages) beats data
 parallelism by 1.2-3.4x because its layers run on fewer host devices than 8 data-parallel
 shards fighting for 2 cores; tiny GPT-2's burst plan is data parallelism (one stage), so its
-differences are noise. Background jobs are not measured: the train app has no background
-orchestrator yet.
+differences are noise. With background=same_family the orchestrator runs one copy of the model
+at batch 8 on every device the current stage leaves idle: `foreground_slowdown` compares the
+foreground's mean step time with the job against the same run's steps alone, and
+`background_samples_per_s` is what the job completed; on 2 shared cores both mostly measure
+oversubscription.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from experiments import plots
 from experiments.fields import number, pick, pivot, ratio, times
 from experiments.report import Row, Study, main
 
-IDENTITY = ("model", "plan", "num_devices", "global_batch", "steps", "cluster")
-RESULTS = ("stages", "final_step", "final_loss", "median_step_ms", "samples_per_s")
+IDENTITY = ("model", "plan", "background", "num_devices", "global_batch", "steps", "cluster")
+RESULTS = ("stages", "final_step", "final_loss", "median_step_ms", "samples_per_s",
+           "measured_step_ms", "measured_step_ms_with_background", "foreground_slowdown",
+           "background_samples_per_s", "background_failures")
 PREDICTED = ("predicted_iteration_ms", "predicted_data_parallel_iteration_ms")
-GROUP = ("model", "num_devices", "global_batch")
+GROUP = ("model", "background", "num_devices", "global_batch")
 
 
 def predicted(job_dir: Path | None) -> Row:
@@ -52,6 +57,7 @@ def derive(row: Row) -> Row:
   """Identity from the config, the train summary, the plan's prediction."""
   cfg = row["config"]
   return {"model": (cfg.get("model") or {}).get("name"), "plan": cfg.get("plan"),
+          "background": (cfg.get("background") or {}).get("name", "none"),
           "num_devices": (cfg.get("runtime") or {}).get("num_devices"),
           "global_batch": cfg.get("batch_size"), "steps": cfg.get("steps"),
           "cluster": (cfg.get("cluster") or {}).get("name"), **pick(row, RESULTS),
