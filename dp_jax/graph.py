@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dp_jax.errors import UserError
+from dp_jax.jsonfile import read_json, write_json
 
 GRAPH_SCHEMA = "dp_jax.graph/1"
 
@@ -219,21 +219,11 @@ class LayerGraph:
                nodes=tuple(topological_sort(nodes, where)), meta=dict(d.get("meta", {})))
 
   def save(self, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(self.to_json(), indent=1))
-    return path
+    return write_json(path, self.to_json())
 
   @classmethod
   def load(cls, path: str | Path) -> LayerGraph:
-    path = Path(path)
-    try:
-      d = json.loads(path.read_text())
-    except FileNotFoundError:
-      raise UserError(f"graph file not found: {path}") from None
-    except json.JSONDecodeError as e:
-      raise UserError(f"graph file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    return cls.from_json(d, where=str(path))
+    return cls.from_json(read_json(path, "graph"), where=str(path))
 
 
 def topological_sort(nodes: Sequence[LayerNode], where: str = "graph") -> list[LayerNode]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dp_jax.errors import UserError
+from dp_jax.jsonfile import read_json, write_json
 from dp_jax.planner.costs import Placement
 
 PLAN_SCHEMA = "dp_jax.plan/1"
@@ -108,21 +108,11 @@ class Plan:
                extra=extra)
 
   def save(self, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(self.to_json(), indent=1))
-    return path
+    return write_json(path, self.to_json())
 
   @classmethod
   def load(cls, path: str | Path) -> Plan:
-    path = Path(path)
-    try:
-      d = json.loads(path.read_text())
-    except FileNotFoundError:
-      raise UserError(f"plan file not found: {path}") from None
-    except json.JSONDecodeError as e:
-      raise UserError(f"plan file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    return cls.from_json(d, where=str(path))
+    return cls.from_json(read_json(path, "plan"), where=str(path))
 
 
 def _int(value: Any, where: str) -> int:

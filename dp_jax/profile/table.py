@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import json
 import logging
 import math
 from collections.abc import Mapping
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dp_jax.errors import UserError
+from dp_jax.jsonfile import read_json, write_json
 
 PROFILE_SCHEMA = "dp_jax.profile/1"
 SOURCES = ("measured", "analytic", "imported")
@@ -142,21 +142,11 @@ class ProfileTable:
                layers=layers, meta=dict(d.get("meta", {})))
 
   def save(self, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(self.to_json(), indent=1))
-    return path
+    return write_json(path, self.to_json())
 
   @classmethod
   def load(cls, path: str | Path) -> ProfileTable:
-    path = Path(path)
-    try:
-      d = json.loads(path.read_text())
-    except FileNotFoundError:
-      raise UserError(f"profile file not found: {path}") from None
-    except json.JSONDecodeError as e:
-      raise UserError(f"profile file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    return cls.from_json(d, where=str(path))
+    return cls.from_json(read_json(path, "profile"), where=str(path))
 
 
 def _loglog(x: float, x0: float, x1: float, y0: float, y1: float) -> float:
