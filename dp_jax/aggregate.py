@@ -19,7 +19,7 @@ def parse_override(text: str) -> tuple[str, str]:
 
 
 def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:
-  """Every cell of a sweep as a dict: its overrides, then its status.json (ordered by job number)."""
+  """Every cell of a sweep (by job number): its overrides, then its status.json."""
   sweep_dir = Path(sweep_dir)
   if not sweep_dir.is_dir():
     raise UserError(f"sweep folder not found: {sweep_dir}")

@@ -68,7 +68,8 @@ def _omegaconf_message(e: Any) -> str:
 
 def _squash(text: str) -> str:
   lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-  lines = [ln for ln in lines if not ln.startswith(("Config search path", "provider=", "Set the env"))]
+  boilerplate = ("Config search path", "provider=", "Set the env")
+  lines = [ln for ln in lines if not ln.startswith(boilerplate)]
   return re.sub(r"\s+", " ", "; ".join(lines)).strip()
 
 

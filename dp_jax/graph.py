@@ -344,7 +344,8 @@ def _chain_from(g: LayerGraph, start: str, stop: str | None, ipdom) -> Chain:
     ends = {_last(b) or current for b in branches}
     if ends != expected:
       raise UserError(f"graph of {g.model} is not series-parallel: join '{join}' reads "
-                      f"{sorted(expected)} but the branches of fork '{current}' end at {sorted(ends)}")
+                      f"{sorted(expected)} but the branches of fork '{current}' end at "
+                      f"{sorted(ends)}")
     items.append(Parallel(current, join, tuple(branches)))
     current = join
   return Chain(tuple(items))

@@ -70,7 +70,8 @@ def print_plan(plan, rows: list[list[Any]]) -> None:
       f"burst: {p['iteration_ms']:.3f} ms/iter, {p['gpu_ms']:.3f} GPU-ms | data parallel: "
       f"{p['data_parallel_iteration_ms']:.3f} ms/iter, {p['data_parallel_gpu_ms']:.3f} GPU-ms | "
       f"speed-up {p['data_parallel_iteration_ms'] / p['iteration_ms']:.3f}x, GPU-time saving "
-      f"{1 - p['gpu_ms'] / p['data_parallel_gpu_ms']:.1%} | planned in {plan.planner_seconds:.3f} s")
+      f"{1 - p['gpu_ms'] / p['data_parallel_gpu_ms']:.1%} | "
+      f"planned in {plan.planner_seconds:.3f} s")
 
 
 def plot_devices_per_layer(plan, path: Path) -> Path:

@@ -170,7 +170,8 @@ def cleanup() -> None:
     import gc
 
     # Each logged wandb.Table builds an Artifact holding a temporary folder of its own.
-    folders += [getattr(o, "_tmp_dir", None) for o in gc.get_objects() if isinstance(o, artifact_cls)]
+    folders += [getattr(o, "_tmp_dir", None) for o in gc.get_objects()
+                if isinstance(o, artifact_cls)]
   for folder in folders:
     if folder is not None and hasattr(folder, "cleanup"):
       try:

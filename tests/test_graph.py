@@ -85,7 +85,8 @@ def test_load_reports_malformed_json(tmp_path):
 
 def test_non_series_parallel_graph_is_rejected():
   # b reads a and c's branch crosses into the other branch's join: not series-parallel.
-  nodes = (N("s"), N("a", "s"), N("b", "s"), N("c", "a", "b", kind="add"), N("d", "a", "c", kind="add"))
+  nodes = (N("s"), N("a", "s"), N("b", "s"), N("c", "a", "b", kind="add"),
+           N("d", "a", "c", kind="add"))
   with pytest.raises(UserError, match="series-parallel"):
     LayerGraph("bad", (1,), "float32", nodes).decompose()
 

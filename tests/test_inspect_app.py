@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from apps import assert_one_line_error, run_app
+
 from dp_jax.graph import LayerGraph
 
 

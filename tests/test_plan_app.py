@@ -3,9 +3,9 @@
 import json
 
 import pytest
-
 from apps import assert_one_line_error, run_app
-from dp_jax.graph import LayerGraph, LayerNode
+
+from dp_jax.graph import LayerNode
 from dp_jax.planner import Plan
 from dp_jax.profile.table import ProfileTable
 

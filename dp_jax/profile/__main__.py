@@ -1,6 +1,6 @@
 """python -m dp_jax.profile: per-layer forward/backward times of a model, as profile JSON.
 
-    python -m dp_jax.profile model=vgg16 model.image_size=32 profile=measure batch_size=32 out=p.json
+    python -m dp_jax.profile model=vgg16 model.image_size=32 profile=measure out=p.json
     python -m dp_jax.profile model=vgg16 profile=deeppool_a100 batch_size=32
     python -m dp_jax.profile model=resnet50 profile=analytic cluster=dgx_h100 batch_size=64
 """

@@ -78,7 +78,8 @@ class ProfileTable:
       timing = LayerTiming(f * s, w * s, interpolated=True)
     else:
       i = bisect.bisect_left(bs, batch)
-      lo, hi = (bs[0], bs[1]) if i == 0 else (bs[-2], bs[-1]) if i == len(bs) else (bs[i - 1], bs[i])
+      j = min(max(i, 1), len(bs) - 1)  # nearest pair; the end pairs extrapolate
+      lo, hi = bs[j - 1], bs[j]
       timing = LayerTiming(_loglog(batch, lo, hi, rows[lo][0], rows[hi][0]),
                            _loglog(batch, lo, hi, rows[lo][1], rows[hi][1]), interpolated=True)
     log.debug("profile: %s at batch %d interpolated from batches %s", layer, batch, bs)
