@@ -20,7 +20,8 @@ what they cost here. The host devices share two cores, so the times reflect disp
 and oversubscription, not accelerator speed-ups: resnet50's burst plan (8-38 stages) beats data
 parallelism by 1.2-3.4x because its layers run on fewer host devices than 8 data-parallel
 shards fighting for 2 cores; tiny GPT-2's burst plan is data parallelism (one stage), so its
-differences are noise. With background=same_family the orchestrator runs one copy of the model
+differences are noise. With `background=same_family` appended to the command (the committed
+results/runtime/ ran without it) the orchestrator runs one copy of the model
 at batch 8 on every device the current stage leaves idle: `foreground_slowdown` compares the
 foreground's mean step time with the job against the same run's steps alone, and
 `background_samples_per_s` is what the job completed; on 2 shared cores both mostly measure
