@@ -165,7 +165,7 @@ class LayerGraph:
       for item in chain.items:
         if isinstance(item, Parallel):
           blocks.append(ForkJoinBlock(item.fork, item.join,
-                                      tuple(tuple(_flatten(b)) for b in item.branches)))
+                                      tuple(tuple(flat_layers(b)) for b in item.branches)))
           for b in item.branches:
             visit(b)
 
@@ -335,7 +335,7 @@ def _chain_from(g: LayerGraph, start: str, stop: str | None, ipdom) -> Chain:
       branches.append(Chain(()) if s == join else _chain_from(g, s, join, ipdom))
     seen: set[str] = set()
     for b in branches:
-      flat = set(_flatten(b))
+      flat = set(flat_layers(b))
       if flat & seen:
         raise UserError(f"graph of {g.model} is not series-parallel: branches of fork "
                         f"'{current}' share layers {sorted(flat & seen)[:3]}")
@@ -351,13 +351,18 @@ def _chain_from(g: LayerGraph, start: str, stop: str | None, ipdom) -> Chain:
   return Chain(tuple(items))
 
 
-def _flatten(chain: Chain) -> Iterable[str]:
-  for item in chain.items:
-    if isinstance(item, Parallel):
-      for b in item.branches:
-        yield from _flatten(b)
+def flat_layers(item: Chain | Parallel) -> Iterable[str]:
+  """Layers of a chain (or of a block's branches) in series-parallel order: a topological order
+  in which each branch runs in full before the next."""
+  if isinstance(item, Parallel):
+    for branch in item.branches:
+      yield from flat_layers(branch)
+    return
+  for it in item.items:
+    if isinstance(it, Parallel):
+      yield from flat_layers(it)
     else:
-      yield item
+      yield it
 
 
 def _last(chain: Chain) -> str | None:

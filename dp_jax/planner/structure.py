@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from dp_jax.graph import Chain, flat_layers
 
-from dp_jax.graph import Chain, Parallel
-
-
-def flat_layers(item: Chain | Parallel) -> Iterator[str]:
-  """Layers of a chain or of a block's branches, forward order: branches one after another."""
-  items = item.items if isinstance(item, Chain) else ()
-  if isinstance(item, Parallel):
-    for branch in item.branches:
-      yield from flat_layers(branch)
-    return
-  for it in items:
-    if isinstance(it, Parallel):
-      yield from flat_layers(it)
-    else:
-      yield it
+__all__ = ["first_layer", "flat_layers", "last_layer", "plan_order"]
 
 
 def first_layer(chain: Chain) -> str:

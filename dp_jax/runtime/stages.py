@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dp_jax.graph import Chain, LayerGraph, LayerNode, Parallel
+from dp_jax.graph import LayerGraph, LayerNode, flat_layers
 
 INPUT = "<input>"  # producer name of the model input
 
@@ -23,16 +23,7 @@ class Stage:
 
 def series_parallel_order(graph: LayerGraph) -> list[str]:
   """Every layer once: fork, then each branch in full, then the join (a topological order)."""
-
-  def walk(chain: Chain) -> Iterable[str]:
-    for item in chain.items:
-      if isinstance(item, Parallel):
-        for branch in item.branches:
-          yield from walk(branch)
-      else:
-        yield item
-
-  return list(walk(graph.decompose()))
+  return list(flat_layers(graph.decompose()))
 
 
 def group_stages(graph: LayerGraph, devices_of: Mapping[str, Sequence[int]]) -> list[Stage]:
