@@ -31,7 +31,7 @@ from dp_jax.errors import UserError
 from dp_jax.graph import Chain, LayerGraph, Parallel
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.options import PlanOptions
-from dp_jax.planner.structure import first_layer, flat_layers, last_layer
+from dp_jax.planner.structure import first_layer, flat_layers, last_layer, sharing_groups
 from dp_jax.profile.table import ProfileTable
 
 
@@ -172,22 +172,7 @@ class _Walk:
 
 def _grouped_max(times: list[float], masks: list[int]) -> float:
   """Branches sharing a device run one after another; groups that share none run side by side."""
-  group = list(range(len(times)))
-
-  def find(i):
-    while group[i] != i:
-      group[i] = group[group[i]]
-      i = group[i]
-    return i
-
-  for i in range(len(times)):
-    for j in range(i):
-      if masks[i] & masks[j]:
-        group[find(i)] = find(j)
-  totals: dict[int, float] = {}
-  for i, t in enumerate(times):
-    totals[find(i)] = totals.get(find(i), 0.0) + t
-  return max(totals.values(), default=0.0)
+  return max((sum(times[i] for i in g) for g in sharing_groups(masks)), default=0.0)
 
 
 def data_parallel_assignment(model: CostModel, count: int) -> dict[str, Placement]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dp_jax.graph import Chain, LayerGraph, Parallel
 from dp_jax.planner.costs import Placement
-from dp_jax.planner.structure import first_layer, flat_layers, last_layer
+from dp_jax.planner.structure import first_layer, flat_layers, last_layer, sharing_groups
 
 
 @dataclass(frozen=True)
@@ -119,19 +119,4 @@ def _block(block: Parallel, a: Mapping[str, Placement], counter: list[int]) -> B
 
 def _groups(branches: list[Branch], masks: list[int]) -> tuple[tuple[Branch, ...], ...]:
   """Connected components of 'shares a device', each in branch order, by first branch."""
-  root = list(range(len(branches)))
-
-  def find(i: int) -> int:
-    while root[i] != i:
-      root[i] = root[root[i]]
-      i = root[i]
-    return i
-
-  for i in range(len(branches)):
-    for j in range(i):
-      if masks[i] & masks[j]:
-        root[find(i)] = find(j)
-  groups: dict[int, list[Branch]] = {}
-  for i, b in enumerate(branches):
-    groups.setdefault(find(i), []).append(b)
-  return tuple(tuple(g) for g in groups.values())
+  return tuple(tuple(branches[i] for i in g) for g in sharing_groups(masks))
