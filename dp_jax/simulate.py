@@ -141,20 +141,14 @@ def simulate_task(cfg: Any, run: Run) -> dict[str, Any]:
 
   from dp_jax import workflow
   from dp_jax.planner import Plan
-  from dp_jax.profile.sources import load_profile, profile_batches
-  from dp_jax.sim.fill import validate
 
-  switch_ms = None if cfg.interference.switch_us is None else cfg.interference.switch_us / 1e3
-  validate(float(cfg.background.slowdown_cap), switch_ms or 0.0,
-           workflow.enum_value(cfg.interference.policy), cfg.iterations)
+  interference(cfg)  # bad cap or policy: fail before any planning
   out_dir = Path(HydraConfig.get().runtime.output_dir)
   cluster = workflow.cluster_spec(cfg.cluster)
   loaded = Plan.load(cfg.plan) if cfg.plan else None
   batch = loaded.global_batch if loaded else cfg.batch_size
   graph = workflow.load_graph(cfg)
-  profile = load_profile(cfg.profile, graph, cluster.device,
-                         profile_batches(batch, cfg.background.batch_per_device),
-                         None if cfg.graph else cfg.model)
+  profile = workflow.load_profile_for(cfg, graph, cluster, batch, cfg.background.batch_per_device)
   t0 = time.perf_counter()
   plan = loaded or workflow.make_plan_from_config(
       cfg.planner, graph, profile, cluster,
@@ -170,16 +164,23 @@ def simulate_task(cfg: Any, run: Run) -> dict[str, Any]:
   return {k: v for k, v in m.items() if isinstance(v, (int, float, str)) or v is None}
 
 
-def simulate_and_write(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -> dict[str, Any]:
-  """Simulate `plan` alone and with cfg.background; write metrics, timeline and Gantt chart."""
+def interference(cfg: Any) -> tuple[str, float | None]:
+  """(fill policy, switch ms) of the config, after checking the cap, policy and iterations."""
   from dp_jax import workflow
-  from dp_jax.sim.engine import simulate
   from dp_jax.sim.fill import validate
-  from dp_jax.sim.metrics import metrics as compute_metrics
 
   policy = workflow.enum_value(cfg.interference.policy)
   switch_ms = None if cfg.interference.switch_us is None else cfg.interference.switch_us / 1e3
   validate(float(cfg.background.slowdown_cap), switch_ms or 0.0, policy, cfg.iterations)
+  return policy, switch_ms
+
+
+def simulate_and_write(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -> dict[str, Any]:
+  """Simulate `plan` alone and with cfg.background; write metrics, timeline and Gantt chart."""
+  from dp_jax.sim.engine import simulate
+  from dp_jax.sim.metrics import metrics as compute_metrics
+
+  policy, switch_ms = interference(cfg)
   job = background_for(cfg, graph, profile, cluster, plan)
   t0 = time.perf_counter()
   sim = simulate(graph, profile, cluster, plan, job=job, cap=float(cfg.background.slowdown_cap),

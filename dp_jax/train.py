@@ -191,7 +191,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   from dp_jax.runtime import distributed
 
   distributed.initialize(cfg.runtime.distributed)
-  from dp_jax import orchestrator, zoo
+  from dp_jax import orchestrator, workflow, zoo
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime.stages import structure_graph
   from dp_jax.runtime.train_loop import train
@@ -204,7 +204,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   graph = structure_graph(model, cfg.model.name)
   plan, batch = resolve_plan(cfg, model, graph, len(devices))  # before any checkpoint
   (out_dir / "plan.json").write_text(json.dumps(plan, indent=1))
-  data = datalib.make_source(_value(cfg.data.source), model, path=cfg.data.path,
+  data = datalib.make_source(workflow.enum_value(cfg.data.source), model, path=cfg.data.path,
                              seed=cfg.data.seed)
   hook = orchestrator.start_background(
       cfg.background, cfg.model, plan, devices,
@@ -295,10 +295,6 @@ def _gantt(timeline_path: Path) -> Path | None:
   png = plot_gantt(events, t["num_devices"], timeline_path.with_name("gantt.png"),
                    title=f"{t['model']} B={t['global_batch']}: measured step {t['step']}")
   return png
-
-
-def _value(x: Any) -> Any:
-  return getattr(x, "value", x)
 
 
 main = hydra_app("train", TrainConfig)(train_task)
