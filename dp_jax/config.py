@@ -89,7 +89,7 @@ class ProfileConfig:
   repeats: int = 5
   warmup: int = 2
   cache_dir: str = ".cache/dp_jax/profiles"
-  data_dir: str = "${oc.env:DP_JAX_A100_DATA,../shared/data/deeppool-a100-profiles}"
+  data_dir: str | None = None  # deeppool_a100: None -> the tables shipped in dp_jax
 
 
 @dataclass

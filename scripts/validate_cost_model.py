@@ -2,7 +2,7 @@
 
 python scripts/validate_cost_model.py [--cpu-models vgg16] [--cpu-max-batch 16] [--write-doc]
 
-(a) A100: each zoo model at its ImageNet size, imported from shared/data/deeppool-a100-profiles,
+(a) A100: each zoo model at its ImageNet size, imported from the A100 tables shipped in dp_jax,
     against the plain roofline and against analytic.A100_VGG16_FIT (refitted here on VGG16 to
     show it is reproducible); errors at the tables' own per-device batches <= 32, per source row
     (a ResnetBottleneck row is compared with the sum over its block's layers).

@@ -7,8 +7,6 @@ from dp_jax.errors import UserError
 from dp_jax.profile.deeppool_import import DEFAULT_DATA_DIR, import_deeppool_a100
 from dp_jax.profile.deeppool_rows import parse_file
 
-pytestmark = pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="shared A100 data absent")
-
 
 @pytest.fixture(scope="module")
 def vgg():

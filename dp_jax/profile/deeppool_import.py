@@ -23,6 +23,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from dp_jax.errors import UserError
@@ -39,7 +40,8 @@ from dp_jax.profile.deeppool_rows import Row, move_relu_backward, parse_file
 from dp_jax.profile.devices import get_device
 from dp_jax.profile.table import ProfileTable
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared/data/deeppool-a100-profiles"
+# The tables ship inside the package (MIT licence and provenance beside them).
+DEFAULT_DATA_DIR = Path(str(resources.files("dp_jax.profile") / "data" / "deeppool_a100"))
 DEVICE, DTYPE = "A100-SXM4-40GB", "mixed fp16"
 RELU_BWD_FACTOR = 1.5
 ZERO_BWD_MS = 0.001  # the files' resolution (1 us): a backward at or below it was not recorded
@@ -126,8 +128,8 @@ def _fused_relu(node: LayerNode, rows: list[Row], i: int) -> Row | None:
 def _resolve(data_dir: str | Path | None) -> Path:
   path = Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR
   if not path.is_dir():
-    raise UserError(f"DeepPool A100 profile folder not found: {path}; pass data_dir= pointing "
-                    "at shared/data/deeppool-a100-profiles")
+    raise UserError(f"DeepPool A100 profile folder not found: {path}; leave profile.data_dir "
+                    "unset to use the tables shipped in dp_jax, or point it at a folder of them")
   return path
 
 
