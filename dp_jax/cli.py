@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import re
@@ -12,6 +11,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from hydra.experimental.callback import Callback
 
 from dp_jax.errors import UserError
 
@@ -92,9 +93,14 @@ def hydra_app(config_name: str, schema: type) -> Callable[[TaskFn], Callable[[],
       job = functools.partial(_run_job, task, config_name)
       functools.update_wrapper(job, task)
       sys.argv[1:] = expand_file_overrides(sys.argv[1:])
+      _EXISTING.take(sys.argv[1:])
       hydra_main = hydra.main(version_base=None, config_path=CONF_DIR, config_name=config_name)(job)
       try:
         hydra_main()
+        if SweepSummary.failed:
+          print(f"error: {SweepSummary.failed} sweep cell(s) failed (see the table above)",
+                file=sys.stderr)
+          sys.exit(1)
       except SystemExit:
         raise
       except KeyboardInterrupt:
@@ -132,7 +138,11 @@ def expand_file_overrides(args: list[str]) -> list[str]:
 
 
 def _run_job(task: TaskFn, app: str, cfg: Any) -> dict[str, Any] | None:
-  """Run one job: tracking around it; a failure in a multirun is recorded, not raised."""
+  """Run one job: tracking around it; a failure in a multirun is recorded, not raised.
+
+  Nothing of ours is written before the task's first output (Run.begin): a job refused while
+  validating leaves an existing run folder as it was (Hydra's own files are put back too).
+  """
   from hydra.core.hydra_config import HydraConfig
   from hydra.types import RunMode
 
@@ -145,13 +155,20 @@ def _run_job(task: TaskFn, app: str, cfg: Any) -> dict[str, Any] | None:
   run = tracking.start(cfg, app=app, output_dir=output_dir,
                        sweep_name=Path(hc.sweep.dir).name if multirun else None)
   try:
+    from dp_jax.options import check_options
+
+    check_options(cfg)
     summary = task(cfg, run) or {}
   except Exception as e:  # noqa: BLE001
     message = one_line(e)
-    _write_status(output_dir, {"status": "failed", "error": message,
-                               "overrides": list(hc.overrides.task)})
-    run.summary({"status": "failed", "error": message})
-    run.finish(exit_code=1)
+    if run.begun or not _EXISTING.covers(output_dir):
+      run.begin()
+      _write_status(output_dir, {"status": "failed", "error": message,
+                                 "overrides": list(hc.overrides.task)})
+      run.summary({"status": "failed", "error": message})
+      run.finish(exit_code=1)
+    else:
+      _EXISTING.restore()
     if os.environ.get("DP_JAX_TRACEBACK"):
       traceback.print_exc()
     print(f"error: {message}", file=sys.stderr)
@@ -160,6 +177,7 @@ def _run_job(task: TaskFn, app: str, cfg: Any) -> dict[str, Any] | None:
       return {"status": "failed", "error": message}
     raise SystemExit(2) from None
   summary = {"status": "ok", **summary}
+  run.begin()
   _write_status(output_dir, {**summary, "overrides": list(hc.overrides.task)})
   run.summary(summary)
   run.finish()
@@ -167,8 +185,98 @@ def _run_job(task: TaskFn, app: str, cfg: Any) -> dict[str, Any] | None:
 
 
 def _write_status(output_dir: Path, status: dict[str, Any]) -> None:
-  output_dir.mkdir(parents=True, exist_ok=True)
-  (output_dir / "status.json").write_text(json.dumps(status, indent=1, default=str))
+  from dp_jax.jsonfile import write_json
+
+  write_json(output_dir / "status.json", status)
+
+
+class _FolderSnapshot:
+  """The small bookkeeping files of an existing run folder, to put back after a refusal."""
+
+  KEEP = (".hydra", "*.log")
+
+  def __init__(self) -> None:
+    self.root: Path | None = None
+    self.files: dict[Path, bytes] = {}
+
+  def take(self, argv: list[str]) -> None:
+    """Remember the run folder named by hydra.run.dir=..., if it already exists."""
+    self.root, self.files = None, {}
+    for arg in argv:
+      key, _, value = arg.partition("=")
+      if key.lstrip("+") == "hydra.run.dir" and value and Path(value).is_dir():
+        self.root = Path(value).resolve()
+    if self.root is not None:
+      self.files = {p: p.read_bytes() for p in self._bookkeeping()}
+
+  def covers(self, output_dir: Path) -> bool:
+    return self.root is not None and Path(output_dir).resolve() == self.root
+
+  def restore(self) -> None:
+    """Put Hydra's files back as they were; remove the ones this job created."""
+    for p in self._bookkeeping():
+      if p not in self.files:
+        p.unlink(missing_ok=True)
+    for p, data in self.files.items():
+      p.write_bytes(data)
+    hydra_dir = self.root / ".hydra"
+    if hydra_dir.is_dir() and not any(hydra_dir.iterdir()):
+      hydra_dir.rmdir()
+
+  def _bookkeeping(self) -> list[Path]:
+    assert self.root is not None
+    hydra_dir = self.root / ".hydra"
+    out = list(self.root.glob("*.log"))
+    if hydra_dir.is_dir():
+      out += [p for p in hydra_dir.iterdir() if p.is_file()]
+    return out
+
+
+_EXISTING = _FolderSnapshot()
+
+
+class SweepSummary(Callback):
+  """Hydra callback (conf/hydra/callbacks): after a multirun, one table of its cells."""
+
+  failed = 0  # failed cells of the last sweep in this process; main() exits non-zero on it
+
+  def on_multirun_start(self, config: Any, **_: Any) -> None:
+    SweepSummary.failed = 0
+
+  def on_multirun_end(self, config: Any, **_: Any) -> None:
+    rows = sweep_rows(Path(config.hydra.sweep.dir))
+    SweepSummary.failed = sum(r[1] != "ok" for r in rows)
+    print_sweep_summary(rows, Path(config.hydra.sweep.dir))
+
+
+def sweep_rows(sweep_dir: Path) -> list[tuple[str, str, str]]:
+  """(cell overrides, status, error) of every cell folder of a sweep, in cell order."""
+  import json
+
+  rows = []
+  cells = [p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+  for cell in sorted(cells, key=lambda p: int(p.name)):
+    try:
+      status = json.loads((cell / "status.json").read_text())
+    except (OSError, ValueError):
+      rows.append((cell.name, "failed", "no status.json: the cell did not finish"))
+      continue
+    overrides = " ".join(status.get("overrides", [])) or cell.name
+    rows.append((overrides, str(status.get("status")), str(status.get("error") or "")))
+  return rows
+
+
+def print_sweep_summary(rows: list[tuple[str, str, str]], sweep_dir: Path) -> None:
+  from rich.console import Console
+  from rich.table import Table
+
+  failed = sum(r[1] != "ok" for r in rows)
+  table = Table(title=f"sweep {sweep_dir}: {len(rows) - failed} ok, {failed} failed")
+  for c in ("cell", "status", "error"):
+    table.add_column(c)
+  for r in rows:
+    table.add_row(*r)
+  Console(width=160).print(table)
 
 
 def _quiet_third_party_loggers() -> None:

@@ -3,17 +3,35 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from dp_jax.errors import UserError
 
 
-def write_json(path: str | Path, obj: Any) -> Path:
-  """Write `obj` as indented JSON, creating the parent folder."""
+def strict(obj: Any) -> Any:
+  """`obj` with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
+  if isinstance(obj, float):
+    return obj if math.isfinite(obj) else None
+  if isinstance(obj, dict):
+    return {k: strict(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [strict(v) for v in obj]
+  return obj
+
+
+def dumps(obj: Any, indent: int | None = 1) -> str:
+  """Strict JSON text of `obj`: non-finite floats become null, other objects their str()."""
+  return json.dumps(strict(json.loads(json.dumps(obj, default=str))), indent=indent,
+                    allow_nan=False)
+
+
+def write_json(path: str | Path, obj: Any, indent: int | None = 1) -> Path:
+  """Write `obj` as strict, indented JSON, creating the parent folder."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(obj, indent=1))
+  path.write_text(dumps(obj, indent))
   return path
 
 

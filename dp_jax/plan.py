@@ -114,9 +114,11 @@ def plan_task(cfg: Any, run: Run) -> dict[str, Any]:
   num_devices = workflow.job_devices(cfg.cluster, cluster)
   graph = workflow.load_graph(cfg)
   profile = workflow.load_profile_for(cfg, graph, cluster, cfg.batch_size)
-  plan = workflow.make_plan_from_config(cfg.planner, graph, profile, cluster,
-                                        num_devices=num_devices, global_batch=cfg.batch_size)
+  plan = workflow.make_plan_from_config(
+      cfg.planner, graph, profile, cluster, num_devices=num_devices, global_batch=cfg.batch_size,
+      model_cfg=None if cfg.graph else cfg.model, cluster_cfg=cfg.cluster)
   out = Path(cfg.out) if cfg.out else out_dir / "plan.json"
+  run.begin()
   plan.save(out)
   rows = layer_rows(plan)
   print_plan(plan, rows)

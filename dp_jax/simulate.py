@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -25,6 +24,7 @@ from dp_jax.config import (
   PlannerConfig,
   ProfileConfig,
 )
+from dp_jax.jsonfile import write_json
 from dp_jax.tracking import Run
 
 TIMELINE_SCHEMA = "dp_jax.timeline/1"
@@ -148,12 +148,17 @@ def simulate_task(cfg: Any, run: Run) -> dict[str, Any]:
   loaded = Plan.load(cfg.plan) if cfg.plan else None
   batch = loaded.global_batch if loaded else cfg.batch_size
   graph = workflow.load_graph(cfg)
+  model_cfg = None if cfg.get("graph") else cfg.model
+  if loaded is not None:
+    workflow.check_made_for(loaded, workflow.model_record(graph, model_cfg), f"plan {cfg.plan}")
   profile = workflow.load_profile_for(cfg, graph, cluster, batch, cfg.background.batch_per_device)
   t0 = time.perf_counter()
   plan = loaded or workflow.make_plan_from_config(
       cfg.planner, graph, profile, cluster,
-      num_devices=workflow.job_devices(cfg.cluster, cluster), global_batch=batch)
+      num_devices=workflow.job_devices(cfg.cluster, cluster), global_batch=batch,
+      model_cfg=model_cfg, cluster_cfg=cfg.cluster)
   planning_s = time.perf_counter() - t0
+  run.begin()
   plan.save(out_dir / "plan.json")
   result = simulate_and_write(cfg, graph, profile, cluster, plan, out_dir)
   m = {**result["metrics"], "planning_s": planning_s}
@@ -187,8 +192,8 @@ def simulate_and_write(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -
                  switch_ms=switch_ms, policy=policy, iterations=cfg.iterations)
   m = compute_metrics(sim)
   m.update(simulation_s=time.perf_counter() - t0, profile_source=profile.source)
-  (out_dir / "metrics.json").write_text(json.dumps(m, indent=1))
-  (out_dir / "timeline.json").write_text(json.dumps(timeline_json(sim, m)))
+  write_json(out_dir / "metrics.json", m)
+  write_json(out_dir / "timeline.json", timeline_json(sim, m), indent=None)
   png = gantt(sim, m, out_dir / "gantt.png")
   return {"metrics": m, "gantt": str(png)}
 

@@ -11,10 +11,13 @@ import subprocess
 import sys
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from dp_jax.jsonfile import dumps, write_json
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +70,33 @@ def provenance() -> dict[str, Any]:
 
 @dataclass
 class Run:
-  """A job's tracking handle; with W&B off or broken it still writes local files."""
+  """A job's tracking handle; writes nothing until begin() (first output), so a job refused
+  during validation leaves an existing folder untouched. With W&B off or broken it still
+  writes local files."""
 
   output_dir: Path
   wandb_run: Any | None = None
   _summary: dict[str, Any] = field(default_factory=dict)
+  _start: Callable[[], Any] | None = None  # writes config/provenance, returns the W&B run
+  begun: bool = False
+
+  def begin(self) -> None:
+    """Write config.json and provenance.json and start the W&B run (once)."""
+    if self.begun:
+      return
+    self.begun = True
+    self.output_dir.mkdir(parents=True, exist_ok=True)
+    if self._start is not None:
+      self.wandb_run = self._start()
 
   def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+    self.begin()
     if self.wandb_run is not None:
       self._safe(self.wandb_run.log, metrics, step=step)
 
   def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> Path:
     """Write `key`.csv in the output folder and log it as a W&B table."""
+    self.begin()
     path = self.output_dir / f"{key}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
@@ -92,12 +110,14 @@ class Run:
     return path
 
   def log_image(self, key: str, path: str | Path) -> None:
+    self.begin()
     if self.wandb_run is not None:
       import wandb
 
       self._safe(lambda: self.wandb_run.log({key: wandb.Image(str(path))}))
 
   def summary(self, values: dict[str, Any]) -> None:
+    self.begin()
     self._summary.update(values)
     if self.wandb_run is not None:
       self._safe(self.wandb_run.summary.update, _jsonable(values))
@@ -120,20 +140,29 @@ class Run:
 
 
 def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None) -> Run:
-  """Start the job's W&B run (mode from cfg.logger); on any failure, warn and run without it."""
+  """The job's Run; config, provenance and the W&B run (mode from cfg.logger) come at begin()."""
   from omegaconf import OmegaConf
 
   output_dir = Path(output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
   resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-  prov = provenance()
-  (output_dir / "provenance.json").write_text(json.dumps(prov, indent=1))
-  (output_dir / "config.json").write_text(json.dumps(resolved, indent=1, default=str))
   logger_cfg = cfg.get("logger") or {}
   mode = str(getattr(logger_cfg.get("mode", "offline"), "value", logger_cfg.get("mode", "offline")))
   mode = os.environ.get("DP_JAX_WANDB_MODE", mode)
-  if mode == "disabled":
-    return Run(output_dir)
+
+  def write_and_start_wandb() -> Any | None:
+    prov = provenance()
+    write_json(output_dir / "provenance.json", prov)
+    write_json(output_dir / "config.json", resolved)
+    if mode == "disabled":
+      return None
+    return _start_wandb(resolved, prov, logger_cfg, mode, app, output_dir, sweep_name)
+
+  return Run(output_dir, _start=write_and_start_wandb)
+
+
+def _start_wandb(resolved: dict[str, Any], prov: dict[str, Any], logger_cfg: Any, mode: str,
+                 app: str, output_dir: Path, sweep_name: str | None) -> Any | None:
+  """The W&B run of this job (resumed by the id stored in its folder); None if W&B fails."""
   try:
     import wandb
 
@@ -148,13 +177,12 @@ def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None
           tags=list(logger_cfg.get("tags") or []), config={**resolved, "provenance": prov},
           dir=str(output_dir), id=run_id, resume="allow", reinit="finish_previous",
           settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
-    (Path(run.dir) / "dp_jax_config.json").write_text(
-        json.dumps({**resolved, "provenance": prov}, indent=1, default=str))
-    return Run(output_dir, run)
+    write_json(Path(run.dir) / "dp_jax_config.json", {**resolved, "provenance": prov})
+    return run
   except Exception as e:  # noqa: BLE001
     log.warning("W&B could not start (%s); continuing without it, local results still written",
                 str(e).splitlines()[0] if str(e) else type(e).__name__)
-    return Run(output_dir)
+    return None
 
 
 def cleanup() -> None:
@@ -181,4 +209,4 @@ def cleanup() -> None:
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-  return json.loads(json.dumps(values, default=str))
+  return json.loads(dumps(values, None))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from dp_jax.config import (
   ProfileConfig,
 )
 from dp_jax.errors import UserError
+from dp_jax.jsonfile import write_json
 from dp_jax.runtime.distributed import DistributedConfig
 from dp_jax.tracking import Run
 
@@ -115,8 +117,8 @@ def make_optimizer(cfg: Any):
   import optax
 
   name = str(getattr(cfg.name, "value", cfg.name))
-  if cfg.lr <= 0:
-    raise UserError(f"optimizer.lr={cfg.lr} must be > 0")
+  if not math.isfinite(cfg.lr) or cfg.lr <= 0:
+    raise UserError(f"optimizer.lr={cfg.lr} must be a finite number > 0")
   if name == "sgd":
     return optax.sgd(cfg.lr, momentum=cfg.momentum or None)
   if name == "adam":
@@ -144,8 +146,19 @@ def burst_plan(cfg: Any, model, num_devices: int, batch: int) -> dict[str, Any]:
   graph = trace_graph(model, cfg.model.name)
   profile = workflow.load_profile_for(cfg, graph, cluster, batch)
   plan = workflow.make_plan_from_config(cfg.planner, graph, profile, cluster,
-                                        num_devices=num_devices, global_batch=batch)
+                                        num_devices=num_devices, global_batch=batch,
+                                        model_cfg=cfg.model, cluster_cfg=cfg.cluster)
   return plan.to_json()
+
+
+def model_record(cfg: Any, model) -> dict[str, Any]:
+  """The plan's made_for record of the model this job trains (see workflow.model_record)."""
+  from dp_jax import zoo
+
+  options = zoo.model_kwargs(cfg.model)
+  options.pop("dtype", None)
+  return {"name": cfg.model.name, "input_shape": list(model.input_spec(1).shape[1:]),
+          "layers": len(model.layer_specs()), "options": options}
 
 
 def job_devices(requested: int | None):
@@ -167,12 +180,15 @@ def resolve_plan(cfg: Any, model, graph, g: int) -> tuple[dict[str, Any], int]:
 
   file_plan = cfg.plan not in PLAN_MODES
   plan = load_plan_file(cfg.plan) if file_plan else None
-  batch = cfg.batch_size or (plan.get("global_batch") if isinstance(plan, dict) else None) or 32
+  batch = cfg.batch_size
+  if batch is None:
+    batch = (plan.get("global_batch") if isinstance(plan, dict) else None) or 32
   if not file_plan and g > batch:
     raise UserError(f"batch_size={batch} is smaller than runtime.num_devices={g}; every device "
                     "needs a sample")
   if cfg.plan == "data_parallel":
-    plan = data_parallel_layout_plan(graph, global_batch=batch, num_devices=g)
+    plan = {**data_parallel_layout_plan(graph, global_batch=batch, num_devices=g),
+            "made_for": model_record(cfg, model)}
   elif cfg.plan == "burst":
     plan = burst_plan(cfg, model, g, batch)
   need = plan.get("num_devices") if isinstance(plan, dict) else None
@@ -196,14 +212,20 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   from dp_jax.runtime.stages import structure_graph
   from dp_jax.runtime.train_loop import train
 
-  if cfg.steps < 0:
-    raise UserError(f"steps={cfg.steps} must be >= 0")
   out_dir = Path(HydraConfig.get().runtime.output_dir)
   devices = job_devices(cfg.runtime.num_devices)
+  if cfg.plan not in PLAN_MODES:  # a plan for another model config: refuse before building
+    workflow.check_made_for(load_plan_file(cfg.plan),
+                            model_record(cfg, zoo.build(cfg.model, abstract=True)),
+                            f"plan {cfg.plan}")
   model = zoo.build(cfg.model, seed=cfg.seed)
   graph = structure_graph(model, cfg.model.name)
   plan, batch = resolve_plan(cfg, model, graph, len(devices))  # before any checkpoint
-  (out_dir / "plan.json").write_text(json.dumps(plan, indent=1))
+
+  def start_writing() -> None:  # the checkpoint folder fits this job: files may be written now
+    run.begin()
+    write_json(out_dir / "plan.json", plan)
+
   data = datalib.make_source(workflow.enum_value(cfg.data.source), model, path=cfg.data.path,
                              seed=cfg.data.seed)
   hook = orchestrator.start_background(
@@ -214,7 +236,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
                  data=data, checkpoint_dir=out_dir / "checkpoints",
                  checkpoint_every=cfg.runtime.checkpoint_every, log_fn=_with_background(run, hook),
                  output_dir=out_dir, devices=devices, progress=cfg.runtime.progress,
-                 on_stage=hook)
+                 on_stage=hook, on_start=start_writing)
   measured = orchestrator.measure(result.step_ms, hook) if hook is not None else {}
   png = _gantt(result.timeline_path) if result.timeline_path is not None else None
   if png is not None:
@@ -232,6 +254,12 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   print(f"trained {cfg.model.name} to step {result.final_step} in {summary['stages']} stage(s); "
         f"outputs: {out_dir}")
   return summary
+
+
+def pipeline_alone_steps(cfg: Any) -> int:
+  """Steps the pipeline trains alone before its background job starts (0 without one)."""
+  bg = cfg.background
+  return 0 if bg is None or bg.name == "none" else 2 + max(1, cfg.train.steps)
 
 
 def train_plan_for_pipeline(cfg: Any, plan: Any, out_dir: Path, run: Run) -> dict[str, Any]:
@@ -253,7 +281,7 @@ def train_plan_for_pipeline(cfg: Any, plan: Any, out_dir: Path, run: Run) -> dic
   model = zoo.build(cfg.model, seed=cfg.seed)
   graph = structure_graph(model, cfg.model.name)
   bg = cfg.background
-  alone = 0 if bg is None or bg.name == "none" else 2 + max(1, cfg.train.steps)
+  alone = pipeline_alone_steps(cfg)
   hook = orchestrator.start_background(
       bg, cfg.model, plan, devices, memory_gb_per_device=cfg.cluster.memory_gb_per_device,
       learning_rate=cfg.train.learning_rate, seed=cfg.seed, start_after=alone)

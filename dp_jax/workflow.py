@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from pathlib import Path
 from typing import Any
 
 from dp_jax.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def enum_value(x: Any) -> Any:
   """The plain value of a config enum (or x itself)."""
   return getattr(x, "value", x)
+
+
+def cluster_config(name: str) -> dict[str, Any]:
+  """The cluster config conf/cluster/<name>.yaml as a dict (for apps that use several)."""
+  from omegaconf import OmegaConf
+
+  from dp_jax.cli import CONF_DIR
+
+  path = Path(CONF_DIR) / "cluster" / f"{name}.yaml"
+  if not path.is_file():
+    valid = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+    raise UserError(f"unknown cluster '{name}' (valid cluster options: {valid})")
+  return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
 
 
 def cluster_spec(cluster_cfg: Any):
@@ -58,19 +76,87 @@ def plan_options(planner_cfg: Any, num_devices: int, global_batch: int) -> dict[
 
 
 def make_plan_from_config(planner_cfg: Any, graph, profile, cluster, *, num_devices: int,
-                          global_batch: int):
-  """A burst plan (planner=burst) or the data-parallel baseline (planner=data_parallel)."""
+                          global_batch: int, model_cfg: Any = None, cluster_cfg: Any = None):
+  """A burst plan (planner=burst) or the data-parallel baseline (planner=data_parallel).
+
+  The plan records what it was made for: the model config (made_for), the cluster and the
+  profile, with the per-device batches the profile had to extrapolate to (warned once).
+  """
   from dp_jax.planner import data_parallel_plan, make_plan
+  from dp_jax.profile.sources import profile_batches
 
   if global_batch < 1:
-    raise UserError(f"batch_size must be >= 1, got {global_batch}")
+    raise UserError(f"batch_size={global_batch} must be >= 1")
   common = plan_options(planner_cfg, num_devices, global_batch)
   if planner_cfg.name == "data_parallel":
-    return data_parallel_plan(graph, profile, cluster, **common)
-  if planner_cfg.name != "burst":
+    plan = data_parallel_plan(graph, profile, cluster, **common)
+  elif planner_cfg.name != "burst":
     raise UserError(f"planner '{planner_cfg.name}' is unknown (valid: burst, data_parallel)")
-  limit = float(planner_cfg.amplification_limit)
-  if not limit >= 1:
-    raise UserError(f"planner.amplification_limit must be >= 1 (or inf), got {limit}")
-  return make_plan(graph, profile, cluster, amplification_limit=limit,
-                   mode=enum_value(planner_cfg.mode), **common)
+  else:
+    limit = float(planner_cfg.amplification_limit)
+    if not limit >= 1:
+      raise UserError(f"planner.amplification_limit must be >= 1 (or inf), got {limit}")
+    plan = make_plan(graph, profile, cluster, amplification_limit=limit,
+                     mode=enum_value(planner_cfg.mode), **common)
+  extrapolated = extrapolated_batches(profile, graph, profile_batches(global_batch))
+  if extrapolated:
+    log.warning("profile of %s (%s) has no measurement at per-device batch(es) %s for some "
+                "layers: extrapolated on a log-log line (recorded in the plan)", graph.model,
+                profile.source, ", ".join(map(str, extrapolated)))
+  made_for = {"made_for": model_record(graph, model_cfg),
+              "cluster_config": _plain(cluster_cfg) if cluster_cfg is not None else None,
+              "profile": {"source": profile.source, "device": profile.device,
+                          "dtype": profile.dtype, "extrapolated_batches": extrapolated,
+                          "estimated_layers": sorted(profile.meta.get("estimated_layers", {}))}}
+  return dataclasses.replace(plan, extra={**plan.extra, **made_for})
+
+
+def extrapolated_batches(profile, graph, batches: list[int]) -> list[int]:
+  """Per-device batches outside some layer's measured range (priced by extrapolation)."""
+  out = set()
+  for name in graph.names:
+    measured = profile.batches(name)
+    if measured:
+      out |= {b for b in batches if b < measured[0] or b > measured[-1]}
+  return sorted(out)
+
+
+def model_record(graph, model_cfg: Any = None) -> dict[str, Any]:
+  """What a plan was made for: model name, per-sample input shape, layer count, size options."""
+  from dp_jax.zoo import model_kwargs
+
+  options = model_kwargs(model_cfg) if model_cfg is not None else {}
+  options.pop("dtype", None)
+  return {"name": graph.model, "input_shape": list(graph.input_shape),
+          "layers": len(graph.nodes), "options": options}
+
+
+def check_made_for(plan: Any, record: dict[str, Any], where: str) -> None:
+  """Refuse a plan recorded as made for another model config (one line naming both)."""
+  from dp_jax.runtime.plan_check import plan_dict
+
+  made = plan_dict(plan).get("made_for")
+  if not isinstance(made, dict):
+    return  # a plan from before plans recorded it: the layer names are still checked
+  keys = ["name", "input_shape", "layers"]
+  differs = [k for k in keys if k in made and k in record and made[k] != record[k]]
+  ours, theirs = record.get("options", {}), made.get("options") or {}
+  differs += [f"options.{k}" for k in ours if k in theirs and ours[k] != theirs[k]]
+  if differs:
+    raise UserError(f"{where} was made for {describe(made)}, not {describe(record)}; use the "
+                    "model options it was made with or make a plan for this model")
+
+
+def describe(record: dict[str, Any]) -> str:
+  """'vgg16 (input 32x32x3, 22 layers, image_size=32)'."""
+  shape = "x".join(map(str, record.get("input_shape") or [])) or "?"
+  opts = "".join(f", {k}={v}" for k, v in sorted((record.get("options") or {}).items()))
+  return f"{record.get('name')} (input {shape}, {record.get('layers')} layers{opts})"
+
+
+def _plain(cfg: Any) -> Any:
+  from omegaconf import DictConfig, OmegaConf
+
+  if isinstance(cfg, DictConfig):
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+  return cfg

@@ -17,7 +17,12 @@ def plan_identity(cfg: Row) -> Row:
   return {"model": model.get("name"), "cluster": cluster.get("name"),
           "device": cluster.get("device"), "num_devices": cluster.get("num_devices"),
           "global_batch": cfg.get("batch_size"),
-          "amplification_limit": planner.get("amplification_limit")}
+          "amplification_limit": unlimited(planner.get("amplification_limit"))}
+
+
+def unlimited(x: Any) -> Any:
+  """A limit read back from strict JSON, where null stands for no limit (inf)."""
+  return math.inf if x is None else x
 
 
 def pick(row: Row, keys: Sequence[str]) -> Row:

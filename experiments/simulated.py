@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.fields import PLAN_IDENTITY, pick, plan_identity, ratio
+from experiments.fields import PLAN_IDENTITY, pick, plan_identity, ratio, unlimited
 from experiments.report import Row
 
 IDENTITY = (*PLAN_IDENTITY, "background", "background_batch", "slowdown_cap")
@@ -24,8 +24,9 @@ def derive(row: Row) -> Row:
   """Identity and background settings from the config, metrics from the simulate summary."""
   cfg = row["config"]
   bg = cfg.get("background") or {}
+  cap = unlimited(bg["slowdown_cap"]) if "slowdown_cap" in bg else None
   return {**plan_identity(cfg), "background": bg.get("name"),
-          "background_batch": bg.get("batch_per_device"), "slowdown_cap": bg.get("slowdown_cap"),
+          "background_batch": bg.get("batch_per_device"), "slowdown_cap": cap,
           **pick(row, RESULTS),
           "speedup_vs_best_data_parallel": ratio(row.get("best_data_parallel_iteration_ms"),
                                                  row.get("iteration_ms"))}

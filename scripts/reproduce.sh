@@ -38,8 +38,16 @@ start=$(date +%s)
 mkdir -p "$sweep_dir"
 log="$sweep_dir/sweep.log"
 echo "sweep: python -m dp_jax.$app -m +experiment=$overlay hydra.sweep.dir=$sweep_dir ${extra[*]:-}"
+swept=0
 "$PY" -m "dp_jax.$app" -m "+experiment=$overlay" "hydra.sweep.dir=$sweep_dir" ${extra[@]+"${extra[@]}"} \
-  > "$log" 2>&1 || { echo "sweep failed; see $log" >&2; tail -5 "$log" >&2; exit 1; }
+  > "$log" 2>&1 || swept=$?
+if [ "$swept" -ne 0 ] && ! ls "$sweep_dir"/*/status.json >/dev/null 2>&1; then
+  echo "sweep failed before any cell ran; see $log" >&2; tail -5 "$log" >&2; exit 1
+fi
 echo "sweep done in $(( $(date +%s) - start )) s: $sweep_dir (log: $log)"
-"$PY" -m "experiments.$study" "$sweep_dir" --out "$out"
+"$PY" -m "experiments.$study" "$sweep_dir" --out "$out"  # failed cells are listed there
 echo "total $(( $(date +%s) - start )) s"
+if [ "$swept" -ne 0 ]; then
+  echo "error: some cells of the sweep failed (listed in $out and at the end of $log)" >&2
+  exit 1
+fi

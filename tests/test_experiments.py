@@ -18,8 +18,11 @@ QUICK = {"strong_scaling": 4, "amplification": 3, "cluster_throughput": 2, "netw
 IGNORED = ("ignore:Some donated buffers were not usable:UserWarning",)
 
 
-def sweep(tmp_path: Path, study: str, *overrides: str) -> Path:
-  """`python -W error -m dp_jax.<app> -m +experiment=<study>_quick` under tmp_path; its folder."""
+def sweep(tmp_path: Path, study: str, *overrides: str, failed_cells: int = 0) -> Path:
+  """`python -W error -m dp_jax.<app> -m +experiment=<study>_quick` under tmp_path; its folder.
+
+  A sweep with failed cells exits non-zero after its summary table.
+  """
   env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true",
          "WANDB_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
   env.pop("XLA_FLAGS", None)  # the apps configure their own devices
@@ -28,7 +31,11 @@ def sweep(tmp_path: Path, study: str, *overrides: str) -> Path:
       [sys.executable, "-W", "error", *warnings, "-m", f"dp_jax.{studies.study(study).app}", "-m",
        f"+experiment={study}_quick", *overrides, f"hydra.sweep.dir={tmp_path}/sweep"],
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
+  if failed_cells:
+    assert result.returncode != 0 and f"{failed_cells} sweep cell(s) failed" in result.stderr
+    assert f"{failed_cells} failed" in result.stdout  # the summary table's title
+  else:
+    assert result.returncode == 0, result.stderr[-3000:]
   return tmp_path / "sweep"
 
 
@@ -92,7 +99,7 @@ def test_a_simulated_study_gives_the_same_csv_twice(sweeps, tmp_path):
 
 def test_an_impossible_cell_fails_alone_and_is_listed(tmp_path, capsys):
   sweep_dir = sweep(tmp_path, "amplification", "planner.amplification_limit=2",
-                    "cluster.num_devices=8,64", "logger=disabled")
+                    "cluster.num_devices=8,64", "logger=disabled", failed_cells=1)
   assert report.main(studies.study("amplification"), [str(sweep_dir), "--out",
                                                       str(tmp_path / "out")]) == 0
   printed = capsys.readouterr().out

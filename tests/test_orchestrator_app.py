@@ -26,4 +26,4 @@ def test_train_app_rejects_negative_slowdown_cap(tmp_path):
   plan = burst_plan_file(tmp_path)
   result = run_app("train", *TINY, "steps=6", f"plan={plan}", "background=same_family",
                    "background.slowdown_cap=-1", cwd=tmp_path)
-  assert_one_line_error(result, "slowdown_cap must be a number >= 0")
+  assert_one_line_error(result, "background.slowdown_cap=-1.0 must be >= 0")

@@ -52,7 +52,7 @@ def test_vgg16_on_the_a100_tables(tmp_path):
 
 @pytest.mark.parametrize("overrides, fragments", [
     (["cluster.num_devices=0"], ["num_devices"]),
-    (["batch_size=0"], ["batch"]),
+    (["batch_size=0"], ["batch_size=0 must be >= 1"]),
     (["cluster.num_devices=8", "batch_size=4", "planner.amplification_limit=inf"], ["8"]),
     (["planner.amplification_limit=0.5"], ["amplification"]),
     (["cluster.num_devices=64"], ["at most 8 devices"]),
@@ -71,3 +71,18 @@ def test_cyclic_graph_and_missing_profile_row_are_one_line(tmp_path):
   gpath, ppath = write_graph_and_profile(tmp_path, drop="b")
   assert_one_line_error(run_app("plan", f"graph={gpath}", f"profile={ppath}", "logger=disabled",
                                 cwd=tmp_path), "'b'")
+
+
+def test_a_profile_extrapolated_beyond_its_batches_is_warned_and_recorded(tmp_path):
+  gpath, _ = write_graph_and_profile(tmp_path)
+  layers = {n: {1: (0.1, 0.2)} for n in "abcd"}
+  ppath = ProfileTable("toy", "A100-SXM4-40GB", "bfloat16", "analytic", layers).save(
+      tmp_path / "batch1.json")
+  result = run_app("plan", f"graph={gpath}", f"profile={ppath}", "cluster=a100_nvlink_8",
+                   "cluster.num_devices=4", "batch_size=8", "logger=disabled", cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert "WARNING" in result.stdout and "extrapolated" in result.stdout
+  plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+  assert plan["profile"]["extrapolated_batches"] == [2, 4, 8]
+  assert plan["made_for"] == {"name": "toy", "input_shape": [], "layers": 4, "options": {}}
+  assert plan["cluster_config"]["name"] == "a100_nvlink_8"

@@ -75,6 +75,22 @@ def test_resnet50_reports_unmatched_adds():
   assert rep.sources["conv1"].endswith("#RESNET152")
 
 
+def test_resnet50_adds_are_filled_from_the_calibrated_analytic_model_and_marked():
+  g = resnet()
+  table, rep = import_deeppool_a100(g)
+  adds = [n for n in g.names if g.node(n).kind == "add"]
+  assert rep.filled == adds and table.missing(list(g.names)) == []
+  assert sorted(table.meta["estimated_layers"]) == sorted(adds)
+  matched_batches = set(table.batches("conv1"))
+  for n in adds:
+    assert set(table.batches(n)) >= matched_batches
+    per_batch = [sum(table.layers[n][b]) for b in table.batches(n)]
+    assert all(0 < x < y for x, y in zip(per_batch, per_batch[1:], strict=False))
+  # an elementwise add costs less than the 3x3 convolution beside it at every batch
+  for b in matched_batches:
+    assert sum(table.layers["layer1.0.add"][b]) < sum(table.layers["layer1.0.conv2"][b])
+
+
 def test_hand_built_vgg16_matches_too():
   _, rep = import_deeppool_a100(vgg16())
   assert rep.unmatched == []

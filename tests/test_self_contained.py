@@ -1,4 +1,4 @@
-"""The repository runs on a fresh clone: nothing outside docs reads the steering folder beside it."""
+"""A fresh clone is self-contained: nothing outside docs reads the folder beside the repo."""
 
 import subprocess
 from pathlib import Path

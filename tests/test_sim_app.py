@@ -56,7 +56,7 @@ def test_simulates_a_plan_file_without_background(tmp_path, files):
 
 
 @pytest.mark.parametrize("more, fragments", [
-    (["background.slowdown_cap=-0.5"], ["slowdown_cap must be a number >= 0"]),
+    (["background.slowdown_cap=-0.5"], ["background.slowdown_cap=-0.5 must be >= 0"]),
     (["background.batch_per_device=4000000"], ["needs", "GB per device", "background=none"]),
     (["interference.policy=nope"], ["interference.policy"]),
     (["background=nope"], ["unknown background 'nope'", "same_family"]),
@@ -64,3 +64,21 @@ def test_simulates_a_plan_file_without_background(tmp_path, files):
 def test_bad_input_is_one_line(tmp_path, files, more, fragments):
   result = run_app("simulate", *_args(files, "logger=disabled", *more), cwd=tmp_path)
   assert_one_line_error(result, *fragments)
+
+
+def test_a_plan_made_for_another_model_config_is_refused(tmp_path):
+  from test_plan_app import write_graph_and_profile
+
+  gpath, ppath = write_graph_and_profile(tmp_path)
+  for size, name in ((32, "small.json"), (224, "big.json")):
+    g = json.loads(gpath.read_text())
+    (tmp_path / name).write_text(json.dumps({**g, "input_shape": [size, size, 3]}))
+  common = [f"profile={ppath}", "cluster=a100_nvlink_8", "cluster.num_devices=4", "batch_size=8",
+            "logger=disabled", "background=none"]
+  made = run_app("plan", f"graph={tmp_path / 'small.json'}", *common[:-1],
+                 f"out={tmp_path / 'p.json'}", cwd=tmp_path)
+  assert made.returncode == 0, made.stderr
+  result = run_app("simulate", f"graph={tmp_path / 'big.json'}", f"plan={tmp_path / 'p.json'}",
+                   *common, cwd=tmp_path)
+  assert_one_line_error(result, "was made for toy (input 32x32x3, 4 layers)",
+                        "not toy (input 224x224x3, 4 layers)")

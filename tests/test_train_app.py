@@ -129,13 +129,49 @@ def sixteen_device_plan(folder) -> list[str]:
     (lambda _: ["plan=data_parallel", "batch_size=12"],
      ["layer 'embed' splits global batch 12 over 8 devices"]),
     (lambda _: ["plan=nowhere.json"], ["plan 'nowhere.json' is neither burst nor data_parallel"]),
+    (lambda _: ["plan=data_parallel", "batch_size=0"], ["batch_size=0 must be >= 1"]),
+    (lambda _: ["plan=data_parallel", "batch_size=8", "optimizer.lr=nan"],
+     ["optimizer.lr=nan must be a finite number"]),
+    (lambda _: ["plan=data_parallel", "batch_size=8", "steps=-1"], ["steps=-1 must be >= 0"]),
+    (lambda _: ["plan=data_parallel", "batch_size=8", "model.d_model=48"],
+     ["holds checkpoints of a different gpt2_small"]),
 ])
-def test_bad_input_is_one_line_and_leaves_checkpoints_alone(tmp_path, finished, args, fragments):
+def test_bad_input_is_one_line_and_leaves_the_run_folder_byte_identical(tmp_path, finished, args,
+                                                                        fragments):
   shutil.copytree(finished, tmp_path / "run")
-  before = digest(tmp_path / "run" / "checkpoints")
-  result = run_app("train", *TINY, *STEPS, *args(tmp_path), cwd=tmp_path)
+  before = digest(tmp_path / "run")
+  overrides = [a for a in TINY + STEPS if a.split("=")[0] not in {x.split("=")[0]
+                                                                    for x in args(tmp_path)}]
+  result = run_app("train", *overrides, *args(tmp_path), cwd=tmp_path)
   assert_one_line_error(result, *fragments)
-  assert digest(tmp_path / "run" / "checkpoints") == before
+  assert digest(tmp_path / "run") == before
+
+
+def test_another_model_in_a_finished_run_folder_is_refused_without_a_trace(tmp_path, finished):
+  shutil.copytree(finished, tmp_path / "run")
+  before = digest(tmp_path / "run")
+  result = run_app("train", "model=vgg16", "model.image_size=32", "runtime.num_devices=8",
+                   "batch_size=8", "steps=1", "logger=disabled", "runtime.progress=false",
+                   cwd=tmp_path)
+  assert_one_line_error(result, "holds checkpoints of model 'gpt2_small', not 'vgg16'")
+  assert digest(tmp_path / "run") == before
+
+
+def test_a_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
+  tiny = [a for a in TINY if not a.startswith(("optimizer.", "model.d_model"))]
+  result = run_app("train", *tiny, "model.d_model=32", "optimizer.name=sgd", "optimizer.lr=1e12",
+                   "plan=data_parallel", "batch_size=8", "steps=6", "runtime.checkpoint_every=1",
+                   cwd=tmp_path)
+  error = assert_one_line_error(result, "training stopped", "lower optimizer.lr")
+  status = json.loads((tmp_path / "run" / "status.json").read_text(),
+                      parse_constant=lambda c: pytest.fail(f"status.json holds {c}"))
+  assert status["status"] == "failed" and status["error"] == error[len("error: "):]
+  bad_step = int(error.split(" at step ")[1].split(":")[0])
+  kept = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
+                if p.name.isdigit())
+  assert kept and max(kept) == bad_step - 1
+  lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+  assert len(lines) == bad_step - 1  # no metrics line for the bad step
 
 
 def test_importing_the_app_leaves_jax_unloaded():
@@ -160,3 +196,10 @@ def test_burst_plan_is_made_for_the_local_devices(tmp_path):
   plan = json.loads((tmp_path / "run" / "plan.json").read_text())
   assert plan["num_devices"] == 8 and plan["global_batch"] == 8
   assert [x["name"] for x in plan["layers"]] == ["embed", "h.0", "h.1", "ln_f", "lm_head"]
+  assert plan["made_for"]["input_shape"] == [16] and plan["made_for"]["layers"] == 5
+  # the same plan for a longer sequence is refused, naming both configs
+  longer = [a.replace("model.seq_len=16", "model.seq_len=32") for a in TINY]
+  other = run_app("train", *longer, f"plan={tmp_path / 'run' / 'plan.json'}", "steps=0",
+                  cwd=tmp_path / "run")
+  assert_one_line_error(other, "was made for gpt2_small (input 16, 5 layers",
+                        "not gpt2_small (input 32, 5 layers")

@@ -79,6 +79,7 @@ def profile_task(cfg: Any, run: Run) -> dict[str, Any]:
     from dp_jax.profile.deeppool_import import import_deeppool_a100
 
     table, report = import_deeppool_a100(graph, sources.data_dir(cfg.profile.get("data_dir")))
+    sources.warn_filled(graph.model, report.filled)
   else:
     table = sources.load_profile(cfg.profile, graph, cluster.device, batches, cfg.model)
   seconds = time.perf_counter() - start
@@ -101,7 +102,8 @@ def profile_task(cfg: Any, run: Run) -> dict[str, Any]:
   missing = table.missing(list(graph.names))
   if report is not None:
     print(f"matched {len(report.matched)} of {len(graph.names)} layers to DeepPool A100 rows; "
-          f"unmatched: {', '.join(report.unmatched) or 'none'}")
+          f"unmatched: {', '.join(report.unmatched) or 'none'}"
+          + (" (estimated from the calibrated analytic model)" if report.unmatched else ""))
   print(f"profile: {out} ({seconds:.1f} s)")
   return {"model": graph.model, "device": table.device, "source": table.source,
           "dtype": table.dtype, "layers": len(graph.names), "missing_layers": missing,

@@ -16,6 +16,11 @@ Rules, in order:
 - A conv2d/linear whose backward the file records as 0 (DeepPool's last linear has no ReLU
   after it to carry its backward) gets 2x (1x for the first layer) its forward, and the
   MatchReport lists it under `estimated`.
+- A layer the tables lack (ResNet-50's residual `add`s) is filled from the analytic A100 model
+  calibrated on this import's matched layers: analytic time x the median of imported /
+  analytic over every (layer, batch) of the same class (matrix or elementwise); a model with
+  no matched layer at all (GPT-2) gets the analytic A100 model as fitted on VGG16. The
+  MatchReport lists it under `filled` and the profile's meta under `estimated_layers`.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class MatchReport:
   estimated: dict[str, list[int]] = field(default_factory=dict)  # layer -> batches (bwd guessed)
   notes: list[str] = field(default_factory=list)
   groups: list[list[str]] = field(default_factory=list)  # layers sharing one row (a block)
+  filled: list[str] = field(default_factory=list)  # not in the tables: analytic, calibrated
 
 
 @dataclass
@@ -209,6 +215,7 @@ def import_deeppool_a100(graph: LayerGraph, data_dir: str | Path | None = None, 
     from_file[node.name] = src.name
 
   unmatched = [n for n in graph.names if n not in matched]
+  filled = _fill_from_analytic(graph, layers, unmatched)
   notes = _cross_check(path, graph.model)
   for name, f in scale.items():
     if f is not None and any(v == name for v in from_file.values()):
@@ -220,10 +227,43 @@ def import_deeppool_a100(graph: LayerGraph, data_dir: str | Path | None = None, 
             "relu_bwd_factor": RELU_BWD_FACTOR, "txt_split": "1/3 fwd, 2/3 bwd",
             "block_split": "analytic (A100_VGG16_FIT roofline)", "unmatched": unmatched,
             "calibration": {k: v for k, v in scale.items() if v is not None},
-            "estimated_bwd": {n: sorted(b) for n, b in estimated.items()}})
+            "estimated_bwd": {n: sorted(b) for n, b in estimated.items()},
+            "estimated_layers": {n: FILL_METHOD for n in filled}})
   for n in estimated:
     estimated[n].sort()
-  return table, MatchReport(matched, unmatched, from_file, estimated, notes, groups)
+  return table, MatchReport(matched, unmatched, from_file, estimated, notes, groups, filled)
+
+
+FILL_METHOD = "analytic A100 (A100_VGG16_FIT) x median imported/analytic of matched layers"
+NO_MATCH_BATCHES = [2 ** i for i in range(11)]  # a model the tables lack entirely: 1..1024
+
+
+
+def _fill_from_analytic(graph: LayerGraph, layers: dict[str, dict[int, tuple[float, float]]],
+                        names: list[str]) -> list[str]:
+  """Fill `names` in `layers` from the calibrated analytic model; returns the names filled."""
+  if not names:
+    return []
+  a100 = get_device(DEVICE)
+
+  def times(name: str, b: int) -> tuple[float, float]:
+    cost = analytic.layer_cost(graph, graph.node(name), DTYPE)
+    return analytic.layer_times_ms(cost, a100, DTYPE, b, analytic.A100_VGG16_FIT)
+
+  def matrix(name: str) -> bool:
+    return graph.node(name).kind in analytic.MATRIX_KINDS
+
+  ratios: dict[bool, list[float]] = {True: [], False: []}
+  for n, rows in layers.items():
+    for b, (f, w) in rows.items():
+      predicted = sum(times(n, b))
+      if predicted > 0 and f + w > 0:
+        ratios[matrix(n)].append((f + w) / predicted)
+  batches = sorted({b for rows in layers.values() for b in rows}) or NO_MATCH_BATCHES
+  for n in names:
+    k = statistics.median(ratios[matrix(n)] or ratios[not matrix(n)] or [1.0])
+    layers[n] = {b: (times(n, b)[0] * k, times(n, b)[1] * k) for b in batches}
+  return list(names)
 
 
 def _pair_ratios(a: _Source, b: _Source) -> dict[int, list[float]]:

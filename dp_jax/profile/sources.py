@@ -38,6 +38,13 @@ def data_dir(path: str | None) -> str | None:
   return str(REPO / p) if (REPO / p).is_dir() else str(p)
 
 
+def warn_filled(model: str, filled: list[str]) -> None:
+  """One warning naming the layers the A100 tables lack (filled from the analytic model)."""
+  if filled:
+    log.warning("DeepPool A100 tables lack %d layer(s) of %s, estimated from the analytic model "
+                "calibrated on the matched rows: %s", len(filled), model, ", ".join(filled))
+
+
 def load_profile(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
                  model_cfg: Any = None) -> ProfileTable:
   """The ProfileTable the profile config names, for `graph` at per-device `batches`."""
@@ -51,9 +58,7 @@ def load_profile(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
     from dp_jax.profile.deeppool_import import import_deeppool_a100
 
     table, report = import_deeppool_a100(graph, data_dir(cfg.get("data_dir")))
-    if report.unmatched:
-      log.warning("DeepPool A100 tables lack %d layer(s) of %s: %s", len(report.unmatched),
-                  graph.model, ", ".join(report.unmatched[:10]))
+    warn_filled(graph.model, report.filled)
     if report.estimated:
       log.info("backward estimated from forward for: %s", ", ".join(report.estimated))
     return table

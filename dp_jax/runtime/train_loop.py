@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -65,10 +66,13 @@ def train(model, graph: LayerGraph, plan: Any, *, steps: int,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
           log_fn: LogFn | None = None, output_dir: str | Path | None = None,
           devices: list[jax.Device] | None = None, progress: bool = False,
-          on_stage: Callable | None = None) -> TrainResult:
+          on_stage: Callable | None = None,
+          on_start: Callable[[], None] | None = None) -> TrainResult:
   """Train `model` under `plan` until `steps` steps in total are done (see the module doc).
 
-  on_stage(stage_program, phase) is passed to every train_step (background job hook).
+  on_stage(stage_program, phase) is passed to every train_step (background job hook);
+  on_start() runs once the plan and the checkpoint folder are known to fit, before any write.
+  A non-finite loss stops training with a UserError; the last good checkpoint is kept.
   """
   if steps < 0 or checkpoint_every < 0:
     raise UserError(f"steps ({steps}) and checkpoint_every ({checkpoint_every}) must be >= 0")
@@ -88,6 +92,8 @@ def train(model, graph: LayerGraph, plan: Any, *, steps: int,
     if restored is not None:
       start, state = restored
       log.info("resumed from checkpoint step %d in %s", start, checkpoint_dir)
+  if on_start is not None:
+    on_start()
   metrics_path = None
   if output_dir is not None:
     Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -122,6 +128,11 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
       loss_value = _scalar(loss)
       ms = (time.perf_counter() - t0) * 1e3
       done = step + 1
+      if not math.isfinite(loss_value):
+        kept = manager.latest_step() if manager is not None else None
+        raise UserError(f"loss is {loss_value} at step {done}: training stopped (last good "
+                        f"checkpoint: {'none' if kept is None else f'step {kept}'}); lower "
+                        "optimizer.lr or check the data")
       metrics: dict[str, Any] = {"step": done, "loss": loss_value, "step_ms": ms,
                                  "samples_per_s": batch / ms * 1e3}
       if timer:
