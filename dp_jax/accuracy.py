@@ -37,6 +37,9 @@ class AccuracySettings:
   max_epochs: float = 40.0  # step budget: max_epochs x training examples / B
   eval_every_samples: int = 128  # test accuracy every max(1, this // B) steps
   devices: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])  # G to plan
+  # zoo models (default sizes) whose predicted step time is also reported, for a hypothetical
+  # "these steps(B), that model's step" combination
+  step_time_models: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -74,10 +77,15 @@ def sweep_of(cfg: Any, num_train: int):
                momentum=float(a.momentum))
 
 
-def predicted_steps_ms(cfg: Any) -> list[dict[str, Any]]:
-  """Per G <= B of accuracy.devices: the planner's data-parallel and burst ms per step."""
+def predicted_steps_ms(cfg: Any, model_cfg: Any = None) -> list[dict[str, Any]]:
+  """Per G <= B of accuracy.devices: the planner's data-parallel and burst ms per step of the
+  trained model (or of model_cfg)."""
+  from omegaconf import OmegaConf
+
   from dp_jax import workflow
 
+  if model_cfg is not None:
+    cfg = OmegaConf.merge(cfg, {"model": model_cfg})
   cluster = workflow.cluster_spec(cfg.cluster)
   graph = workflow.load_graph(cfg)
   b = int(cfg.batch_size)
@@ -129,6 +137,9 @@ def accuracy_task(cfg: Any, run: Run) -> dict[str, Any]:
   at_target = [noise_at(best * num_s + j) for j in reached]
   steps = convergence.median_steps(out.steps_LxS[best]) if best >= 0 else math.inf
   predicted = predicted_steps_ms(cfg)
+  what_if = {name: predicted_steps_ms(cfg, {"name": name, "image_size": None,
+                                            "num_classes": None})
+             for name in cfg.accuracy.step_time_models}
   run.log_table("predicted_step_ms", ["num_devices", "data_parallel_ms", "burst_ms"],
                 [[p["num_devices"], p["data_parallel_ms"], p["burst_ms"]] for p in predicted])
   b = sweep.batch
@@ -143,7 +154,7 @@ def accuracy_task(cfg: Any, run: Run) -> dict[str, Any]:
       "steps_run": out.steps_run, "max_steps": sweep.max_steps, "eval_every": sweep.eval_every,
       "noise_scale_init": init["b_simple"],
       "noise_scale_at_target": float(np.median(at_target)) if at_target else None,
-      "predicted": predicted}
+      "predicted": predicted, "what_if": what_if}
   print(f"{cfg.model.name} B={b}: best lr {summary['best_lr']}, median steps {summary['steps']} "
         f"({len(reached)}/{num_s} seeds reached {sweep.target:.3f}), B_simple "
         f"{init['b_simple']:.1f} at init, {summary['noise_scale_at_target']} at the target")

@@ -46,8 +46,8 @@ RESULTS = ("best_lr", "best_lr_at_grid_edge", "steps", "samples", "seeds_reached
            "noise_scale_at_target")
 FIT = ("fit_s_min", "fit_b_noise", "fit_e_min", "fit_log_rms", "fitted_steps")
 STRATEGIES = (("data_parallel", "data_parallel_ms"), ("burst", "burst_ms"))
-BY_DEVICES = ("model", "strategy", "num_devices", "global_batch", "steps", "iteration_ms",
-              "seconds_to_target", "best_for_devices")
+BY_DEVICES = ("model", "step_time_model", "strategy", "num_devices", "global_batch", "steps",
+              "iteration_ms", "seconds_to_target", "best_for_devices")
 
 
 def derive(row: Row) -> Row:
@@ -57,7 +57,7 @@ def derive(row: Row) -> Row:
   out = {"model": (cfg.get("model") or {}).get("name"), "global_batch": cfg.get("batch_size"),
          "target": (cfg.get("accuracy") or {}).get("target"), "cluster": cluster.get("name"),
          "device": cluster.get("device"), **{k: row.get(k) for k in RESULTS},
-         "predicted": row.get("predicted") or []}
+         "predicted": row.get("predicted") or [], "what_if": row.get("what_if") or {}}
   if isinstance(out["steps_per_seed"], list):
     out["steps_per_seed"] = ";".join(str(v) for v in out["steps_per_seed"])
   return out
@@ -108,24 +108,30 @@ def add_fit(rows: list[Row]) -> list[Row]:
 
 
 def by_devices(rows: Sequence[Row]) -> list[Row]:
-  """Time to the target per (model, strategy, G, B): measured steps x predicted ms per step."""
+  """Time to the target per (model, step-time model, strategy, G, B): measured steps x
+  predicted ms per step (step_time_model = model; else a hypothetical combination)."""
   out = []
   for r in report.ok(rows):
     steps = number(r["steps"])
-    for p in r["predicted"]:
-      for strategy, key in STRATEGIES:
-        ms = number(p.get(key))
-        secs = None if steps is None or ms is None else time_to_accuracy_s(steps, ms)
-        out.append({"model": r["model"], "strategy": strategy, "num_devices": p["num_devices"],
-                    "global_batch": r["global_batch"], "steps": steps, "iteration_ms": ms,
-                    "seconds_to_target": secs, "best_for_devices": False})
-  for key in dict.fromkeys((q["model"], q["strategy"], q["num_devices"]) for q in out):
-    group = [q for q in out if (q["model"], q["strategy"], q["num_devices"]) == key]
+    sources = {r["model"]: r["predicted"], **(r.get("what_if") or {})}
+    for step_model, predicted in sources.items():
+      for p in predicted:
+        for strategy, key in STRATEGIES:
+          ms = number(p.get(key))
+          secs = None if steps is None or ms is None else time_to_accuracy_s(steps, ms)
+          out.append({"model": r["model"], "step_time_model": step_model, "strategy": strategy,
+                      "num_devices": p["num_devices"], "global_batch": r["global_batch"],
+                      "steps": steps, "iteration_ms": ms, "seconds_to_target": secs,
+                      "best_for_devices": False})
+  group_of = lambda q: (q["model"], q["step_time_model"], q["strategy"], q["num_devices"])  # noqa: E731
+  for key in dict.fromkeys(group_of(q) for q in out):
+    group = [q for q in out if group_of(q) == key]
     best = best_batch({q["global_batch"]: q["seconds_to_target"] if q["seconds_to_target"]
                        is not None else math.inf for q in group})
     for q in group:
       q["best_for_devices"] = best is not None and q["global_batch"] == best[0]
-  return sorted(out, key=lambda q: (q["model"], q["strategy"], q["num_devices"],
+  return sorted(out, key=lambda q: (q["model"], q["step_time_model"] != q["model"],
+                                    q["step_time_model"], q["strategy"], q["num_devices"],
                                     q["global_batch"]))
 
 
@@ -134,49 +140,78 @@ def best_per_devices(rows: Sequence[Row]) -> list[Row]:
   return [q for q in by_devices(rows) if q["best_for_devices"]]
 
 
-def figures(rows: list[Row], out: Path) -> list[Path]:
-  """Steps vs B with the fit; time to accuracy vs G (best B per G) per strategy."""
+def steps_figure(rows: list[Row], out: Path) -> Path:
+  """Per model: steps and samples to the target vs B, measured and fitted."""
   plt = plots.pyplot()
   f = fits(rows)
   models = list(dict.fromkeys(r["model"] for r in rows))
-  fig, axes = plt.subplots(1, len(models), squeeze=False, figsize=(4.2 * len(models), 3.6))
-  for ax, model in zip(axes[0], models, strict=True):
+  fig, axes = plt.subplots(len(models), 2, squeeze=False, figsize=(8.4, 3.4 * len(models) + 0.5))
+  for (ax_s, ax_e), model in zip(axes, models, strict=True):
     bs, steps = points(rows, model)
-    ax.plot(bs, steps, "o", color="tab:blue", label="measured (median over seeds)")
-    if model in f:
-      m = f[model]
-      grid = [bs[0] * (bs[-1] / bs[0]) ** (i / 100) for i in range(101)]
-      ax.plot(grid, [m["fit"].steps(b) for b in grid], "-", color="tab:orange",
-              label=f"fit: S_min={m['s_min']:.0f}, B_noise={m['b_noise']:.0f}")
-      ax.axvline(m["b_noise"], color="tab:orange", ls=":", lw=1)
-      if m["b_simple_median"]:
-        ax.axvline(m["b_simple_median"], color="tab:green", ls="--", lw=1,
-                   label=f"measured B_simple={m['b_simple_median']:.0f}")
-    plots.log_axes(ax, x=2, y=10)
-    ax.set_title(model, fontsize=9)
-    ax.set_xlabel("global batch B", fontsize=8)
-    ax.set_ylabel("steps to the target", fontsize=8)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+    m = f.get(model)
+    grid = [bs[0] * (bs[-1] / bs[0]) ** (i / 100) for i in range(101)] if bs else []
+    for ax, scale, what in ((ax_s, lambda b: 1, "steps"), (ax_e, lambda b: b, "samples")):
+      ax.plot(bs, [s * scale(b) for b, s in zip(bs, steps, strict=True)], "o",
+              color="tab:blue", label="measured (median over seeds)")
+      if m:
+        ax.plot(grid, [m["fit"].steps(b) * scale(b) for b in grid], "-", color="tab:orange",
+                label=f"fit: S_min={m['s_min']:.0f}, B_noise={m['b_noise']:.0f}")
+        ax.axvline(m["b_noise"], color="tab:orange", ls=":", lw=1)
+        if m["b_simple_median"]:
+          ax.axvline(m["b_simple_median"], color="tab:green", ls="--", lw=1,
+                     label=f"measured B_simple={m['b_simple_median']:.0f}")
+      plots.log_axes(ax, x=2, y=10)
+      ax.set_title(f"{model}: {what} to the target", fontsize=9)
+      ax.set_xlabel("global batch B", fontsize=8)
+      ax.set_ylabel(what, fontsize=8)
+      ax.tick_params(labelsize=7, which="both")
+      ax.grid(alpha=0.3)
+    ax_s.legend(fontsize=7)
   target = next((r["target"] for r in rows), None)
-  fig.suptitle(f"steps to test accuracy {target} on the digits (measured) and McCandlish's fit",
-               fontsize=10)
+  fig.suptitle(f"digits, test accuracy {target}: measured, with McCandlish's fit", fontsize=10)
   fig.tight_layout()
-  paths = [plots.save(fig, out / "time_to_accuracy_steps.png")]
+  return plots.save(fig, out / "time_to_accuracy_steps.png")
 
-  def tta_points(r: Row):
-    """Seconds to the target of the row's strategy, labelled by strategy."""
-    return [(r["strategy"], r["seconds_to_target"])]
 
-  best = best_per_devices(rows)
-  for q in best:
-    q["panel"] = "best B per G"
-  paths.append(plots.grid(best, out / "time_to_accuracy_vs_devices.png", panel_row="panel",
-                          panel_col="model", x="num_devices", points=tta_points,
-                          xlabel="devices G", ylabel="seconds to the target (predicted)",
-                          title="time to accuracy = measured steps x predicted ms/step "
-                                "(dgx_a100, analytic), best B per G"))
-  return paths
+def devices_figure(rows: list[Row], out: Path) -> Path:
+  """Per model: seconds to the target vs G per strategy, best B (bold) and each B (thin)."""
+  plt = plots.pyplot()
+  table = by_devices(rows)
+  panels = list(dict.fromkeys((q["model"], q["step_time_model"]) for q in table))
+  fig, axes = plt.subplots(1, max(1, len(panels)), squeeze=False,
+                           figsize=(6.4 * max(1, len(panels)), 4.4))
+  colors = {"data_parallel": "tab:orange", "burst": "tab:blue"}
+  for ax, (model, step_model) in zip(axes[0], panels, strict=False):
+    for strategy, color in colors.items():
+      sub = [q for q in table if (q["model"], q["step_time_model"]) == (model, step_model) and
+             q["strategy"] == strategy and q["seconds_to_target"] is not None]
+      for b in sorted({q["global_batch"] for q in sub}):
+        pts = sorted((q["num_devices"], q["seconds_to_target"]) for q in sub
+                     if q["global_batch"] == b)
+        ax.plot(*zip(*pts, strict=True), color=color, lw=0.6, alpha=0.5,
+                ls="--" if strategy == "data_parallel" else "-")
+      best = sorted((q["num_devices"], q["seconds_to_target"]) for q in sub
+                    if q["best_for_devices"])
+      if best:
+        ax.plot(*zip(*best, strict=True), color=color, lw=2, marker="o", ms=4,
+                label=f"{strategy}, best B per G")
+    plots.log_axes(ax, x=2, y=10)
+    ax.set_title(f"{model} steps x {model} step time" if step_model == model else
+                 f"hypothetical: {model} steps x {step_model} step time", fontsize=9)
+    ax.set_xlabel("devices G", fontsize=8)
+    ax.set_ylabel("seconds to the target", fontsize=8)
+    ax.tick_params(labelsize=7, which="both")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle("time to accuracy = measured steps x predicted ms per step (dgx_a100); thin "
+               "lines: one per B", fontsize=10)
+  fig.tight_layout()
+  return plots.save(fig, out / "time_to_accuracy_vs_devices.png")
+
+
+def figures(rows: list[Row], out: Path) -> list[Path]:
+  """Steps vs B with the fit; time to accuracy vs G per strategy."""
+  return [steps_figure(rows, out), devices_figure(rows, out)]
 
 
 def fit_table(rows: Sequence[Row]) -> str:
@@ -203,21 +238,32 @@ def headline(rows: list[Row]) -> str:
       ["model", "B", "best lr", "lr at grid edge", "median steps", "samples", "seeds reached",
        "steps per seed (-1: not reached)", "fitted steps", "B_simple at target"])
   best = best_per_devices(rows)
-  gs = sorted({q["num_devices"] for q in best})
-  lines = ["| model | strategy | " + " | ".join(f"G={g}" for g in gs) + " |",
-           "|---|---|" + "---|" * len(gs)]
-  for key in dict.fromkeys((q["model"], q["strategy"]) for q in best):
-    cells = []
-    for g in gs:
-      q = next((q for q in best if (q["model"], q["strategy"], q["num_devices"]) == (*key, g)),
-               None)
-      cells.append("-" if q is None else
-                   f"{q['seconds_to_target'] * 1e3:.1f} ms @B={q['global_batch']}")
-    lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
-  return ("### Steps to the target per B (measured)\n\n" + steps +
+  real = [q for q in best if q["step_time_model"] == q["model"]]
+  what_if = [q for q in best if q["step_time_model"] != q["model"]]
+  text = ("### Steps to the target per B (measured)\n\n" + steps +
           "\n### McCandlish fit vs the measured simple noise scale\n\n" + fit_table(rows) +
           "\n### Time to the target at each G, best B (measured steps x predicted ms/step)\n\n" +
-          "\n".join(lines) + "\n")
+          best_table(real))
+  if what_if:
+    text += ("\n### Hypothetical: these steps x another model's predicted ms/step, best B per G"
+             "\n\n" + best_table(what_if))
+  return text
+
+
+def best_table(best: Sequence[Row]) -> str:
+  """Markdown: seconds (ms) to the target at the best B, per (model, step model, strategy) x G."""
+  gs = sorted({q["num_devices"] for q in best})
+  lines = ["| steps of | step time of | strategy | " + " | ".join(f"G={g}" for g in gs) + " |",
+           "|---|---|---|" + "---|" * len(gs)]
+  for key in dict.fromkeys((q["model"], q["step_time_model"], q["strategy"]) for q in best):
+    cells = []
+    for g in gs:
+      q = next((q for q in best if (q["model"], q["step_time_model"], q["strategy"],
+                                    q["num_devices"]) == (*key, g)), None)
+      cells.append("-" if q is None else
+                   f"{q['seconds_to_target'] * 1e3:.1f} ms @B={q['global_batch']}")
+    lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
 
 
 STUDY = Study(name="time_to_accuracy", app="accuracy", doc=__doc__,
