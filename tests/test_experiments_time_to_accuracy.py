@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from apps import REPO, assert_one_line_error, run_app
+from apps import REPO
 
 from experiments import studies
 from experiments import time_to_accuracy as tta
@@ -104,8 +104,3 @@ def test_fit_columns_and_the_fit_table():
   assert all(r["fit_b_noise"] == pytest.approx(100, rel=1e-3) for r in out)
   assert out[0]["fitted_steps"] == pytest.approx(30 * (1 + 100 / 8), rel=1e-3)
   assert "| m | 30.0 | 100.0 |" in tta.fit_table(rows) and "| 2.00 |" in tta.fit_table(rows)
-
-
-def test_the_app_rejects_a_model_that_is_not_a_digits_model(tmp_path):
-  result = run_app("accuracy", "model=vgg16", "logger=disabled", cwd=tmp_path)
-  assert_one_line_error(result, "model 'vgg16' is not a digits model")
