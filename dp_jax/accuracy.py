@@ -79,7 +79,7 @@ def sweep_of(cfg: Any, num_train: int):
 
 def predicted_steps_ms(cfg: Any, model_cfg: Any = None) -> list[dict[str, Any]]:
   """Per G <= B of accuracy.devices: the planner's data-parallel and burst ms per step of the
-  trained model (or of model_cfg)."""
+  trained model (or of model_cfg); None, with the planner's reason, where no plan fits."""
   from omegaconf import OmegaConf
 
   from dp_jax import workflow
@@ -95,9 +95,13 @@ def predicted_steps_ms(cfg: Any, model_cfg: Any = None) -> list[dict[str, Any]]:
     if g > b:
       continue
     cluster.with_num_devices(g)  # validates G against the pod
-    plan = workflow.make_plan_from_config(cfg.planner, graph, profile, cluster, num_devices=g,
-                                          global_batch=b)
-    p = plan.predicted
+    try:
+      p = workflow.make_plan_from_config(cfg.planner, graph, profile, cluster, num_devices=g,
+                                         global_batch=b).predicted
+    except UserError as e:  # e.g. no plan fits the devices' memory: this (B, G) is infeasible
+      out.append({"num_devices": g, "data_parallel_ms": None, "burst_ms": None,
+                  "infeasible": str(e)})
+      continue
     out.append({"num_devices": g, "data_parallel_ms": p["data_parallel_iteration_ms"],
                 "burst_ms": p["iteration_ms"]})
   return out

@@ -57,3 +57,17 @@ def test_the_planner_prices_the_digits_models_like_any_zoo_model(model):
   assert rows[0]["data_parallel_ms"] == pytest.approx(rows[0]["burst_ms"])
   assert all(0 < r["burst_ms"] <= r["data_parallel_ms"] * (1 + 1e-9) for r in rows)
   assert rows[-1]["data_parallel_ms"] > rows[0]["data_parallel_ms"]  # all-reduce across nodes
+
+
+def test_a_device_count_without_a_plan_is_recorded_not_raised():
+  from dp_jax.accuracy import predicted_steps_ms
+
+  conf = REPO / "conf"
+  cfg = OmegaConf.create({
+      "model": {"name": "vgg16"}, "cluster": OmegaConf.load(conf / "cluster" / "dgx_a100.yaml"),
+      "planner": OmegaConf.load(conf / "planner" / "burst.yaml"),
+      "profile": OmegaConf.load(conf / "profile" / "analytic.yaml"),
+      "batch_size": 512, "accuracy": {"devices": [1, 64]}})
+  first, last = predicted_steps_ms(cfg)
+  assert first["burst_ms"] is None and "40 GB" in first["infeasible"]  # 512 images on one A100
+  assert last["burst_ms"] > 0
