@@ -107,12 +107,30 @@ def predicted_steps_ms(cfg: Any, model_cfg: Any = None) -> list[dict[str, Any]]:
   return out
 
 
+def noise_scales(cfg: Any, data, sweep, out, best: int) -> tuple[float, list[float]]:
+  """B_simple at initialisation (first seed) and where each seed of the best lr reached the
+  target, both over the training set."""
+  import jax
+  from flax import nnx
+
+  from dp_jax import zoo
+  from dp_jax.noise_scale import noise_scale_fn
+
+  x, y = data.x_train_Nx8x8x1, data.y_train_N
+  scale = noise_scale_fn(out.graphdef)
+  init = scale(nnx.state(zoo.build(cfg.model, seed=sweep.seeds[0]), nnx.Param), x, y)
+  num_s = len(sweep.seeds)
+  reached = [] if best < 0 else [j for j in range(num_s) if out.steps_LxS[best, j] >= 0]
+  at_target = [scale(jax.tree.map(lambda p, r=best * num_s + j: p[r], out.params_at_target_R),
+                     x, y)["b_simple"] for j in reached]
+  return init["b_simple"], at_target
+
+
 def accuracy_task(cfg: Any, run: Run) -> dict[str, Any]:
   """Train the grid, pick the best learning rate, measure noise scales, predict step times."""
   import numpy as np
 
   from dp_jax import convergence, digits, zoo
-  from dp_jax.noise_scale import noise_scale_fn
 
   if cfg.model.name not in ("digits_cnn", "digits_mlp"):
     raise UserError(f"the accuracy app trains on the 8x8 digits; model '{cfg.model.name}' is "
@@ -121,24 +139,10 @@ def accuracy_task(cfg: Any, run: Run) -> dict[str, Any]:
   sweep = sweep_of(cfg, len(data.y_train_N))
   out = convergence.train_to_target(lambda s: zoo.build(cfg.model, seed=s), data, sweep)
   best = convergence.best_lr(out.steps_LxS)
-  num_s = len(sweep.seeds)
-  rows = [[lr, s, int(out.steps_LxS[i, j])] for i, lr in enumerate(sweep.lrs)
-          for j, s in enumerate(sweep.seeds)]
-  run.log_table("steps_per_lr_seed", ["lr", "seed", "steps_to_target"], rows)
-  x, y = data.x_train_Nx8x8x1, data.y_train_N
-  noise_scale = noise_scale_fn(out.graphdef)
-
-  def noise_at(run_index: int) -> float:
-    import jax
-
-    params = jax.tree.map(lambda p: p[run_index], out.params_at_target_R)
-    return noise_scale(params, x, y)["b_simple"]
-
-  from flax import nnx
-
-  init = noise_scale(nnx.state(zoo.build(cfg.model, seed=sweep.seeds[0]), nnx.Param), x, y)
-  reached = [] if best < 0 else [j for j in range(num_s) if out.steps_LxS[best, j] >= 0]
-  at_target = [noise_at(best * num_s + j) for j in reached]
+  run.log_table("steps_per_lr_seed", ["lr", "seed", "steps_to_target"],
+                [[lr, s, int(out.steps_LxS[i, j])] for i, lr in enumerate(sweep.lrs)
+                 for j, s in enumerate(sweep.seeds)])
+  init, at_target = noise_scales(cfg, data, sweep, out, best)
   steps = convergence.median_steps(out.steps_LxS[best]) if best >= 0 else math.inf
   predicted = predicted_steps_ms(cfg)
   what_if = {name: predicted_steps_ms(cfg, {"name": name, "image_size": None,
@@ -153,15 +157,15 @@ def accuracy_task(cfg: Any, run: Run) -> dict[str, Any]:
       "best_lr_at_grid_edge": best in (0, len(sweep.lrs) - 1),
       "steps": steps if math.isfinite(steps) else None,
       "samples": steps * b if math.isfinite(steps) else None,
-      "seeds_reached": len(reached), "seeds": num_s,
+      "seeds_reached": len(at_target), "seeds": len(sweep.seeds),
       "steps_per_seed": [int(v) for v in out.steps_LxS[best]] if best >= 0 else [],
       "steps_run": out.steps_run, "max_steps": sweep.max_steps, "eval_every": sweep.eval_every,
-      "noise_scale_init": init["b_simple"],
+      "noise_scale_init": init,
       "noise_scale_at_target": float(np.median(at_target)) if at_target else None,
       "predicted": predicted, "what_if": what_if}
   print(f"{cfg.model.name} B={b}: best lr {summary['best_lr']}, median steps {summary['steps']} "
-        f"({len(reached)}/{num_s} seeds reached {sweep.target:.3f}), B_simple "
-        f"{init['b_simple']:.1f} at init, {summary['noise_scale_at_target']} at the target")
+        f"({len(at_target)}/{len(sweep.seeds)} seeds reached {sweep.target:.3f}), B_simple "
+        f"{init:.1f} at init, {summary['noise_scale_at_target']} at the target")
   return summary
 
 
