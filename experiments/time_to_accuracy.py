@@ -240,7 +240,8 @@ def headline(rows: list[Row]) -> str:
       rows, ["model", "global_batch", "best_lr", "best_lr_at_grid_edge", "steps", "samples",
              "seeds_reached", "steps_per_seed", "fitted_steps", "noise_scale_at_target"],
       ["model", "B", "best lr", "lr at grid edge", "median steps", "samples", "seeds reached",
-       "steps per seed (-1: not reached)", "fitted steps", "B_simple at target"])
+       "steps per seed (-1: not reached when training stopped)", "fitted steps",
+       "B_simple at target"])
   best = best_per_devices(rows)
   real = [q for q in best if q["step_time_model"] == q["model"]]
   what_if = [q for q in best if q["step_time_model"] != q["model"]]
