@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run a study's Hydra multirun and aggregate it into CSV, PNG figures and a markdown table.
 #   scripts/reproduce.sh <study> [--quick] [--out DIR] [--sweep DIR] [extra Hydra overrides...]
-# Studies: strong_scaling amplification cluster_throughput network runtime (experiments/<study>.py).
+# Studies: strong_scaling amplification cluster_throughput network runtime time_to_accuracy
+# (experiments/<study>.py).
 # --quick runs conf/experiment/<study>_quick.yaml (a reduced grid). Outputs: --out, default
 # results/<study>/ for a full study and results/local/<study>_quick/ for --quick. The sweep
 # itself goes to --sweep, default multirun/<overlay>/<timestamp>/ (one folder per cell:

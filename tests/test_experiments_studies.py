@@ -8,7 +8,8 @@ from experiments import studies
 
 @pytest.mark.parametrize("name, app", [("strong_scaling", "plan"), ("amplification", "plan"),
                                        ("cluster_throughput", "simulate"),
-                                       ("network", "simulate"), ("runtime", "train")])
+                                       ("network", "simulate"), ("runtime", "train"),
+                                       ("time_to_accuracy", "accuracy")])
 def test_each_study_names_its_app_and_columns(name, app):
   s = studies.study(name)
   assert s.name == name and s.app == app

@@ -16,6 +16,8 @@ SMALL = {  # the smallest sizes each family supports, so the tests stay fast
     "resnet50": dict(image_size=32, num_classes=10),
     "inception_v3": dict(image_size=75, num_classes=10),
     "gpt2_small": dict(n_layer=2, d_model=64, n_head=4, seq_len=16, vocab_size=101),
+    "digits_cnn": dict(),
+    "digits_mlp": dict(),
 }
 
 
@@ -161,7 +163,8 @@ def test_dtype_option_sets_param_dtype():
 
 def test_model_names():
   assert set(MODEL_NAMES) == {"vgg16", "resnet50", "wide_resnet50_2", "wide_resnet101_2",
-                              "inception_v3", "gpt2_small", "gpt2_medium"}
+                              "inception_v3", "gpt2_small", "gpt2_medium", "digits_cnn",
+                              "digits_mlp"}
 
 
 def test_unknown_model_lists_valid_names():
@@ -169,7 +172,20 @@ def test_unknown_model_lists_valid_names():
     build_model("resnet18")
 
 
+def test_digits_models_read_one_channel_8x8_and_predict_ten_classes():
+  for name in ("digits_cnn", "digits_mlp"):
+    model = small(name)
+    assert model.input_spec(3) == jax.ShapeDtypeStruct((3, 8, 8, 1), jnp.float32)
+    assert jax.eval_shape(model, model.input_spec(3)).shape == (3, 10)
+  kinds = [s.kind for s in small("digits_cnn").layer_specs()]
+  assert kinds == ["conv2d", "maxpool", "conv2d", "maxpool", "flatten", "linear", "relu", "linear"]
+  assert [s.kind for s in small("digits_mlp").layer_specs()] == [
+      "flatten", "linear", "relu", "linear", "relu", "linear"]
+
+
 @pytest.mark.parametrize("name,kw,match", [
+    ("digits_cnn", dict(image_size=2), "too small for digits_cnn; use at least 4"),
+    ("digits_mlp", dict(seq_len=8), "seq_len do not apply to model digits_mlp"),
     ("vgg16", dict(image_size=16), "too small for vgg16; use at least 32"),
     ("inception_v3", dict(image_size=74), "use at least 75"),
     ("resnet50", dict(image_size=0), "image_size=0 .* positive integer"),

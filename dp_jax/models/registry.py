@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dp_jax.errors import UserError
-from dp_jax.models import gpt2, inception, resnet, vgg
+from dp_jax.models import digits, gpt2, inception, resnet, vgg
 from dp_jax.models.base import GraphModel
 
 _IMAGE = {  # name -> (constructor(**kw), default image size, minimum image size)
@@ -20,7 +20,10 @@ _IMAGE = {  # name -> (constructor(**kw), default image size, minimum image size
     "wide_resnet101_2": (lambda **kw: resnet.ResNet((3, 4, 23, 3), width_per_group=128, **kw),
                          224, resnet.MIN_IMAGE_SIZE),
     "inception_v3": (lambda **kw: inception.InceptionV3(**kw), 299, inception.MIN_IMAGE_SIZE),
+    "digits_cnn": (lambda **kw: digits.DigitsCNN(**kw), 8, digits.MIN_IMAGE_SIZE),
+    "digits_mlp": (lambda **kw: digits.DigitsMLP(**kw), 8, 1),
 }
+_CLASSES = {"digits_cnn": 10, "digits_mlp": 10}  # default num_classes where not ImageNet's 1000
 _TEXT_DEFAULTS = {"seq_len": 1024, "vocab_size": 50257}
 MODEL_NAMES: tuple[str, ...] = tuple(_IMAGE) + tuple(gpt2.PRESETS)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -68,7 +71,7 @@ def _positive(name: str, option: str, value: Any) -> int:
 def _image_builder(name: str, opts: dict[str, Any]) -> Callable[..., GraphModel]:
   ctor, default_size, min_size = _IMAGE[name]
   size = opts["image_size"] if opts["image_size"] is not None else default_size
-  classes = opts["num_classes"] if opts["num_classes"] is not None else 1000
+  classes = opts["num_classes"] if opts["num_classes"] is not None else _CLASSES.get(name, 1000)
   size, classes = _positive(name, "image_size", size), _positive(name, "num_classes", classes)
   if size < min_size:
     raise UserError(f"image_size={size} is too small for {name}; use at least {min_size}")
