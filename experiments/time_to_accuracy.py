@@ -31,7 +31,6 @@ G grows while data parallelism must raise B past it (more samples) once it leave
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from pathlib import Path
 from dp_jax import aggregate
 from dp_jax.batch_scaling import best_batch, fit_steps, leave_one_out, time_to_accuracy_s
 from dp_jax.errors import UserError
+from dp_jax.jsonfile import write_json
 from experiments import plots, report
 from experiments.fields import number
 from experiments.report import Row, Study
@@ -312,8 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   paths["devices csv"] = aggregate.write_csv(
       by_devices(rows), Path(args.out) / "time_to_accuracy_by_devices.csv", BY_DEVICES)
   fit_path = Path(args.out) / "time_to_accuracy_fit.json"
-  fit_path.write_text(json.dumps({m: {k: v for k, v in f.items() if k != "fit"}
-                                  for m, f in fits(rows).items()}, indent=1))
+  write_json(fit_path, {m: {k: v for k, v in f.items() if k != "fit"}
+                        for m, f in fits(rows).items()})
   paths["fit"] = fit_path
   track_fit(Path(args.sweep_dir), raw)
   print(f"{STUDY.name}: {prov['cells']} cells, {prov['ok']} ok, {prov['failed']} failed "
