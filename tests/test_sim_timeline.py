@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from sim_helpers import INF, cluster, graph, plan, profile
 
-from dp_jax.planner.costs import link_of, move_ms, ring_bandwidth_ms, ring_latency_ms, stage_sync_ms
+from dp_jax.cluster import collective_latency_ms
+from dp_jax.planner.costs import allreduce_volume_ms, move_ms, stage_sync_ms
 from dp_jax.planner.evaluate import data_parallel_assignment, evaluate
 from dp_jax.sim.engine import cost_model_for
 from dp_jax.sim.segments import Move, Stage, segments
@@ -37,11 +38,11 @@ def _two_pass(model, a, segs):
   for s in segs:
     if isinstance(s, Stage):
       st, c = s.placement
-      bw, lat = link_of(model.cluster, st, st + c - 1)
       bwd = [model.timing(n, c)[1] for n in s.layers]
       f += sum(model.timing(n, c)[0] for n in s.layers) - sum(bwd)
-      band = [float(ring_bandwidth_ms(model.grad_bytes[model.row[n]], c, bw)) for n in s.layers]
-      w += sum(bwd) + stage_sync_ms(band, bwd, float(ring_latency_ms(c, lat)),
+      band = [float(allreduce_volume_ms(model.cluster, model.grad_bytes[model.row[n]], st, c))
+              for n in s.layers]
+      w += sum(bwd) + stage_sync_ms(band, bwd, float(collective_latency_ms(model.cluster, st, c)),
                                     model.options.overlap_allreduce)
     elif isinstance(s, Move):
       (s0, g0), (s1, g1) = a[s.src], a[s.dst]

@@ -7,41 +7,34 @@ array versions broadcast over numpy arrays so the search can price every count a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from dp_jax.cluster import BYTES_PER_MS_PER_GBPS, ClusterSpec
+from dp_jax.cluster import (
+  ClusterSpec,
+  bus_bandwidth_GBps,
+  collective_latency_ms,
+  p2p_link,
+  volume_ms,
+)
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
 from dp_jax.planner.options import PlanOptions, candidate_counts
+from dp_jax.profile.devices import DTYPE_BYTES, canonical_dtype
 from dp_jax.profile.table import MissingProfileError, ProfileTable
 
 Placement = tuple[int, int]  # (first device, number of devices)
 
 
-# --- links -----------------------------------------------------------------------------------
+# --- collectives ------------------------------------------------------------------------------
 
 
-def link_of(cluster: ClusterSpec, first, last):
-  """(bandwidth GB/s, latency us) for device ranges [first, last]: intra-node iff one node."""
-  dpn = cluster.devices_per_node
-  intra = np.asarray(first) // dpn == np.asarray(last) // dpn
-  bw = np.where(intra, cluster.intra_node_bandwidth_GBps, cluster.inter_node_bandwidth_GBps)
-  lat = np.where(intra, cluster.intra_node_latency_us, cluster.inter_node_latency_us)
-  return bw, lat
-
-
-def ring_bandwidth_ms(nbytes, count, bandwidth_GBps):
-  """Bandwidth part of a ring all-reduce: 2(g-1)/g x bytes / bandwidth (0 on one device)."""
-  count = np.asarray(count, dtype=float)
-  return 2.0 * (count - 1) / count * np.asarray(nbytes) / (bandwidth_GBps * BYTES_PER_MS_PER_GBPS)
-
-
-def ring_latency_ms(count, latency_us):
-  """Latency part of a ring all-reduce: 2(g-1) steps of the link latency (0 on one device)."""
-  return 2.0 * (np.asarray(count, dtype=float) - 1) * latency_us / 1000.0
+def allreduce_volume_ms(cluster: ClusterSpec, nbytes, start, count):
+  """Bandwidth part of an all-reduce over devices [start, start + count) (dp_jax/cluster.py)."""
+  return volume_ms(nbytes, count, bus_bandwidth_GBps(cluster, start, count))
 
 
 def stage_sync_ms(bandwidth_ms: Sequence[float], bwd_ms: Sequence[float], latency_ms: float,
@@ -105,8 +98,8 @@ def move_parts(cluster: ClusterSpec, batch: int, src_start, src_count, dst_start
   samples = busiest_samples(batch, src_start, src_count, dst_start, dst_count)
   first = np.minimum(src_start, dst_start)
   last = np.maximum(np.asarray(src_start) + src_count, np.asarray(dst_start) + dst_count) - 1
-  bw, lat = link_of(cluster, first, last)
-  return samples, bw * BYTES_PER_MS_PER_GBPS, lat / 1000.0
+  bw, lat = p2p_link(cluster, first, last)
+  return samples, bw, lat
 
 
 def move_from_parts(parts, bytes_per_sample):
@@ -173,14 +166,39 @@ class CostModel:
     hit = self._cache.get(key)
     if hit is None:
       start, count = p
-      bw, lat = link_of(self.cluster, start, start + count - 1)
-      band = [float(ring_bandwidth_ms(self.grad_bytes[self.row[n]], count, bw)) for n in layers]
+      band = [float(allreduce_volume_ms(self.cluster, self.grad_bytes[self.row[n]], start, count))
+              for n in layers]
       bwd = [self.timing(n, count)[1] for n in layers]
       compute = float(sum(self.timing(n, count)[0] for n in layers))
-      sync = stage_sync_ms(band, bwd, float(ring_latency_ms(count, lat)),
+      sync = stage_sync_ms(band, bwd, float(collective_latency_ms(self.cluster, start, count)),
                            self.options.overlap_allreduce)
       hit = self._cache[key] = (compute, float(sync))
     return hit
+
+
+def element_bytes(dtype: str) -> int | None:
+  """Bytes of one activation element in a profile's dtype (mixed precision: the half type)."""
+  try:
+    return DTYPE_BYTES[canonical_dtype(dtype)]
+  except UserError:
+    return None
+
+
+def moved_bytes_per_sample(graph: LayerGraph, profile: ProfileTable) -> np.ndarray:
+  """(L,) bytes per sample of each layer's output in the profile's dtype (what a move sends).
+
+  The graph records them in its traced dtype; a profile measured in mixed fp16 (the A100
+  tables) moves 2-byte activations, a float32 one 4-byte. An unknown dtype keeps the graph's.
+  """
+  size = element_bytes(profile.dtype)
+  out = []
+  for n in graph.nodes:
+    numel = math.prod(n.out_shape) if n.out_shape else 0
+    if size is None or not numel or not n.out_bytes_per_sample:
+      out.append(float(n.out_bytes_per_sample))
+    else:
+      out.append(float(n.out_bytes_per_sample) / (n.out_bytes_per_sample / numel) * size)
+  return np.array(out, dtype=float)
 
 
 def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
@@ -215,7 +233,7 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
       graph=graph, profile=profile, cluster=cluster, options=options, counts=counts,
       names=names, row={n: i for i, n in enumerate(names)}, compute_ms=comp, bwd_ms=bwd,
       grad_bytes=params * options.grad_bytes_per_param,
-      out_bytes=np.array([n.out_bytes_per_sample for n in graph.nodes], dtype=float),
+      out_bytes=moved_bytes_per_sample(graph, profile),
       state_bytes=param_bytes + params * (options.grad_bytes_per_param
                                           + options.optimizer_bytes_per_param),
       interpolated=frozenset(interpolated))

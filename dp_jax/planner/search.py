@@ -26,15 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dp_jax.cluster import class_bus_GBps, class_latency_ms, link_class, volume_ms
 from dp_jax.graph import Chain, Parallel
-from dp_jax.planner.costs import (
-  CostModel,
-  Placement,
-  move_from_parts,
-  move_parts,
-  ring_bandwidth_ms,
-  ring_latency_ms,
-)
+from dp_jax.planner.costs import CostModel, Placement, move_from_parts, move_parts
 from dp_jax.planner.structure import flat_layers, last_layer
 
 INF = np.inf
@@ -50,9 +44,9 @@ class _Tables:
   allowed: np.ndarray
   compute: np.ndarray
   bwd: np.ndarray
-  band: np.ndarray  # (2, L, C) all-reduce bandwidth term, intra-node [0] / inter-node [1] link
-  lat: np.ndarray  # (2, C) all-reduce latency term per link kind
-  link0: np.ndarray  # (C,) link kind of prefix [0, count)
+  band: np.ndarray  # (K, L, C) all-reduce bandwidth term per link class (cluster.link_class)
+  lat: np.ndarray  # (K, C) all-reduce latency term per link class
+  link0: np.ndarray  # (C,) link class of prefix [0, count)
   has_params: np.ndarray
   edges: dict = field(default_factory=dict)
   lanes: tuple | None = None
@@ -83,19 +77,13 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
   """Tables for one search; `penalty_ms` (L, C) is added to compute (memory repair only)."""
   k = model.counts
   cl = model.cluster
-  band = np.stack([ring_bandwidth_ms(model.grad_bytes[:, None], k[None, :], bw)
-                   for bw in (cl.intra_node_bandwidth_GBps, cl.inter_node_bandwidth_GBps)])
-  lat = np.stack([ring_latency_ms(k, x) for x in (cl.intra_node_latency_us,
-                                                  cl.inter_node_latency_us)])
+  band = np.stack([volume_ms(model.grad_bytes[:, None], k[None, :], bw)
+                   for bw in class_bus_GBps(cl)])
+  lat = class_latency_ms(cl, k)
   compute = model.compute_ms if penalty_ms is None else model.compute_ms + penalty_ms
   return _Tables(model=model, counts=k, budget=model.options.num_devices, allowed=allowed,
                  compute=compute, bwd=model.bwd_ms, band=band, lat=lat,
-                 link0=_link_kind(cl.devices_per_node, 0, k),
-                 has_params=model.grad_bytes > 0)
-
-
-def _link_kind(dpn: int, start, count):
-  return (np.asarray(start) // dpn != (np.asarray(start) + count - 1) // dpn).astype(np.int64)
+                 link0=link_class(cl, 0, k), has_params=model.grad_bytes > 0)
 
 
 def _run_sync(t: _Tables, rows: np.ndarray, kind) -> np.ndarray:
@@ -207,7 +195,7 @@ class _Lane:
   names: tuple
   first_bytes: float  # bytes per sample the fork sends into the branch
   last_bytes: float  # bytes per sample the branch's last layer sends to the join
-  body: np.ndarray  # (2, C): the whole branch as one stage, per link kind and count
+  body: np.ndarray  # (K, C): the whole branch as one stage, per link class and count
 
 
 @dataclass
@@ -223,7 +211,7 @@ def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
   names = tuple(flat_layers(branch))
   rows = np.array([t.model.row[n] for n in names], dtype=np.int64)
   compute = t.compute[rows].sum(axis=0)
-  body = np.stack([compute + _run_sync(t, rows, kind) for kind in (0, 1)])
+  body = np.stack([compute + _run_sync(t, rows, kind) for kind in range(len(t.band))])
   body[:, ~t.allowed[rows].all(axis=0)] = INF
   return _Lane(rows, names, float(t.model.out_bytes[fork_row]),
                float(t.model.out_bytes[t.model.row[last_layer(branch)]]), body)
@@ -260,7 +248,7 @@ def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track:
   Partial layouts already at or above `bound` are dropped (the caller keeps the other mode
   there). With track (one fork and one join count), also returns each lane's (start, count).
   """
-  k, dpn, budget = t.counts, t.model.cluster.devices_per_node, t.budget
+  k, budget = t.counts, t.budget
   moves_in, moves_out = t.lane_moves()
   shifts = np.array([0], dtype=np.int64)
   worst = np.zeros((1, len(fsel), len(jsel)))
@@ -283,7 +271,7 @@ def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track:
       into = move_from_parts([x[s, c][:, fsel] for x in moves_in], lane.first_bytes)
       out = move_from_parts([x[s, c][:, jsel] for x in moves_out], lane.last_bytes)
       cand = into[:, :, None] + out[:, None, :]
-      cand += lane.body[_link_kind(dpn, s, k[c]), c][:, None, None]
+      cand += lane.body[link_class(t.model.cluster, s, k[c]), c][:, None, None]
       np.maximum(cand, worst[:n], out=cand)
       if last:
         low = cand.min(axis=0)

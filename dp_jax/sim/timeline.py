@@ -19,15 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dp_jax.cluster import collective_latency_ms
 from dp_jax.errors import UserError
-from dp_jax.planner.costs import (
-  CostModel,
-  Placement,
-  link_of,
-  move_ms,
-  ring_bandwidth_ms,
-  ring_latency_ms,
-)
+from dp_jax.planner.costs import CostModel, Placement, allreduce_volume_ms, move_ms
 from dp_jax.sim.segments import Block, Move, Segment, Stage, segments
 
 STREAMS = ("compute", "comm")
@@ -183,9 +177,9 @@ class _Builder:
 
   def stage_backward(self, st: Stage, after: tuple[int, ...]) -> tuple[int, ...]:
     start, count = st.placement
-    bw, lat = link_of(self.m.cluster, start, start + count - 1)
     span = [st.placement]
-    band = {n: float(ring_bandwidth_ms(self.m.grad_bytes[self.m.row[n]], count, bw))
+    band = {n: float(allreduce_volume_ms(self.m.cluster, self.m.grad_bytes[self.m.row[n]], start,
+                                         count))
             for n in st.layers}
     overlap = self.m.options.overlap_allreduce
     comm: tuple[int, ...] = ()
@@ -197,7 +191,7 @@ class _Builder:
                         tuple(dict.fromkeys(after + comm)), st.index)
     if not any(v > 0 for v in band.values()):
       return after
-    latency = float(ring_latency_ms(count, lat))
+    latency = float(collective_latency_ms(self.m.cluster, start, count))
     label = f"all-reduce stage {st.index}"
     if overlap:
       done = self.add(span, "comm", "allreduce", f"{label} latency", latency,
