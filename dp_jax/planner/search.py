@@ -195,7 +195,8 @@ class _Lane:
   names: tuple
   first_bytes: float  # bytes per sample the fork sends into the branch
   last_bytes: float  # bytes per sample the branch's last layer sends to the join
-  body: np.ndarray  # (K, C): the whole branch as one stage, per link class and count
+  fwd: np.ndarray  # (C,): the whole branch as one stage, forward, per count
+  bwd: np.ndarray  # (K, C): its backward plus exposed all-reduce, per link class and count
 
 
 @dataclass
@@ -210,11 +211,14 @@ class _BlockSol:
 def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
   names = tuple(flat_layers(branch))
   rows = np.array([t.model.row[n] for n in names], dtype=np.int64)
-  compute = t.compute[rows].sum(axis=0)
-  body = np.stack([compute + _run_sync(t, rows, kind) for kind in range(len(t.band))])
-  body[:, ~t.allowed[rows].all(axis=0)] = INF
+  bwd = t.bwd[rows].sum(axis=0)
+  fwd = t.compute[rows].sum(axis=0) - bwd
+  back = np.stack([bwd + _run_sync(t, rows, kind) for kind in range(len(t.band))])
+  bad = ~t.allowed[rows].all(axis=0)
+  fwd[bad] = INF
+  back[:, bad] = INF
   return _Lane(rows, names, float(t.model.out_bytes[fork_row]),
-               float(t.model.out_bytes[t.model.row[last_layer(branch)]]), body)
+               float(t.model.out_bytes[t.model.row[last_layer(branch)]]), fwd, back)
 
 
 def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
@@ -243,26 +247,32 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
 
 def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track: bool = False,
              bound: np.ndarray | None = None):
-  """Min over lane layouts of the max lane time, per (fork count, join count).
+  """Lane layouts priced as evaluate() prices a block, per (fork count, join count).
 
-  Partial layouts already at or above `bound` are dropped (the caller keeps the other mode
-  there). With track (one fork and one join count), also returns each lane's (start, count).
+  A layout costs (sum of the fork's sends and the join's receives) + max over lanes of
+  their forward + max over lanes of their backward (evaluate()'s block). Lanes are placed in
+  branch order; the state is the devices used so far, and for each state the partial layout
+  with the least partial cost is kept (partial costs only grow as lanes are added; exact for
+  two lanes, a heuristic for more). Partial layouts already at or above `bound` are dropped
+  (the caller keeps the other mode there). With track (one fork and one join count), also
+  returns each lane's (start, count).
   """
   k, budget = t.counts, t.budget
   moves_in, moves_out = t.lane_moves()
   shifts = np.array([0], dtype=np.int64)
-  worst = np.zeros((1, len(fsel), len(jsel)))
-  best = np.full((len(fsel), len(jsel)), INF)
+  shape = (len(fsel), len(jsel))
+  state = [np.zeros((1, *shape)) for _ in range(3)]  # moves, forward max, backward max
+  best = np.full(shape, INF)
   best_at, history = (-1, -1), []
   for li, lane in enumerate(lanes):
     last = li == len(lanes) - 1
     later = len(lanes) - 1 - li  # every later lane needs at least one device
     if not last:
-      table = np.full((budget + 1, len(fsel), len(jsel)), INF)
+      table = [np.full((budget + 1, *shape), INF) for _ in range(4)]  # total, moves, fwd, bwd
       from_s = np.full(budget + 1, -1, dtype=np.int64)
       from_c = np.full(budget + 1, -1, dtype=np.int64)
     for c in range(len(k)):
-      if not np.isfinite(lane.body[:, c]).any():
+      if not np.isfinite(lane.fwd[c]):
         continue
       n = int(np.searchsorted(shifts, budget - k[c] - later, side="right"))
       if not n:
@@ -270,9 +280,11 @@ def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track:
       s = shifts[:n]  # shifts ascend, so the lanes that fit are a prefix
       into = move_from_parts([x[s, c][:, fsel] for x in moves_in], lane.first_bytes)
       out = move_from_parts([x[s, c][:, jsel] for x in moves_out], lane.last_bytes)
-      cand = into[:, :, None] + out[:, None, :]
-      cand += lane.body[link_class(t.model.cluster, s, k[c]), c][:, None, None]
-      np.maximum(cand, worst[:n], out=cand)
+      sends = state[0][:n] + into[:, :, None] + out[:, None, :]
+      fwd = np.maximum(state[1][:n], lane.fwd[c])
+      back = lane.bwd[link_class(t.model.cluster, s, k[c]), c][:, None, None]
+      bwd = np.maximum(state[2][:n], back)
+      cand = sends + fwd + bwd
       if last:
         low = cand.min(axis=0)
         if track and low[0, 0] < best[0, 0]:
@@ -280,17 +292,17 @@ def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track:
         np.minimum(best, low, out=best)
       else:
         target = s + k[c]
-        sub = table[target]
+        better = cand < table[0][target]
         if track:
-          better = cand[:, 0, 0] < sub[:, 0, 0]
-          from_s[target[better]], from_c[target[better]] = s[better], c
-        np.minimum(sub, cand, out=sub)
-        table[target] = sub
+          pick = better[:, 0, 0]
+          from_s[target[pick]], from_c[target[pick]] = s[pick], c
+        for tab, new in zip(table, (cand, sends, fwd, bwd), strict=True):
+          tab[target] = np.where(better, new, tab[target])
     if not last:
       if bound is not None:
-        table[table >= bound] = INF
-      shifts = np.flatnonzero(np.isfinite(table).any(axis=(1, 2)))
-      worst = table[shifts]
+        table[0][table[0] >= bound] = INF
+      shifts = np.flatnonzero(np.isfinite(table[0]).any(axis=(1, 2)))
+      state = [tab[shifts] for tab in table[1:]]
       history.append((from_s, from_c))
       if not len(shifts):
         break
