@@ -29,7 +29,11 @@ import numpy as np
 from dp_jax.cluster import class_bus_GBps, class_latency_ms, link_class, volume_ms
 from dp_jax.graph import Chain, Parallel
 from dp_jax.planner.costs import CostModel, Placement, move_from_parts, move_parts
-from dp_jax.planner.structure import flat_layers, last_layer
+from dp_jax.planner.structure import first_layer, flat_layers, last_layer
+
+# Single-input elementwise layers: XLA fuses them into their producer (DeepPool's ReLUs run in
+# place), so the search never changes device count (or devices) into one of them.
+ELEMENTWISE_KINDS = frozenset({"relu", "gelu", "tanh", "sigmoid", "dropout"})
 
 INF = np.inf
 
@@ -152,6 +156,8 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
   position = {k: i for i, k in enumerate(nodes)}
   vin = np.empty((len(nodes), enter.shape[0], len(cols)))
   starts = np.array([spans[k][0] for k in nodes], dtype=np.int64)
+  no_start = np.array([k > 0 and isinstance(chain.items[k - 1], str)
+                       and _elementwise(t, chain.items[k]) for k in nodes], dtype=bool)
   node_ids = np.array(nodes, dtype=np.int64)
   items = chain.items
   for k, item in enumerate(items):
@@ -174,6 +180,7 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
     sync = np.where(((cum_p[e] - cum_p[s]) > 0)[:, None], lat[None, :] + exposed, 0.0)
     run = cum_comp[e] - cum_comp[s] + sync
     run[(cum_bad[e] - cum_bad[s]) > 0] = INF
+    run[no_start[: i + 1]] = INF  # an elementwise layer stays on its producer's devices
     total = vin[: i + 1] + run[:, None, :]
     best = total.argmin(axis=0)
     sol.value[k] = np.take_along_axis(total, best[None], axis=0)[0]
@@ -221,20 +228,28 @@ def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
                float(t.model.out_bytes[t.model.row[last_layer(branch)]]), fwd, back)
 
 
+def _elementwise(t: _Tables, name: str) -> bool:
+  return t.model.graph.node(name).kind in ELEMENTWISE_KINDS
+
+
 def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
   fork_row = t.model.row[block.fork]
   enter = t.edge(fork_row)
+  same = np.where(np.eye(len(t.counts), dtype=bool), enter, INF)
   identities = sum(1 for b in block.branches if not b.items)
   serial = identities * enter
   sols, lanes = [], []
+  pinned = False  # a branch opens with an elementwise layer: it stays on the fork's devices
   for branch in block.branches:
     if branch.items:
-      sol = _solve_chain(t, branch, enter)
+      first_elementwise = _elementwise(t, first_layer(branch))
+      pinned |= first_elementwise
+      sol = _solve_chain(t, branch, same if first_elementwise else enter)
       _close_branch(t, sol)
       sols.append(sol)
       serial = serial + sol.exit
       lanes.append(_lane(t, branch, fork_row))
-  if len(lanes) >= 2:
+  if len(lanes) >= 2 and not pinned:
     every = np.arange(len(t.counts))
     # lanes only matter where they beat serial (a hair of slack against rounding)
     bound = (serial - identities * enter) * (1 + 1e-9) + 1e-12
