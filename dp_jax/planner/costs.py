@@ -22,6 +22,7 @@ from dp_jax.cluster import (
 )
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
+from dp_jax.planner import memory
 from dp_jax.planner.options import PlanOptions, candidate_counts
 from dp_jax.profile.devices import DTYPE_BYTES, canonical_dtype
 from dp_jax.profile.table import MissingProfileError, ProfileTable
@@ -133,7 +134,8 @@ class CostModel:
   compute_ms: np.ndarray  # (L, C) forward + backward at per-device batch B / count
   bwd_ms: np.ndarray  # (L, C)
   grad_bytes: np.ndarray  # (L,) gradient bytes all-reduced per step
-  out_bytes: np.ndarray  # (L,) output bytes per sample
+  out_bytes: np.ndarray  # (L,) output bytes per sample (what a move sends)
+  saved_bytes: np.ndarray  # (L,) activation bytes per sample saved for backward
   state_bytes: np.ndarray  # (L,) params + gradients + optimizer state per device holding it
   interpolated: frozenset[str] = frozenset()  # layers priced from interpolated profile rows
   _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -184,21 +186,25 @@ def element_bytes(dtype: str) -> int | None:
     return None
 
 
-def moved_bytes_per_sample(graph: LayerGraph, profile: ProfileTable) -> np.ndarray:
-  """(L,) bytes per sample of each layer's output in the profile's dtype (what a move sends).
+def element_scales(graph: LayerGraph, profile: ProfileTable) -> np.ndarray:
+  """(L,) profile element size / traced element size of each layer's output (1 if unknown).
 
-  The graph records them in its traced dtype; a profile measured in mixed fp16 (the A100
-  tables) moves 2-byte activations, a float32 one 4-byte. An unknown dtype keeps the graph's.
+  The graph records bytes in its traced dtype; a profile measured in mixed fp16 (the A100
+  tables) moves and saves 2-byte activations, a float32 one 4-byte.
   """
   size = element_bytes(profile.dtype)
   out = []
   for n in graph.nodes:
     numel = math.prod(n.out_shape) if n.out_shape else 0
-    if size is None or not numel or not n.out_bytes_per_sample:
-      out.append(float(n.out_bytes_per_sample))
-    else:
-      out.append(float(n.out_bytes_per_sample) / (n.out_bytes_per_sample / numel) * size)
+    traced = n.out_bytes_per_sample / numel if numel and n.out_bytes_per_sample else 0
+    out.append(size / traced if size and traced else 1.0)
   return np.array(out, dtype=float)
+
+
+def moved_bytes_per_sample(graph: LayerGraph, profile: ProfileTable) -> np.ndarray:
+  """(L,) bytes per sample of each layer's output in the profile's dtype (what a move sends)."""
+  return np.array([n.out_bytes_per_sample for n in graph.nodes], dtype=float) * element_scales(
+      graph, profile)
 
 
 def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
@@ -226,16 +232,19 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
       comp[i, c], bwd[i, c] = t.fwd_ms + t.bwd_ms, t.bwd_ms
       if t.interpolated:
         interpolated.add(name)
-  params = np.array([n.params if n.params > 0 else n.param_bytes / options.param_bytes_per_param
-                     for n in graph.nodes], dtype=float)
-  param_bytes = np.array([n.param_bytes for n in graph.nodes], dtype=float)
+  params = np.array([memory.layer_params(n, options.param_bytes_per_param) for n in graph.nodes])
+  scales = element_scales(graph, profile)
   model = CostModel(
       graph=graph, profile=profile, cluster=cluster, options=options, counts=counts,
       names=names, row={n: i for i, n in enumerate(names)}, compute_ms=comp, bwd_ms=bwd,
       grad_bytes=params * options.grad_bytes_per_param,
       out_bytes=moved_bytes_per_sample(graph, profile),
-      state_bytes=param_bytes + params * (options.grad_bytes_per_param
-                                          + options.optimizer_bytes_per_param),
+      saved_bytes=np.array([memory.saved_bytes_per_sample(n, x)
+                            for n, x in zip(graph.nodes, scales, strict=True)]),
+      state_bytes=np.array([memory.state_bytes(n, options.grad_bytes_per_param,
+                                               options.optimizer_bytes_per_param,
+                                               options.param_bytes_per_param)
+                            for n in graph.nodes]),
       interpolated=frozenset(interpolated))
   for i, name in enumerate(names):
     for c, g in enumerate(counts):
