@@ -145,3 +145,24 @@ def test_floor_exempts_small_layers_and_fallback_is_least_amplifying():
   for i in range(len(ok)):
     assert ok[i].any() and not ok[i, 0]
     assert math.isclose(amp[i][ok[i]].max(), amp[i, 1:].min()) or (amp[i][ok[i]] <= 1.0).all()
+
+
+@pytest.mark.parametrize("mode", ["sync", "local"])
+def test_batch_norm_statistics_are_priced_as_the_runtime_runs_them(mode):
+  conv = LayerNode(name="c", kind="conv2d", inputs=(), params=64, param_bytes=256,
+                   out_shape=(4, 4, 16), out_bytes_per_sample=4 * 4 * 16 * 4,
+                   attrs={"batch_norm": True, "out_channels": 16})
+  relu = LayerNode(name="r", kind="relu", inputs=("c",), out_shape=(4, 4, 16),
+                   out_bytes_per_sample=4 * 4 * 16 * 4)
+  graph = LayerGraph(model="m", input_shape=(4, 4, 3), input_dtype="float32", nodes=(conv, relu))
+  profile = ProfileTable(model="m", device="d", dtype="float32", source="analytic",
+                         layers={n: {b: (0.1, 0.2) for b in (1, 2, 4, 8)} for n in "cr"})
+  opts = PlanOptions(num_devices=8, global_batch=8, batch_norm=mode)
+  model = build_cost_model(graph, profile, CLUSTER, opts)
+  one = float(allreduce_ms(CLUSTER, 2 * 16 * 4, 0, 8))  # sum and sum of squares, fp32
+  total, bwd = model.layer_ms("c", (0, 8))
+  extra = 1 if mode == "sync" else 0
+  assert total == pytest.approx(0.3 + 2 * one * extra)
+  assert bwd == pytest.approx(0.2 + one * extra)
+  assert model.layer_ms("c", (0, 1)) == (pytest.approx(0.3), pytest.approx(0.2))
+  assert model.layer_ms("r", (0, 8)) == (pytest.approx(0.3), pytest.approx(0.2))

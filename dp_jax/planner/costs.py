@@ -15,7 +15,10 @@ import numpy as np
 
 from dp_jax.cluster import (
   ClusterSpec,
+  allreduce_ms,
   bus_bandwidth_GBps,
+  class_bus_GBps,
+  class_latency_ms,
   collective_latency_ms,
   p2p_link,
   volume_ms,
@@ -137,6 +140,7 @@ class CostModel:
   out_bytes: np.ndarray  # (L,) output bytes per sample (what a move sends)
   saved_bytes: np.ndarray  # (L,) activation bytes per sample saved for backward
   state_bytes: np.ndarray  # (L,) params + gradients + optimizer state per device holding it
+  bn_bytes: np.ndarray  # (L,) bytes of one batch-norm statistics all-reduce (0: none)
   interpolated: frozenset[str] = frozenset()  # layers priced from interpolated profile rows
   _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -152,6 +156,16 @@ class CostModel:
       t = self.profile.lookup(name, self.batch // count)
       hit = self._cache[key] = (t.fwd_ms + t.bwd_ms, t.bwd_ms)
     return hit
+
+  def layer_ms(self, name: str, p: Placement) -> tuple[float, float]:
+    """(fwd + bwd ms, bwd ms) of a layer on placement p, with its batch-norm statistics
+    all-reduces (one forward, one backward) when they are synchronised over its devices."""
+    total, bwd = self.timing(name, p[1])
+    b = self.bn_bytes[self.row[name]]
+    if b <= 0 or p[1] <= 1:
+      return total, bwd
+    sync = float(allreduce_ms(self.cluster, b, p[0], p[1]))
+    return total + 2 * sync, bwd + sync
 
   def move(self, src: str, a: Placement, b: Placement) -> tuple[float, int]:
     """(fwd + bwd ms, devices taking part) of moving `src`'s output from layout a to b."""
@@ -170,12 +184,34 @@ class CostModel:
       start, count = p
       band = [float(allreduce_volume_ms(self.cluster, self.grad_bytes[self.row[n]], start, count))
               for n in layers]
-      bwd = [self.timing(n, count)[1] for n in layers]
-      compute = float(sum(self.timing(n, count)[0] for n in layers))
+      bwd = [self.layer_ms(n, p)[1] for n in layers]
+      compute = float(sum(self.layer_ms(n, p)[0] for n in layers))
       sync = stage_sync_ms(band, bwd, float(collective_latency_ms(self.cluster, start, count)),
                            self.options.overlap_allreduce)
       hit = self._cache[key] = (compute, float(sync))
     return hit
+
+
+# Synchronised batch norm all-reduces, per layer and step, the sum and the sum of squares of
+# its channels in forward and two per-channel sums in backward: 2 x channels float32 each.
+BN_STAT_BYTES_PER_CHANNEL = 2 * 4
+
+
+def batch_norm_bytes(node) -> float:
+  """Bytes of one statistics all-reduce of a layer with batch norm (0 without)."""
+  if not node.attrs.get("batch_norm"):
+    return 0.0
+  channels = node.attrs.get("out_channels") or (node.out_shape[-1] if node.out_shape else 0)
+  return float(BN_STAT_BYTES_PER_CHANNEL * int(channels))
+
+
+def batch_norm_ms(model: CostModel) -> np.ndarray:
+  """(K, L, C): one statistics all-reduce per link class, layer and count (0 on one device)."""
+  k = model.counts
+  vol = np.stack([volume_ms(model.bn_bytes[:, None], k[None, :], bw)
+                  for bw in class_bus_GBps(model.cluster)])
+  lat = class_latency_ms(model.cluster, k)[:, None, :]
+  return np.where((model.bn_bytes[None, :, None] > 0) & (k[None, None, :] > 1), vol + lat, 0.0)
 
 
 def element_bytes(dtype: str) -> int | None:
@@ -241,6 +277,8 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
       out_bytes=moved_bytes_per_sample(graph, profile),
       saved_bytes=np.array([memory.saved_bytes_per_sample(n, x)
                             for n, x in zip(graph.nodes, scales, strict=True)]),
+      bn_bytes=np.array([batch_norm_bytes(n) if options.batch_norm == "sync" else 0.0
+                         for n in graph.nodes]),
       state_bytes=np.array([memory.state_bytes(n, options.grad_bytes_per_param,
                                                options.optimizer_bytes_per_param,
                                                options.param_bytes_per_param)

@@ -159,7 +159,7 @@ class _Walk:
     compute, sync = self.m.stage(tuple(run), p)
     self.stages.append(StageCost(p, tuple(run), compute, sync))
     self.gpu += p[1] * (compute + sync)
-    bwd = sum(self.m.timing(n, p[1])[1] for n in run)
+    bwd = sum(self.m.layer_ms(n, p)[1] for n in run)
     return compute - bwd, bwd + sync
 
   def _move(self, src: str, dst: str, count_gpu: bool = True) -> float:

@@ -112,7 +112,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   layers = []
   for node in model.graph.nodes:
     start, count = assignment[node.name]
-    fb, bwd = model.timing(node.name, count)
+    fb, bwd = model.layer_ms(node.name, (start, count))
     column = np.searchsorted(model.counts, count)
     in_table = column < len(model.counts) and model.counts[column] == count
     layers.append(LayerPlan(

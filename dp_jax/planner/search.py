@@ -28,7 +28,13 @@ import numpy as np
 
 from dp_jax.cluster import class_bus_GBps, class_latency_ms, link_class, volume_ms
 from dp_jax.graph import Chain, Parallel
-from dp_jax.planner.costs import CostModel, Placement, move_from_parts, move_parts
+from dp_jax.planner.costs import (
+  CostModel,
+  Placement,
+  batch_norm_ms,
+  move_from_parts,
+  move_parts,
+)
 from dp_jax.planner.structure import first_layer, flat_layers, last_layer
 
 # Single-input elementwise layers: XLA fuses them into their producer (DeepPool's ReLUs run in
@@ -46,8 +52,10 @@ class _Tables:
   counts: np.ndarray
   budget: int
   allowed: np.ndarray
-  compute: np.ndarray
-  bwd: np.ndarray
+  compute: np.ndarray  # (L, C) fwd + bwd on the prefix [0, count) (batch-norm syncs included)
+  bwd: np.ndarray  # (L, C)
+  compute_k: np.ndarray  # (K, L, C) the same per link class (lanes)
+  bwd_k: np.ndarray  # (K, L, C)
   band: np.ndarray  # (K, L, C) all-reduce bandwidth term per link class (cluster.link_class)
   lat: np.ndarray  # (K, C) all-reduce latency term per link class
   link0: np.ndarray  # (C,) link class of prefix [0, count)
@@ -84,20 +92,26 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
   band = np.stack([volume_ms(model.grad_bytes[:, None], k[None, :], bw)
                    for bw in class_bus_GBps(cl)])
   lat = class_latency_ms(cl, k)
-  compute = model.compute_ms if penalty_ms is None else model.compute_ms + penalty_ms
+  bn = batch_norm_ms(model)
+  compute_k = model.compute_ms[None] + 2 * bn
+  if penalty_ms is not None:
+    compute_k = compute_k + penalty_ms[None]
+  bwd_k = model.bwd_ms[None] + bn
+  link0 = link_class(cl, 0, k)
+  cols = np.arange(len(k))
   return _Tables(model=model, counts=k, budget=model.options.num_devices, allowed=allowed,
-                 compute=compute, bwd=model.bwd_ms, band=band, lat=lat,
-                 link0=link_class(cl, 0, k), has_params=model.grad_bytes > 0)
+                 compute=compute_k[link0, :, cols].T, bwd=bwd_k[link0, :, cols].T,
+                 compute_k=compute_k, bwd_k=bwd_k, band=band, lat=lat, link0=link0,
+                 has_params=model.grad_bytes > 0)
 
 
-def _run_sync(t: _Tables, rows: np.ndarray, kind) -> np.ndarray:
-  """(C,) exposed all-reduce time of one stage holding `rows` (forward order), per count."""
-  cols = np.arange(len(t.counts))
-  band = t.band[kind, rows[:, None], cols[None, :]] if np.ndim(kind) else t.band[kind][rows]
-  lat = t.lat[kind, cols] if np.ndim(kind) else t.lat[kind]
+def _run_sync(t: _Tables, rows: np.ndarray, kind: int) -> np.ndarray:
+  """(C,) exposed all-reduce time of one stage holding `rows` (forward order), per count, on a
+  range of link class `kind`."""
+  band, lat, bwd = t.band[kind][rows], t.lat[kind], t.bwd_k[kind][rows]
   if t.model.options.overlap_allreduce:
     sent = np.cumsum(band, axis=0)
-    hidden = np.cumsum(t.bwd[rows], axis=0) - t.bwd[rows]
+    hidden = np.cumsum(bwd, axis=0) - bwd
     exposed = (sent - hidden).max(axis=0)
   else:
     exposed = band.sum(axis=0)
@@ -202,7 +216,7 @@ class _Lane:
   names: tuple
   first_bytes: float  # bytes per sample the fork sends into the branch
   last_bytes: float  # bytes per sample the branch's last layer sends to the join
-  fwd: np.ndarray  # (C,): the whole branch as one stage, forward, per count
+  fwd: np.ndarray  # (K, C): the whole branch as one stage, forward, per link class and count
   bwd: np.ndarray  # (K, C): its backward plus exposed all-reduce, per link class and count
 
 
@@ -218,11 +232,11 @@ class _BlockSol:
 def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
   names = tuple(flat_layers(branch))
   rows = np.array([t.model.row[n] for n in names], dtype=np.int64)
-  bwd = t.bwd[rows].sum(axis=0)
-  fwd = t.compute[rows].sum(axis=0) - bwd
-  back = np.stack([bwd + _run_sync(t, rows, kind) for kind in range(len(t.band))])
+  bwd = t.bwd_k[:, rows].sum(axis=1)  # (K, C)
+  fwd = t.compute_k[:, rows].sum(axis=1) - bwd
+  back = np.stack([bwd[kind] + _run_sync(t, rows, kind) for kind in range(len(t.band))])
   bad = ~t.allowed[rows].all(axis=0)
-  fwd[bad] = INF
+  fwd[:, bad] = INF
   back[:, bad] = INF
   return _Lane(rows, names, float(t.model.out_bytes[fork_row]),
                float(t.model.out_bytes[t.model.row[last_layer(branch)]]), fwd, back)
@@ -287,7 +301,7 @@ def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track:
       from_s = np.full(budget + 1, -1, dtype=np.int64)
       from_c = np.full(budget + 1, -1, dtype=np.int64)
     for c in range(len(k)):
-      if not np.isfinite(lane.fwd[c]):
+      if not np.isfinite(lane.fwd[:, c]).any():
         continue
       n = int(np.searchsorted(shifts, budget - k[c] - later, side="right"))
       if not n:
@@ -296,8 +310,9 @@ def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track:
       into = move_from_parts([x[s, c][:, fsel] for x in moves_in], lane.first_bytes)
       out = move_from_parts([x[s, c][:, jsel] for x in moves_out], lane.last_bytes)
       sends = state[0][:n] + into[:, :, None] + out[:, None, :]
-      fwd = np.maximum(state[1][:n], lane.fwd[c])
-      back = lane.bwd[link_class(t.model.cluster, s, k[c]), c][:, None, None]
+      cls = link_class(t.model.cluster, s, k[c])
+      fwd = np.maximum(state[1][:n], lane.fwd[cls, c][:, None, None])
+      back = lane.bwd[cls, c][:, None, None]
       bwd = np.maximum(state[2][:n], back)
       cand = sends + fwd + bwd
       if last:

@@ -130,7 +130,7 @@ class _Builder:
       if isinstance(seg, Stage):
         self.stages.append(seg)
         for name in seg.layers:
-          total, bwd = self.m.timing(name, seg.placement[1])
+          total, bwd = self.m.layer_ms(name, seg.placement)
           after = self.add([seg.placement], "compute", "fwd", name, total - bwd, after, seg.index)
       elif isinstance(seg, Move):
         after = self.move(seg, after, "fwd")
@@ -200,8 +200,8 @@ class _Builder:
     overlap = self.m.options.overlap_allreduce
     comm: tuple[int, ...] = ()
     for name in reversed(st.layers):
-      after = self.add(span, "compute", "bwd", name, self.m.timing(name, count)[1], after,
-                       st.index)
+      after = self.add(span, "compute", "bwd", name, self.m.layer_ms(name, st.placement)[1],
+                       after, st.index)
       if overlap and band[name] > 0:
         comm = self.add(span, "comm", "allreduce", f"all-reduce {name}", band[name],
                         tuple(dict.fromkeys(after + comm)), st.index)
