@@ -71,6 +71,7 @@ class PlannerConfig:
   mode: PlannerMode = PlannerMode.fastest
   gradient_bytes_per_param: int = 4
   optimizer_bytes_per_param: int = 8
+  batch_norm: str = "sync"  # sync: statistics over a stage's batch (priced); local: per device
 
 
 class ProfileSource(str, Enum):
