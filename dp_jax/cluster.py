@@ -31,7 +31,7 @@ class ClusterSpec:
   reaches `bus efficiency x line rate` of bus bandwidth (what nccl-tests reports as busbw);
   latencies are per collective (or per point-to-point move). collectives="rail" prices
   collectives as NCCL runs them (one ring per NIC rail); "flat" is the old single ring through
-  one link at line rate, kept for comparison only.
+  one link at line rate (same latencies), kept for comparison only.
   """
 
   name: str
@@ -165,15 +165,12 @@ def class_bus_GBps(cluster: ClusterSpec) -> np.ndarray:
 
 
 def class_latency_ms(cluster: ClusterSpec, count) -> np.ndarray:
-  """(devices_per_node + 1, *count.shape) latency of one collective per link class and size.
-
-  rail: the class's latency once per collective; flat: 2(n-1) ring steps of it.
-  """
+  """(devices_per_node + 1, *count.shape) latency of one collective per link class and size:
+  the class's latency once per collective (0 on one device), in both pricings."""
   count = np.asarray(count, dtype=float)
   k = np.arange(cluster.devices_per_node + 1).reshape((-1,) + (1,) * count.ndim)
   lat = np.where(k == 0, cluster.intra_node_latency_us, cluster.inter_node_latency_us) / 1000.0
-  steps = 2.0 * (count - 1) if cluster.collectives == "flat" else (count > 1).astype(float)
-  return lat * np.where(count > 1, steps, 0.0)
+  return lat * (count > 1)
 
 
 def bus_bandwidth_GBps(cluster: ClusterSpec, start, count):
