@@ -3,10 +3,9 @@
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
-
-import numpy as np
 
 from dp_jax.cluster import (
   ClusterSpec,

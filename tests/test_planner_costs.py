@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_jax.cluster import ClusterSpec, allreduce_ms
-from dp_jax.planner.amplification import allowed_counts, amplification
 from dp_jax.graph import LayerGraph, LayerNode
+from dp_jax.planner.amplification import allowed_counts, amplification
 from dp_jax.planner.costs import (
   allreduce_volume_ms,
   build_cost_model,
@@ -19,9 +19,9 @@ from dp_jax.planner.costs import (
   moved_bytes_per_sample,
   stage_sync_ms,
 )
-from dp_jax.profile.table import ProfileTable
 from dp_jax.planner.options import PlanOptions, candidate_counts, data_parallel_count
 from dp_jax.planner.synthetic import linear_profile, resnet_like
+from dp_jax.profile.table import ProfileTable
 
 CLUSTER = ClusterSpec("t", "synthetic", 16, 4, 80.0, 100.0, 2.0, 10.0, 5.0)
 
