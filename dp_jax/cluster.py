@@ -8,18 +8,31 @@ i // devices_per_node. The default numbers and their sources are in conf/cluster
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+import numpy as np
 
 from dp_jax.errors import UserError
 
 BYTES_PER_MS_PER_GBPS = 1e6  # 1 GB/s moves 1e6 bytes per millisecond
 
 
+COLLECTIVE_MODELS = ("rail", "flat")
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
-  """A pod of identical nodes, each with identical devices; num_nodes is the pod's maximum."""
+  """A pod of identical nodes, each with identical devices; num_nodes is the pod's maximum.
+
+  Links: inside a node every device has intra_node_bandwidth_GBps (line rate, per direction);
+  nodes connect through nics_per_node NICs of inter_node_bandwidth_GBps each. A collective
+  reaches `bus efficiency x line rate` of bus bandwidth (what nccl-tests reports as busbw);
+  latencies are per collective (or per point-to-point move). collectives="rail" prices
+  collectives as NCCL runs them (one ring per NIC rail); "flat" is the old single ring through
+  one link at line rate (same latencies), kept for comparison only.
+  """
 
   name: str
   device: str  # device model, e.g. "A100-SXM4-40GB", "H100-SXM5-80GB", "cpu"
@@ -28,22 +41,49 @@ class ClusterSpec:
   memory_gb_per_device: float
   intra_node_bandwidth_GBps: float
   intra_node_latency_us: float
-  inter_node_bandwidth_GBps: float
+  inter_node_bandwidth_GBps: float  # per NIC
   inter_node_latency_us: float
+  nics_per_node: int = 0  # 0: one NIC per device
+  intra_node_bus_efficiency: float = 1.0
+  inter_node_bus_efficiency: float = 1.0
+  collectives: str = "rail"
 
   def __post_init__(self):
     for key in ("num_nodes", "devices_per_node"):
       value = getattr(self, key)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"cluster {self.name}: {key} must be a positive integer, got {value!r}")
+    n = self.nics_per_node
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+      raise UserError(f"cluster {self.name}: nics_per_node must be an integer >= 0 (0: one per "
+                      f"device), got {n!r}")
     for key in ("memory_gb_per_device", "intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps"):
       value = getattr(self, key)
       if not _is_number(value) or not value > 0 or not math.isfinite(value):
         raise UserError(f"cluster {self.name}: {key} must be > 0, got {value!r}")
+    for key in ("intra_node_bus_efficiency", "inter_node_bus_efficiency"):
+      value = getattr(self, key)
+      if not _is_number(value) or not 0 < value <= 1:
+        raise UserError(f"cluster {self.name}: {key} must be in (0, 1], got {value!r}")
     for key in ("intra_node_latency_us", "inter_node_latency_us"):
       value = getattr(self, key)
       if not _is_number(value) or value < 0 or not math.isfinite(value):
         raise UserError(f"cluster {self.name}: {key} must be >= 0, got {value!r}")
+    if self.collectives not in COLLECTIVE_MODELS:
+      raise UserError(f"cluster {self.name}: collectives '{self.collectives}' is unknown "
+                      f"(valid: {', '.join(COLLECTIVE_MODELS)})")
+
+  @property
+  def nics(self) -> int:
+    """NICs per node (nics_per_node, or one per device when 0)."""
+    return self.nics_per_node or self.devices_per_node
+
+  @property
+  def intra_bus_GBps(self) -> float:
+    """Bus bandwidth of a collective inside one node."""
+    if self.collectives == "flat":
+      return self.intra_node_bandwidth_GBps
+    return self.intra_node_bandwidth_GBps * self.intra_node_bus_efficiency
 
   @property
   def num_devices(self) -> int:
@@ -69,6 +109,9 @@ def _is_number(value: Any) -> bool:
 
 
 _FIELDS = tuple(f.name for f in fields(ClusterSpec))
+_FLOATS = ("memory_gb_per_device", "intra_node_bandwidth_GBps", "intra_node_latency_us",
+           "inter_node_bandwidth_GBps", "inter_node_latency_us", "intra_node_bus_efficiency",
+           "inter_node_bus_efficiency")
 
 
 def load_cluster(config: Mapping[str, Any]) -> ClusterSpec:
@@ -84,60 +127,103 @@ def load_cluster(config: Mapping[str, Any]) -> ClusterSpec:
   if missing:
     raise UserError(f"cluster {name}: missing field(s) {', '.join(missing)}")
   values = dict(config)
-  for key in ("memory_gb_per_device", "intra_node_bandwidth_GBps", "intra_node_latency_us",
-              "inter_node_bandwidth_GBps", "inter_node_latency_us"):
+  for key in _FLOATS:
     if not _is_number(values[key]):
       raise UserError(f"cluster {name}: {key} must be a number, got {values[key]!r}")
     values[key] = float(values[key])
   values["name"], values["device"] = name, str(values["device"])
+  values["collectives"] = str(values["collectives"])
   return ClusterSpec(**values)
 
 
-# --- collective costs (pure) ------------------------------------------------------------------
+# --- collective and move costs (pure, numpy-vectorised over device ranges) ---------------------
+#
+# A device range is (start, count): devices [start, start + count) of the job, device i on node
+# i // devices_per_node. Its link class is 0 inside one node, else the number of its devices on
+# its least-populated node (1..devices_per_node): NCCL builds one ring per NIC rail, so a ring
+# that spans nodes runs at most at (rails the sparsest node can feed) x NIC bandwidth.
 
 
-def _device_list(cluster: ClusterSpec, devices: Iterable[int]) -> list[int]:
-  devs = list(devices)
-  if not devs:
-    raise UserError("a collective needs at least one device, got an empty device list")
-  for d in devs:
-    if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-      raise UserError(f"device indices must be integers >= 0, got {d!r}")
-  return devs
+def link_class(cluster: ClusterSpec, start, count):
+  """0 for a range inside one node, else the devices of its least-populated node."""
+  dpn = cluster.devices_per_node
+  start, count = np.asarray(start), np.asarray(count)
+  last = start + count - 1
+  spans = start // dpn != last // dpn
+  least = np.minimum(dpn - start % dpn, last % dpn + 1)
+  return np.where(spans, least, 0).astype(np.int64)
 
 
-def link_for(cluster: ClusterSpec, devices: Iterable[int]) -> tuple[float, float]:
-  """(bandwidth GB/s, latency us) of the slowest link the device group spans."""
-  devs = _device_list(cluster, devices)
-  nodes = {cluster.node_of(d) for d in devs}
-  if len(nodes) == 1:
-    return cluster.intra_node_bandwidth_GBps, cluster.intra_node_latency_us
-  return cluster.inter_node_bandwidth_GBps, cluster.inter_node_latency_us
+def class_bus_GBps(cluster: ClusterSpec) -> np.ndarray:
+  """(devices_per_node + 1,) bus bandwidth of a collective per link class."""
+  k = np.arange(cluster.devices_per_node + 1)
+  if cluster.collectives == "flat":
+    return np.where(k == 0, cluster.intra_node_bandwidth_GBps, cluster.inter_node_bandwidth_GBps)
+  rails = np.minimum(k, cluster.nics) * cluster.inter_node_bandwidth_GBps
+  inter = np.minimum(cluster.intra_bus_GBps, rails * cluster.inter_node_bus_efficiency)
+  return np.where(k == 0, cluster.intra_bus_GBps, inter)
 
 
-def ring_allreduce_ms(nbytes: float, g: int, bandwidth_GBps: float, latency_us: float) -> float:
-  """Ring all-reduce time: 2(g-1)/g x bytes / bandwidth + 2(g-1) x latency; 0 on one device."""
-  if g <= 1:
-    return 0.0
-  return (2.0 * (g - 1) / g * nbytes / (bandwidth_GBps * BYTES_PER_MS_PER_GBPS)
-          + 2.0 * (g - 1) * latency_us / 1000.0)
+def class_latency_ms(cluster: ClusterSpec, count) -> np.ndarray:
+  """(devices_per_node + 1, *count.shape) latency of one collective per link class and size:
+  the class's latency once per collective (0 on one device), in both pricings."""
+  count = np.asarray(count, dtype=float)
+  k = np.arange(cluster.devices_per_node + 1).reshape((-1,) + (1,) * count.ndim)
+  lat = np.where(k == 0, cluster.intra_node_latency_us, cluster.inter_node_latency_us) / 1000.0
+  return lat * (count > 1)
 
 
-def allreduce_ms(cluster: ClusterSpec, nbytes: float, devices: Iterable[int]) -> float:
-  """Ring all-reduce of `nbytes` over `devices`, on the slowest link they span."""
-  devs = _device_list(cluster, devices)
-  if nbytes < 0:
-    raise UserError(f"all-reduce size must be >= 0 bytes, got {nbytes}")
-  bw, lat = link_for(cluster, devs)
-  return ring_allreduce_ms(nbytes, len(set(devs)), bw, lat)
+def bus_bandwidth_GBps(cluster: ClusterSpec, start, count):
+  """Bus bandwidth of a collective over devices [start, start + count)."""
+  return class_bus_GBps(cluster)[link_class(cluster, start, count)]
 
 
-def transfer_ms(cluster: ClusterSpec, busiest_bytes: float,
-                devices_involved: Iterable[int]) -> float:
-  """Point-to-point move of sample ranges: busiest device's bytes in or out / bw + latency."""
-  if busiest_bytes < 0:
-    raise UserError(f"transfer size must be >= 0 bytes, got {busiest_bytes}")
-  if busiest_bytes == 0:
-    return 0.0
-  bw, lat = link_for(cluster, devices_involved)
-  return busiest_bytes / (bw * BYTES_PER_MS_PER_GBPS) + lat / 1000.0
+def collective_latency_ms(cluster: ClusterSpec, start, count):
+  """Latency of one collective over devices [start, start + count) (0 on one device)."""
+  cls = link_class(cluster, start, count)
+  table = class_latency_ms(cluster, count)
+  return np.take_along_axis(table, np.asarray(cls)[None, ...], axis=0)[0] if np.ndim(cls) else (
+      table[int(cls)])
+
+
+def volume_ms(nbytes, count, bus_GBps, factor: float = 2.0):
+  """Bandwidth part of a collective: factor (n-1)/n x bytes / bus bandwidth (0 on one device).
+
+  factor 2 for all-reduce, 1 for all-gather and reduce-scatter.
+  """
+  count = np.asarray(count, dtype=float)
+  return factor * (count - 1) / count * np.asarray(nbytes) / (
+      np.asarray(bus_GBps) * BYTES_PER_MS_PER_GBPS)
+
+
+def allreduce_ms(cluster: ClusterSpec, nbytes, start, count):
+  """All-reduce of nbytes over devices [start, start + count): 2(n-1)/n bytes/busbw + latency."""
+  return (volume_ms(nbytes, count, bus_bandwidth_GBps(cluster, start, count))
+          + collective_latency_ms(cluster, start, count))
+
+
+def allgather_ms(cluster: ClusterSpec, nbytes, start, count):
+  """All-gather of nbytes (the gathered size) over the range: (n-1)/n bytes/busbw + latency."""
+  return (volume_ms(nbytes, count, bus_bandwidth_GBps(cluster, start, count), 1.0)
+          + collective_latency_ms(cluster, start, count))
+
+
+reduce_scatter_ms = allgather_ms  # same volume and latency as an all-gather of the same size
+
+
+def p2p_link(cluster: ClusterSpec, first, last):
+  """(bytes per ms, latency ms) of one device's point-to-point link for devices [first, last].
+
+  Inside a node: the bus bandwidth of NVLink-class links; across nodes: the device's share of
+  its node's NICs at the inter-node efficiency (flat: the line rates).
+  """
+  dpn = cluster.devices_per_node
+  intra = np.asarray(first) // dpn == np.asarray(last) // dpn
+  if cluster.collectives == "flat":
+    inter_bw = cluster.inter_node_bandwidth_GBps
+  else:
+    inter_bw = (cluster.inter_node_bandwidth_GBps * cluster.inter_node_bus_efficiency
+                * min(1.0, cluster.nics / dpn))
+  bw = np.where(intra, cluster.intra_bus_GBps, inter_bw) * BYTES_PER_MS_PER_GBPS
+  lat = np.where(intra, cluster.intra_node_latency_us, cluster.inter_node_latency_us) / 1000.0
+  return bw, lat

@@ -42,6 +42,10 @@ class ClusterConfig:
   intra_node_latency_us: float = MISSING
   inter_node_bandwidth_GBps: float = MISSING
   inter_node_latency_us: float = MISSING
+  nics_per_node: int = 0  # 0: one NIC per device
+  intra_node_bus_efficiency: float = 1.0
+  inter_node_bus_efficiency: float = 1.0
+  collectives: str = "rail"  # rail (NCCL's rail-aligned rings) or flat (old single ring)
   num_devices: int | None = None  # G of the job; None: every device of the cluster
 
 
@@ -67,6 +71,7 @@ class PlannerConfig:
   mode: PlannerMode = PlannerMode.fastest
   gradient_bytes_per_param: int = 4
   optimizer_bytes_per_param: int = 8
+  batch_norm: str = "sync"  # sync: statistics over a stage's batch (priced); local: per device
 
 
 class ProfileSource(str, Enum):

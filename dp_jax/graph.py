@@ -27,6 +27,7 @@ class LayerNode:
   flops_per_sample: float = 0.0  # forward FLOPs per sample, from XLA's cost analysis
   bytes_accessed_per_sample: float = 0.0  # forward HBM bytes per sample, from XLA's cost analysis
   attrs: Mapping[str, Any] = field(default_factory=dict)  # kind-specific (see docs)
+  saved_bytes_per_sample: int = 0  # activations kept for backward, per sample (XLA residuals)
 
   def to_json(self) -> dict[str, Any]:
     d = asdict(self)
@@ -39,7 +40,7 @@ class LayerNode:
 _NODE_FIELDS = {
     "name": str, "kind": str, "inputs": list, "params": int, "param_bytes": int,
     "out_shape": list, "out_bytes_per_sample": int, "flops_per_sample": (int, float),
-    "bytes_accessed_per_sample": (int, float), "attrs": dict,
+    "bytes_accessed_per_sample": (int, float), "attrs": dict, "saved_bytes_per_sample": int,
 }
 _REQUIRED_NODE_FIELDS = ("name", "kind", "inputs", "param_bytes", "out_bytes_per_sample")
 
@@ -63,7 +64,8 @@ def _node_from_json(d: Any, where: str) -> LayerNode:
       out_shape=tuple(d.get("out_shape", ())), out_bytes_per_sample=int(d["out_bytes_per_sample"]),
       flops_per_sample=float(d.get("flops_per_sample", 0.0)),
       bytes_accessed_per_sample=float(d.get("bytes_accessed_per_sample", 0.0)),
-      attrs=dict(d.get("attrs", {})))
+      attrs=dict(d.get("attrs", {})),
+      saved_bytes_per_sample=int(d.get("saved_bytes_per_sample", 0)))
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ def plan_options(planner_cfg: Any, num_devices: int, global_batch: int) -> dict[
               device_counts=enum_value(planner_cfg.device_counts),
               amplification_floor_ms=float(planner_cfg.amplification_floor_ms),
               grad_bytes_per_param=planner_cfg.gradient_bytes_per_param,
-              optimizer_bytes_per_param=planner_cfg.optimizer_bytes_per_param)
+              optimizer_bytes_per_param=planner_cfg.optimizer_bytes_per_param,
+              batch_norm=str(planner_cfg.get("batch_norm", "sync")))
 
 
 def make_plan_from_config(planner_cfg: Any, graph, profile, cluster, *, num_devices: int,

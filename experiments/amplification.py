@@ -13,11 +13,10 @@ cost no GPU-time, inf gives the fastest plan). `on_front` marks the plans of a (
 group that no other A beats on both iteration time and GPU-time (the Pareto front); data
 parallelism is drawn for reference. GPU-ms are the planner's (busy device-ms per iteration).
 
-It should show: lowering A trades foreground speed for GPU-time (A = 1 keeps almost every layer
-on one device); across nodes the data-parallel point lies far from the front (slower and more
-GPU-time), on one node close to it. The planner picks the fastest plan under A, not the cheapest,
-so a plan at some A can be dominated by the plan at a larger A (e.g. resnet50, G=256: A=2 is
-beaten on both axes by A=2.5).
+It shows how lowering A trades foreground speed for GPU-time (A = 1 keeps almost every layer
+on one device) and where data parallelism lies against the front. The planner picks the fastest
+plan under A, not the cheapest, so a plan at some A can be dominated by the plan at a larger A.
+All numbers are predicted by the cost model (docs/cost_model.md).
 """
 
 from __future__ import annotations

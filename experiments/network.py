@@ -12,11 +12,9 @@ default), 12.5 (100 GbE) and 1.25 GB/s (10 GbE); inter-node latency stays at the
 per ring step. The five models at G=32 B=32 (four nodes) and G=B=256, amplification limit 2 and
 inf, background `same_family` under a 10% slowdown cap.
 
-It should show: the foreground gain over data parallelism on all G devices grows steeply as the
-links slow down (A = inf, G = 32: 1.0-1.4x at 300 GB/s, 1.2-8.5x at 25 GB/s, 7-104x at 10 GbE),
-but most of that is data parallelism spanning slow links; against data parallelism on its
-fastest d <= G devices the gain stays within 1.0-2.2x, largest at intermediate bandwidths, and
-nearly vanishes at 10 GbE (1.0-1.2x), where both keep the work inside one node.
+It shows the foreground gain over data parallelism on all G devices and over data parallelism
+on its fastest d <= G devices as the NICs slow down (inter_node_bandwidth_GBps is per NIC, 8 NICs
+per node, rail-aligned collectives; docs/cost_model.md). All numbers are simulated.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from experiments.fields import PLAN_IDENTITY, pick, plan_identity, ratio, unlimited
 from experiments.report import Row
 
@@ -13,9 +16,10 @@ RESULTS = ("alone_iteration_ms", "iteration_ms", "data_parallel_iteration_ms",
            "cluster_samples_per_s", "data_parallel_samples_per_s",
            "cluster_throughput_vs_data_parallel", "best_data_parallel_devices",
            "best_data_parallel_iteration_ms", "best_data_parallel_cluster_samples_per_s",
-           "cluster_throughput_vs_best_data_parallel",
-           "max_slowdown", "timeline_vs_planner", "foreground_memory_peak_gb",
-           "background_memory_gb")
+           "cluster_throughput_vs_best_data_parallel", "matched_data_parallel_devices",
+           "matched_data_parallel_iteration_ms", "matched_data_parallel_cluster_samples_per_s",
+           "cluster_throughput_vs_matched_data_parallel", "max_slowdown", "timeline_vs_planner",
+           "foreground_memory_peak_gb", "background_memory_gb")
 DERIVED = ("speedup_vs_best_data_parallel",)
 TIMING = ("planning_s", "simulation_s")
 
@@ -29,7 +33,16 @@ def derive(row: Row) -> Row:
           "background_batch": bg.get("batch_per_device"), "slowdown_cap": cap,
           **pick(row, RESULTS),
           "speedup_vs_best_data_parallel": ratio(row.get("best_data_parallel_iteration_ms"),
-                                                 row.get("iteration_ms"))}
+                                                 row.get("iteration_ms")),
+          "data_parallel_frontier": data_parallel_frontier(row)}
+
+
+def data_parallel_frontier(row: Row) -> list[dict] | None:
+  """The cell's data-parallel-plus-background frontier (its metrics.json), for figures only."""
+  path = Path(row.get("dir") or "") / "metrics.json"
+  if not row.get("dir") or not path.is_file():
+    return None
+  return json.loads(path.read_text()).get("data_parallel_frontier")
 
 
 def ratio_points(r: Row) -> list[tuple[str, float | None]]:
@@ -37,12 +50,13 @@ def ratio_points(r: Row) -> list[tuple[str, float | None]]:
   return [("foreground speed-up vs DP", r["speedup_vs_data_parallel"]),
           ("foreground speed-up vs best DP", r["speedup_vs_best_data_parallel"]),
           ("cluster / DP", r["cluster_throughput_vs_data_parallel"]),
-          ("cluster / (best DP + BG)", r["cluster_throughput_vs_best_data_parallel"])]
+          ("cluster / (best DP + BG)", r["cluster_throughput_vs_best_data_parallel"]),
+          ("cluster / (matched DP + BG)", r.get("cluster_throughput_vs_matched_data_parallel"))]
 
 
 def ratio_style(label: str) -> dict:
   """One fixed colour per ratio, the same in every figure."""
   colors = {"foreground speed-up vs DP": "tab:blue", "cluster / DP": "tab:orange",
             "foreground speed-up vs best DP": "tab:purple",
-            "cluster / (best DP + BG)": "tab:green"}
+            "cluster / (best DP + BG)": "tab:green", "cluster / (matched DP + BG)": "tab:red"}
   return {"color": colors[label]}

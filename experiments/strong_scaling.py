@@ -15,11 +15,9 @@ a device without a sample, so G stops at B), and B = G for G = 64..1024 (one sam
 under data parallelism: the large-scale view). Each cell's summary holds both plans: the burst
 plan and the data-parallel baseline priced by the same cost model.
 
-It should show: data parallelism stops scaling once its gradient all-reduce leaves the NVLink
-node (G > 8: vgg16 at B=32 goes from 8.3 ms at G=8 to 44 ms at G=32 on dgx_a100); the fastest
-burst plan (A = inf) is never slower than data parallelism, keeps improving up to G = B and beats
-data parallelism at its own best G by 1.05-1.6x; A = 2 buys GPU-time savings of up to 98% at
-0.4-10x the foreground speed of data parallelism on the same G.
+It shows, per model and cluster, how the iteration time and GPU-time of data parallelism and of
+burst plans (A = 2 and inf) change with G at fixed B; all numbers are predicted by the cost model
+(docs/cost_model.md), collectives at measured bus bandwidths.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from flax import nnx
 
 from dp_jax.models import gpt2, inception, resnet, vgg
 from dp_jax.runtime import mesh as meshlib
+from dp_jax.runtime.batch_norm import set_statistics_groups
 from dp_jax.runtime.functional import split_layers, write_back
 from dp_jax.runtime.fused import fused_step
 from dp_jax.runtime.plan_check import check_plan
@@ -55,11 +56,14 @@ def batches(model, batch: int, steps: int, dtype=np.float32, seed: int = 0):
   return out
 
 
-def run_plan(model, name: str, layout, data, optimizer, num_devices: int = 8):
+def run_plan(model, name: str, layout, data, optimizer, num_devices: int = 8,
+             batch_norm: str = "sync"):
   """Train `model` under a layout plan on the given batches; (losses, program, state)."""
   graph = structure_graph(model, name)
   plan = layout_plan(graph, layout, global_batch=len(data[0][0]), num_devices=num_devices)
+  plan["options"] = {"batch_norm": batch_norm}
   checked = check_plan(plan, graph, available_devices=len(jax.devices()))
+  set_statistics_groups(model, plan)
   defs, params, stats = split_layers(model)
   program = build_program(graph, defs, checked, optimizer, jax.devices())
   state = init_state(program, params, stats, optimizer)

@@ -3,16 +3,19 @@
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from dp_jax.cluster import (
   ClusterSpec,
+  allgather_ms,
   allreduce_ms,
-  link_for,
+  bus_bandwidth_GBps,
+  collective_latency_ms,
+  link_class,
   load_cluster,
-  ring_allreduce_ms,
-  transfer_ms,
+  p2p_link,
 )
 from dp_jax.errors import UserError
 
@@ -24,7 +27,8 @@ def spec(**kw) -> ClusterSpec:
   base = dict(name="a100", device="A100-SXM4-40GB", num_nodes=4, devices_per_node=8,
               memory_gb_per_device=40.0, intra_node_bandwidth_GBps=300.0,
               intra_node_latency_us=2.0, inter_node_bandwidth_GBps=25.0,
-              inter_node_latency_us=5.0)
+              inter_node_latency_us=5.0, nics_per_node=8, intra_node_bus_efficiency=0.72,
+              inter_node_bus_efficiency=0.86)
   base.update(kw)
   return ClusterSpec(**base)
 
@@ -94,29 +98,57 @@ def test_with_num_devices_fills_nodes():
     c.with_num_devices(0)
 
 
-def test_link_is_the_slowest_one_spanned():
+def test_link_class_is_the_least_populated_node():
   c = spec()
-  assert link_for(c, range(8)) == (300.0, 2.0)
-  assert link_for(c, [8, 15]) == (300.0, 2.0)
-  assert link_for(c, [7, 8]) == (25.0, 5.0)
-  with pytest.raises(UserError, match="at least one device"):
-    link_for(c, [])
+  assert link_class(c, 0, 8) == 0 and link_class(c, 8, 8) == 0
+  assert link_class(c, 0, 16) == 8
+  assert link_class(c, 0, 12) == 4  # 8 + 4
+  assert link_class(c, 6, 4) == 2  # 2 + 2
+  assert list(link_class(c, 0, np.array([1, 9, 24]))) == [0, 1, 8]
 
 
-def test_ring_allreduce():
+def test_bus_bandwidth_is_rail_aligned():
   c = spec()
-  assert allreduce_ms(c, 1e9, [0]) == 0.0
-  # 8 GPUs in a node: 2*7/8 * 1 GB / 300 GB/s + 14 * 2 us
-  assert allreduce_ms(c, 1e9, range(8)) == pytest.approx(2 * 7 / 8 / 300 * 1e3 + 14 * 2e-3)
-  # 16 GPUs over two nodes: the inter-node link
-  assert allreduce_ms(c, 1e9, range(16)) == pytest.approx(2 * 15 / 16 / 25 * 1e3 + 30 * 5e-3)
-  assert ring_allreduce_ms(0, 4, 10, 0) == 0.0
+  assert bus_bandwidth_GBps(c, 0, 8) == pytest.approx(300 * 0.72)
+  # 8 rails x 25 GB/s x 0.86 = 172 < 216 inside the node
+  assert bus_bandwidth_GBps(c, 0, 32) == pytest.approx(8 * 25 * 0.86)
+  assert bus_bandwidth_GBps(c, 0, 12) == pytest.approx(4 * 25 * 0.86)
+  # fewer NICs than devices: the node's NICs bound the rails
+  assert bus_bandwidth_GBps(spec(nics_per_node=4), 0, 32) == pytest.approx(4 * 25 * 0.86)
+  # rails never beat the node's own links
+  fat = spec(inter_node_bandwidth_GBps=100.0)
+  assert bus_bandwidth_GBps(fat, 0, 32) == pytest.approx(216)
+  # flat: one ring through one NIC at line rate
+  flat = spec(collectives="flat")
+  assert bus_bandwidth_GBps(flat, 0, 32) == 25.0 and bus_bandwidth_GBps(flat, 0, 8) == 300.0
 
 
-def test_transfer():
+def test_allreduce_and_allgather():
   c = spec()
-  assert transfer_ms(c, 0, [0, 9]) == 0.0
-  assert transfer_ms(c, 25e6, [0, 9]) == pytest.approx(1.0 + 5e-3)
-  assert transfer_ms(c, 300e6, [0, 1]) == pytest.approx(1.0 + 2e-3)
-  with pytest.raises(UserError):
-    transfer_ms(c, -1, [0])
+  assert allreduce_ms(c, 1e9, 0, 1) == 0.0
+  assert allreduce_ms(c, 1e9, 0, 8) == pytest.approx(2 * 7 / 8 / 216 * 1e3 + 2e-3)
+  assert allreduce_ms(c, 1e9, 0, 16) == pytest.approx(2 * 15 / 16 / 172 * 1e3 + 5e-3)
+  assert allgather_ms(c, 1e9, 0, 16) == pytest.approx(15 / 16 / 172 * 1e3 + 5e-3)
+  flat = spec(collectives="flat")
+  assert allreduce_ms(flat, 1e9, 0, 16) == pytest.approx(2 * 15 / 16 / 25 * 1e3 + 5e-3)
+  assert collective_latency_ms(c, 0, 16) == pytest.approx(5e-3)
+
+
+def test_p2p_link():
+  c = spec()
+  bw, lat = p2p_link(c, 0, 7)
+  assert bw == pytest.approx(216e6) and lat == pytest.approx(2e-3)
+  bw, lat = p2p_link(c, 0, 9)
+  assert bw == pytest.approx(25 * 0.86 * 1e6) and lat == pytest.approx(5e-3)
+  bw, _ = p2p_link(spec(nics_per_node=2), 0, 9)  # 8 devices share 2 NICs
+  assert bw == pytest.approx(25 * 0.86 * 2 / 8 * 1e6)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(nics_per_node=-1), "nics_per_node must be an integer >= 0"),
+    (dict(intra_node_bus_efficiency=1.5), "intra_node_bus_efficiency must be in"),
+    (dict(collectives="tree"), "collectives 'tree' is unknown"),
+])
+def test_new_fields_are_validated(kw, needle):
+  with pytest.raises(UserError, match=needle):
+    spec(**kw)

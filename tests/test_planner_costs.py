@@ -8,19 +8,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_jax.cluster import ClusterSpec, allreduce_ms
+from dp_jax.graph import LayerGraph, LayerNode
 from dp_jax.planner.amplification import allowed_counts, amplification
 from dp_jax.planner.costs import (
+  allreduce_volume_ms,
   build_cost_model,
   busiest_samples,
   devices_in_move,
-  link_of,
   move_ms,
-  ring_bandwidth_ms,
-  ring_latency_ms,
+  moved_bytes_per_sample,
   stage_sync_ms,
 )
 from dp_jax.planner.options import PlanOptions, candidate_counts, data_parallel_count
 from dp_jax.planner.synthetic import linear_profile, resnet_like
+from dp_jax.profile.table import ProfileTable
 
 CLUSTER = ClusterSpec("t", "synthetic", 16, 4, 80.0, 100.0, 2.0, 10.0, 5.0)
 
@@ -59,7 +60,7 @@ def test_nested_prefixes_move_only_what_changes_device():
 
 def test_move_is_forward_plus_backward_on_slowest_link():
   # 8 samples x 1e6 bytes leave device 0 for devices 4..7 on another node (10 GB/s, 5 us)
-  ms = float(move_ms(CLUSTER, 8, 1e6, 0, 1, 4, 4))
+  ms = float(move_ms(CLUSTER, 8, 1e6, 0, 1, 4, 4))  # one NIC per device, efficiency 1
   assert ms == pytest.approx(2 * (8e6 / 10e6 + 5e-3))
   assert float(move_ms(CLUSTER, 8, 1e6, 0, 2, 0, 2)) == 0.0
 
@@ -87,11 +88,23 @@ def test_overlapped_sync_matches_a_channel_simulation(layers, lat):
 
 
 @pytest.mark.parametrize("devices", [range(1), range(4), range(8), range(2, 6), range(3, 7)])
-def test_vector_terms_agree_with_cluster_allreduce(devices):
+def test_stage_sync_is_the_cluster_allreduce(devices):
   g, start = len(devices), devices[0]
-  bw, lat = link_of(CLUSTER, start, start + g - 1)
-  vector = ring_bandwidth_ms(3e8, g, bw) + (ring_latency_ms(g, lat) if g > 1 else 0.0)
-  assert float(vector) == pytest.approx(allreduce_ms(CLUSTER, 3e8, devices))
+  volume = float(allreduce_volume_ms(CLUSTER, 3e8, start, g))
+  latency = float(allreduce_ms(CLUSTER, 0.0, start, g))
+  assert volume + latency == pytest.approx(float(allreduce_ms(CLUSTER, 3e8, start, g)))
+  assert stage_sync_ms([volume], [0.0], latency, False) == pytest.approx(
+      float(allreduce_ms(CLUSTER, 3e8, start, g)) if g > 1 else 0.0)
+
+
+@pytest.mark.parametrize("dtype,size", [("mixed fp16", 2), ("float32", 4), ("bfloat16", 2)])
+def test_moves_are_sized_in_the_profile_dtype(dtype, size):
+  node = LayerNode(name="a", kind="relu", inputs=(), params=0, param_bytes=0,
+                   out_shape=(4, 4, 8), out_bytes_per_sample=4 * 4 * 8 * 4)
+  graph = LayerGraph(model="m", input_shape=(4, 4, 8), input_dtype="float32", nodes=(node,))
+  profile = ProfileTable(model="m", device="d", dtype=dtype, source="analytic",
+                         layers={"a": {1: (0.1, 0.2)}})
+  assert moved_bytes_per_sample(graph, profile)[0] == 4 * 4 * 8 * size
 
 
 def test_candidate_counts():
@@ -132,3 +145,24 @@ def test_floor_exempts_small_layers_and_fallback_is_least_amplifying():
   for i in range(len(ok)):
     assert ok[i].any() and not ok[i, 0]
     assert math.isclose(amp[i][ok[i]].max(), amp[i, 1:].min()) or (amp[i][ok[i]] <= 1.0).all()
+
+
+@pytest.mark.parametrize("mode", ["sync", "local"])
+def test_batch_norm_statistics_are_priced_as_the_runtime_runs_them(mode):
+  conv = LayerNode(name="c", kind="conv2d", inputs=(), params=64, param_bytes=256,
+                   out_shape=(4, 4, 16), out_bytes_per_sample=4 * 4 * 16 * 4,
+                   attrs={"batch_norm": True, "out_channels": 16})
+  relu = LayerNode(name="r", kind="relu", inputs=("c",), out_shape=(4, 4, 16),
+                   out_bytes_per_sample=4 * 4 * 16 * 4)
+  graph = LayerGraph(model="m", input_shape=(4, 4, 3), input_dtype="float32", nodes=(conv, relu))
+  profile = ProfileTable(model="m", device="d", dtype="float32", source="analytic",
+                         layers={n: {b: (0.1, 0.2) for b in (1, 2, 4, 8)} for n in "cr"})
+  opts = PlanOptions(num_devices=8, global_batch=8, batch_norm=mode)
+  model = build_cost_model(graph, profile, CLUSTER, opts)
+  one = float(allreduce_ms(CLUSTER, 2 * 16 * 4, 0, 8))  # sum and sum of squares, fp32
+  total, bwd = model.layer_ms("c", (0, 8))
+  extra = 1 if mode == "sync" else 0
+  assert total == pytest.approx(0.3 + 2 * one * extra)
+  assert bwd == pytest.approx(0.2 + one * extra)
+  assert model.layer_ms("c", (0, 1)) == (pytest.approx(0.3), pytest.approx(0.2))
+  assert model.layer_ms("r", (0, 8)) == (pytest.approx(0.3), pytest.approx(0.2))

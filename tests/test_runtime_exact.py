@@ -102,3 +102,30 @@ def test_resnet50_fork_join_on_separate_devices_matches_one_device():
 def test_batch_norm_models_match_one_device(name):
   with jax.enable_x64(True):  # deeper nets amplify float64 rounding more (101 layers: 1e-7)
     _exact(name, name, jnp.float64, 8, 1e-9, 1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
+def test_per_device_batch_norm_matches_one_device_with_the_same_statistics_groups():
+  # batch_norm=local: each device normalizes its own samples. One device computing each
+  # layer's statistics over the same slices of the batch must train identically, and
+  # differently from synchronised statistics.
+  name, layout = "resnet50", LAYOUTS["resnet50"]
+  with jax.enable_x64(True):
+    data = batches(make_model(name, jnp.float64), 8, 2, dtype=jnp.float64)
+    model = make_model(name, jnp.float64)
+    losses, program, _ = run_plan(model, name, layout, data, sgd(), batch_norm="local")
+    groups = {s.name: s.module.stats_groups for s in model.layer_specs()
+              if hasattr(s.module, "stats_groups")}
+    assert {groups[n] for n in ("conv1", "layer2.0.conv1", "layer3.0.conv1")} == {8, 2, 4}
+    reference = make_model(name, jnp.float64)
+    for s in reference.layer_specs():
+      if hasattr(s.module, "stats_groups"):
+        s.module.stats_groups = len(layout(s.name))
+    ref_losses = run_reference(reference, data, sgd())
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-9)
+    initial = make_model(name, jnp.float64)
+    diff, update = state_diffs(model, reference, initial)
+    assert diff < 1e-7 and update > 2e-6, (diff, update)
+    synced = make_model(name, jnp.float64)
+    sync_losses, _, _ = run_plan(synced, name, layout, data, sgd())
+    assert abs(sync_losses[1] - losses[1]) > 1e-6 * abs(losses[1])

@@ -42,11 +42,18 @@ class Conv2d(nnx.Module):
     # torch momentum 0.1 == flax momentum 0.9; train mode (batch statistics) by default
     self.bn = (nnx.BatchNorm(out_channels, momentum=0.9, epsilon=bn_eps, dtype=dtype,
                              param_dtype=dtype, rngs=rngs) if batch_norm else None)
+    # Batch-norm statistics over the whole batch (1) or over each of G equal contiguous slices
+    # of it: per-device statistics when the layer's batch is split over G devices (the runtime
+    # sets it for batch_norm=local; dp_jax/runtime/batch_norm.py).
+    self.stats_groups = 1
 
   def __call__(self, x_BxHxWxC):
     y = self.conv(x_BxHxWxC)
     if self.bn is not None:
-      y = self.bn(y)
+      if self.stats_groups > 1 and not self.bn.use_running_average:
+        y = grouped_batch_norm(self.bn, y, self.stats_groups)
+      else:
+        y = self.bn(y)
     return jax.nn.relu(y) if self.activation == "relu" else y
 
   def attrs(self) -> dict[str, Any]:
@@ -54,6 +61,29 @@ class Conv2d(nnx.Module):
             "kernel_size": list(self.kernel_size), "stride": list(self.stride),
             "padding": list(self.padding), "batch_norm": self.batch_norm,
             "activation": self.activation}
+
+
+def grouped_batch_norm(bn: nnx.BatchNorm, y_BxHxWxC, groups: int):
+  """Training-mode batch norm with statistics per contiguous slice of B / groups samples
+  (flax's formulas: biased variance E[x^2] - E[x]^2); running statistics move toward the mean
+  of the slices' statistics."""
+  b = y_BxHxWxC.shape[0]
+  y_GxSxHxWxC = y_BxHxWxC.reshape(groups, b // groups, *y_BxHxWxC.shape[1:])
+  axes = tuple(range(1, y_GxSxHxWxC.ndim - 1))
+  mean_Gx1x1x1xC = y_GxSxHxWxC.mean(axis=axes, keepdims=True)
+  var_Gx1x1x1xC = jnp.maximum(
+      0.0, jnp.square(y_GxSxHxWxC).mean(axis=axes, keepdims=True) - jnp.square(mean_Gx1x1x1xC))
+  m = bn.momentum
+  bn.mean[...] = jax.lax.stop_gradient(m * bn.mean[...] + (1 - m) * mean_Gx1x1x1xC.mean(
+      axis=0).reshape(-1))
+  bn.var[...] = jax.lax.stop_gradient(m * bn.var[...] + (1 - m) * var_Gx1x1x1xC.mean(
+      axis=0).reshape(-1))
+  out = (y_GxSxHxWxC - mean_Gx1x1x1xC) * jax.lax.rsqrt(var_Gx1x1x1xC + bn.epsilon)
+  if bn.scale is not None:
+    out = out * bn.scale[...]
+  if bn.bias is not None:
+    out = out + bn.bias[...]
+  return out.reshape(y_BxHxWxC.shape)
 
 
 class Linear(nnx.Linear):

@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 
 from dp_jax.errors import UserError
+from dp_jax.planner import memory
 from dp_jax.runtime.loss import cross_entropy
 
 GB = 1e9
@@ -58,9 +59,10 @@ def check_batch(batch: Any) -> int:
 
 
 def memory_bytes(graph, batch: int, state_copies: int = 3) -> float:
-  """Params, grads and momentum (state_copies x param bytes) + saved activations at `batch`."""
-  return float(sum(state_copies * n.param_bytes + batch * n.out_bytes_per_sample
-                   for n in graph.nodes))
+  """Params, grads and momentum (state_copies x param bytes) + saved activations at `batch`
+  (the planner's memory model, dp_jax/planner/memory.py)."""
+  return memory.job_bytes(graph, batch, grad_bytes_per_param=4,
+                          optimizer_bytes_per_param=4 * (state_copies - 2))
 
 
 def make_step(model, optimizer: optax.GradientTransformation, batch: int) -> Callable:

@@ -16,24 +16,20 @@ import jax
 from dp_jax.errors import UserError
 from dp_jax.orchestrator.background import GB, build_job, check_batch, memory_bytes
 from dp_jax.orchestrator.scheduler import BackgroundScheduler, check_cap
+from dp_jax.planner import memory
 
 log = logging.getLogger(__name__)
 
 
 def foreground_bytes(plan: Mapping[str, Any], graph) -> dict[int, float]:
-  """Device -> bytes the foreground holds: the planner's peak if the plan has it, else
-  params+grads+momentum and saved activations of the layers on each device (traced graph)."""
+  """Device -> bytes the foreground holds: the planner's peak if the plan has it, else the
+  memory model's params+grads+momentum and saved activations per device (traced graph)."""
   peak = (plan.get("predicted") or {}).get("memory_peak_gb")
   devices = range(int(plan["num_devices"]))
   if peak is not None:
     return {d: float(peak) * GB for d in devices}
-  nodes = {n.name: n for n in graph.nodes}
-  used = {d: 0.0 for d in devices}
-  for layer in plan["layers"]:
-    n = nodes[layer["name"]]
-    for d, (a, b) in zip(layer["devices"], layer["samples"], strict=True):
-      used[d] += 3 * n.param_bytes + (b - a) * n.out_bytes_per_sample
-  return used
+  used = memory.placed_bytes(graph, plan["layers"], len(devices), optimizer_bytes_per_param=4)
+  return {d: float(used[d]) for d in devices}
 
 
 def check_fits(name: str, batch: int, need: float, used: Mapping[int, float],

@@ -6,19 +6,19 @@ import math
 
 import numpy as np
 
-from dp_jax.planner.costs import CostModel, link_of, ring_bandwidth_ms
+from dp_jax.planner.costs import CostModel, allreduce_volume_ms
 
 
 def amplification(model: CostModel) -> np.ndarray:
   """(L, C): g x (compute at B/g + own all-reduce bandwidth term) / compute on one device at B.
 
   Latency is left out (a stage pays it once, shared by its layers) and so are activation
-  moves (they depend on the neighbours). The all-reduce uses the link of devices [0, g).
+  moves (they depend on the neighbours). The all-reduce is priced on devices [0, g).
   Layers that take no time, or less than amplification_floor_ms on one device, are exempt (1).
   """
   g = model.counts.astype(float)
-  bw, _ = link_of(model.cluster, 0, model.counts - 1)
-  own = model.compute_ms + ring_bandwidth_ms(model.grad_bytes[:, None], g[None, :], bw[None, :])
+  own = model.compute_ms + allreduce_volume_ms(model.cluster, model.grad_bytes[:, None], 0,
+                                              model.counts[None, :])
   single = model.compute_ms[:, :1]
   with np.errstate(divide="ignore", invalid="ignore"):
     amp = g[None, :] * own / single

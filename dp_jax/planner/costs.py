@@ -7,41 +7,38 @@ array versions broadcast over numpy arrays so the search can price every count a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from dp_jax.cluster import BYTES_PER_MS_PER_GBPS, ClusterSpec
+from dp_jax.cluster import (
+  ClusterSpec,
+  allreduce_ms,
+  bus_bandwidth_GBps,
+  class_bus_GBps,
+  class_latency_ms,
+  collective_latency_ms,
+  p2p_link,
+  volume_ms,
+)
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
+from dp_jax.planner import memory
 from dp_jax.planner.options import PlanOptions, candidate_counts
+from dp_jax.profile.devices import DTYPE_BYTES, canonical_dtype
 from dp_jax.profile.table import MissingProfileError, ProfileTable
 
 Placement = tuple[int, int]  # (first device, number of devices)
 
 
-# --- links -----------------------------------------------------------------------------------
+# --- collectives ------------------------------------------------------------------------------
 
 
-def link_of(cluster: ClusterSpec, first, last):
-  """(bandwidth GB/s, latency us) for device ranges [first, last]: intra-node iff one node."""
-  dpn = cluster.devices_per_node
-  intra = np.asarray(first) // dpn == np.asarray(last) // dpn
-  bw = np.where(intra, cluster.intra_node_bandwidth_GBps, cluster.inter_node_bandwidth_GBps)
-  lat = np.where(intra, cluster.intra_node_latency_us, cluster.inter_node_latency_us)
-  return bw, lat
-
-
-def ring_bandwidth_ms(nbytes, count, bandwidth_GBps):
-  """Bandwidth part of a ring all-reduce: 2(g-1)/g x bytes / bandwidth (0 on one device)."""
-  count = np.asarray(count, dtype=float)
-  return 2.0 * (count - 1) / count * np.asarray(nbytes) / (bandwidth_GBps * BYTES_PER_MS_PER_GBPS)
-
-
-def ring_latency_ms(count, latency_us):
-  """Latency part of a ring all-reduce: 2(g-1) steps of the link latency (0 on one device)."""
-  return 2.0 * (np.asarray(count, dtype=float) - 1) * latency_us / 1000.0
+def allreduce_volume_ms(cluster: ClusterSpec, nbytes, start, count):
+  """Bandwidth part of an all-reduce over devices [start, start + count) (dp_jax/cluster.py)."""
+  return volume_ms(nbytes, count, bus_bandwidth_GBps(cluster, start, count))
 
 
 def stage_sync_ms(bandwidth_ms: Sequence[float], bwd_ms: Sequence[float], latency_ms: float,
@@ -105,8 +102,8 @@ def move_parts(cluster: ClusterSpec, batch: int, src_start, src_count, dst_start
   samples = busiest_samples(batch, src_start, src_count, dst_start, dst_count)
   first = np.minimum(src_start, dst_start)
   last = np.maximum(np.asarray(src_start) + src_count, np.asarray(dst_start) + dst_count) - 1
-  bw, lat = link_of(cluster, first, last)
-  return samples, bw * BYTES_PER_MS_PER_GBPS, lat / 1000.0
+  bw, lat = p2p_link(cluster, first, last)
+  return samples, bw, lat
 
 
 def move_from_parts(parts, bytes_per_sample):
@@ -140,8 +137,10 @@ class CostModel:
   compute_ms: np.ndarray  # (L, C) forward + backward at per-device batch B / count
   bwd_ms: np.ndarray  # (L, C)
   grad_bytes: np.ndarray  # (L,) gradient bytes all-reduced per step
-  out_bytes: np.ndarray  # (L,) output bytes per sample
+  out_bytes: np.ndarray  # (L,) output bytes per sample (what a move sends)
+  saved_bytes: np.ndarray  # (L,) activation bytes per sample saved for backward
   state_bytes: np.ndarray  # (L,) params + gradients + optimizer state per device holding it
+  bn_bytes: np.ndarray  # (L,) bytes of one batch-norm statistics all-reduce (0: none)
   interpolated: frozenset[str] = frozenset()  # layers priced from interpolated profile rows
   _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -158,6 +157,16 @@ class CostModel:
       hit = self._cache[key] = (t.fwd_ms + t.bwd_ms, t.bwd_ms)
     return hit
 
+  def layer_ms(self, name: str, p: Placement) -> tuple[float, float]:
+    """(fwd + bwd ms, bwd ms) of a layer on placement p, with its batch-norm statistics
+    all-reduces (one forward, one backward) when they are synchronised over its devices."""
+    total, bwd = self.timing(name, p[1])
+    b = self.bn_bytes[self.row[name]]
+    if b <= 0 or p[1] <= 1:
+      return total, bwd
+    sync = float(allreduce_ms(self.cluster, b, p[0], p[1]))
+    return total + 2 * sync, bwd + sync
+
   def move(self, src: str, a: Placement, b: Placement) -> tuple[float, int]:
     """(fwd + bwd ms, devices taking part) of moving `src`'s output from layout a to b."""
     key = ("move", src, a, b)
@@ -173,14 +182,65 @@ class CostModel:
     hit = self._cache.get(key)
     if hit is None:
       start, count = p
-      bw, lat = link_of(self.cluster, start, start + count - 1)
-      band = [float(ring_bandwidth_ms(self.grad_bytes[self.row[n]], count, bw)) for n in layers]
-      bwd = [self.timing(n, count)[1] for n in layers]
-      compute = float(sum(self.timing(n, count)[0] for n in layers))
-      sync = stage_sync_ms(band, bwd, float(ring_latency_ms(count, lat)),
+      band = [float(allreduce_volume_ms(self.cluster, self.grad_bytes[self.row[n]], start, count))
+              for n in layers]
+      bwd = [self.layer_ms(n, p)[1] for n in layers]
+      compute = float(sum(self.layer_ms(n, p)[0] for n in layers))
+      sync = stage_sync_ms(band, bwd, float(collective_latency_ms(self.cluster, start, count)),
                            self.options.overlap_allreduce)
       hit = self._cache[key] = (compute, float(sync))
     return hit
+
+
+# Synchronised batch norm all-reduces, per layer and step, the sum and the sum of squares of
+# its channels in forward and two per-channel sums in backward: 2 x channels float32 each.
+BN_STAT_BYTES_PER_CHANNEL = 2 * 4
+
+
+def batch_norm_bytes(node) -> float:
+  """Bytes of one statistics all-reduce of a layer with batch norm (0 without)."""
+  if not node.attrs.get("batch_norm"):
+    return 0.0
+  channels = node.attrs.get("out_channels") or (node.out_shape[-1] if node.out_shape else 0)
+  return float(BN_STAT_BYTES_PER_CHANNEL * int(channels))
+
+
+def batch_norm_ms(model: CostModel) -> np.ndarray:
+  """(K, L, C): one statistics all-reduce per link class, layer and count (0 on one device)."""
+  k = model.counts
+  vol = np.stack([volume_ms(model.bn_bytes[:, None], k[None, :], bw)
+                  for bw in class_bus_GBps(model.cluster)])
+  lat = class_latency_ms(model.cluster, k)[:, None, :]
+  return np.where((model.bn_bytes[None, :, None] > 0) & (k[None, None, :] > 1), vol + lat, 0.0)
+
+
+def element_bytes(dtype: str) -> int | None:
+  """Bytes of one activation element in a profile's dtype (mixed precision: the half type)."""
+  try:
+    return DTYPE_BYTES[canonical_dtype(dtype)]
+  except UserError:
+    return None
+
+
+def element_scales(graph: LayerGraph, profile: ProfileTable) -> np.ndarray:
+  """(L,) profile element size / traced element size of each layer's output (1 if unknown).
+
+  The graph records bytes in its traced dtype; a profile measured in mixed fp16 (the A100
+  tables) moves and saves 2-byte activations, a float32 one 4-byte.
+  """
+  size = element_bytes(profile.dtype)
+  out = []
+  for n in graph.nodes:
+    numel = math.prod(n.out_shape) if n.out_shape else 0
+    traced = n.out_bytes_per_sample / numel if numel and n.out_bytes_per_sample else 0
+    out.append(size / traced if size and traced else 1.0)
+  return np.array(out, dtype=float)
+
+
+def moved_bytes_per_sample(graph: LayerGraph, profile: ProfileTable) -> np.ndarray:
+  """(L,) bytes per sample of each layer's output in the profile's dtype (what a move sends)."""
+  return np.array([n.out_bytes_per_sample for n in graph.nodes], dtype=float) * element_scales(
+      graph, profile)
 
 
 def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
@@ -208,16 +268,21 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
       comp[i, c], bwd[i, c] = t.fwd_ms + t.bwd_ms, t.bwd_ms
       if t.interpolated:
         interpolated.add(name)
-  params = np.array([n.params if n.params > 0 else n.param_bytes / options.param_bytes_per_param
-                     for n in graph.nodes], dtype=float)
-  param_bytes = np.array([n.param_bytes for n in graph.nodes], dtype=float)
+  params = np.array([memory.layer_params(n, options.param_bytes_per_param) for n in graph.nodes])
+  scales = element_scales(graph, profile)
   model = CostModel(
       graph=graph, profile=profile, cluster=cluster, options=options, counts=counts,
       names=names, row={n: i for i, n in enumerate(names)}, compute_ms=comp, bwd_ms=bwd,
       grad_bytes=params * options.grad_bytes_per_param,
-      out_bytes=np.array([n.out_bytes_per_sample for n in graph.nodes], dtype=float),
-      state_bytes=param_bytes + params * (options.grad_bytes_per_param
-                                          + options.optimizer_bytes_per_param),
+      out_bytes=moved_bytes_per_sample(graph, profile),
+      saved_bytes=np.array([memory.saved_bytes_per_sample(n, x)
+                            for n, x in zip(graph.nodes, scales, strict=True)]),
+      bn_bytes=np.array([batch_norm_bytes(n) if options.batch_norm == "sync" else 0.0
+                         for n in graph.nodes]),
+      state_bytes=np.array([memory.state_bytes(n, options.grad_bytes_per_param,
+                                               options.optimizer_bytes_per_param,
+                                               options.param_bytes_per_param)
+                            for n in graph.nodes]),
       interpolated=frozenset(interpolated))
   for i, name in enumerate(names):
     for c, g in enumerate(counts):

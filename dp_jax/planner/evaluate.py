@@ -13,12 +13,19 @@ What one training step is charged (ms; B global batch, a layer on g devices hold
 - a move along an edge whose layers sit on different devices costs 2 x (busiest device's
   bytes in or out / bandwidth + latency) on the slowest link of both device sets (activations
   forward, their gradients backward); samples that stay on their device do not move;
-- a chain costs the sum of its stages, moves and non-merged blocks; a non-merged block costs
-  max over groups of branches that share a device of the sum of their (move in + branch +
-  move out), plus the fork -> join moves of identity branches (a branch's forward and backward
-  are charged together, so concurrent branches overlap as wholes);
-- gpu_ms: sum over stages of devices x (compute + sync) plus over moves of devices of both
-  sets x move time.
+- a step is its forward pass then its backward pass; a chain costs the sum of its stages
+  (forward: compute; backward: compute + exposed all-reduce; the next backward segment waits
+  for a stage's all-reduce), moves (half forward, half backward) and non-merged blocks;
+- a non-merged block: first the fork's sends into its branches, one after another (they share
+  the fork's link), then the groups of branches that share a device side by side (branches in
+  a group one after another), then the join's receives from the branches, one after another
+  (they share the join's link), then the fork -> join moves of identity branches; backward
+  mirrors it. The block's forward is the max over groups
+  of their forward, its backward the max over groups of their backward, taken separately
+  (the simulator's schedule, dp_jax/sim/timeline.py);
+- gpu_ms: sum over stages of devices x (compute + sync), over moves of devices of both sets x
+  move time, and for a fork's sends (a join's receives) the devices of all of them together x
+  their total time.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ class Evaluation:
   gpu_ms: float
   stages: tuple[StageCost, ...]
   moves: tuple[MoveCost, ...]
+  forward_ms: float = 0.0  # the forward pass's share of iteration_ms
 
 
 def evaluate_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
@@ -83,11 +91,9 @@ def evaluate(model: CostModel, assignment: Mapping[str, Placement]) -> Evaluatio
   stages: list[StageCost] = []
   moves: list[MoveCost] = []
   walk = _Walk(model, assignment, stages, moves)
-  time = walk.chain(model.graph.decompose())
-  gpu = sum(s.placement[1] * (s.compute_ms + s.sync_ms) for s in stages)
-  gpu += sum(m.devices * m.ms for m in moves)
-  return Evaluation(iteration_ms=float(time), gpu_ms=float(gpu), stages=tuple(stages),
-                    moves=tuple(moves))
+  fwd, bwd = walk.chain(model.graph.decompose())
+  return Evaluation(iteration_ms=float(fwd + bwd), gpu_ms=float(walk.gpu), stages=tuple(stages),
+                    moves=tuple(moves), forward_ms=float(fwd))
 
 
 def _check_assignment(model: CostModel, assignment: Mapping[str, Placement]) -> None:
@@ -109,70 +115,103 @@ def _check_assignment(model: CostModel, assignment: Mapping[str, Placement]) -> 
 
 
 class _Walk:
-  """One evaluation's recursion over the decomposition (collects stages and moves)."""
+  """One evaluation's recursion over the decomposition: (forward ms, backward ms) per part,
+  collecting stages, moves and device-ms (gpu)."""
 
   def __init__(self, model, assignment, stages, moves):
     self.m, self.a, self.stages, self.moves = model, assignment, stages, moves
+    self.gpu = 0.0
 
-  def chain(self, chain: Chain) -> float:
-    time, run, prev_node = 0.0, None, None
+  def chain(self, chain: Chain) -> tuple[float, float]:
+    fwd = bwd = 0.0
+    run, prev_node = None, None
     for item in chain.items:
       if isinstance(item, Parallel):
         if self._merged(item):
           run.extend(flat_layers(item))
           continue
-        time += self._close(run)
+        f, b = self._close(run)
         run, prev_node = None, None
-        time += self._block(item)
+        f2, b2 = self._block(item)
+        fwd, bwd = fwd + f + f2, bwd + b + b2
         continue
       if run is not None and self.a[run[-1]] == self.a[item]:
         run.append(item)
       else:
-        if run is not None:
-          time += self._close(run)
+        f, b = self._close(run)
         if prev_node is not None:
-          time += self._move(prev_node, item)
+          half = self._move(prev_node, item) / 2
+          f, b = f + half, b + half
+        fwd, bwd = fwd + f, bwd + b
         run = [item]
       prev_node = item
-    return time + self._close(run)
+    f, b = self._close(run)
+    return fwd + f, bwd + b
 
   def _merged(self, block: Parallel) -> bool:
     p = self.a[block.fork]
     return self.a[block.join] == p and all(self.a[n] == p for n in flat_layers(block))
 
-  def _close(self, run) -> float:
+  def _close(self, run) -> tuple[float, float]:
     if not run:
-      return 0.0
+      return 0.0, 0.0
     p = self.a[run[0]]
     compute, sync = self.m.stage(tuple(run), p)
     self.stages.append(StageCost(p, tuple(run), compute, sync))
-    return compute + sync
+    self.gpu += p[1] * (compute + sync)
+    bwd = sum(self.m.layer_ms(n, p)[1] for n in run)
+    return compute - bwd, bwd + sync
 
-  def _move(self, src: str, dst: str) -> float:
+  def _move(self, src: str, dst: str, count_gpu: bool = True) -> float:
     ms, devices = self.m.move(src, self.a[src], self.a[dst])
     if ms > 0:
       self.moves.append(MoveCost(src, dst, ms, devices))
+      if count_gpu:
+        self.gpu += devices * ms
     return ms
 
-  def _block(self, block: Parallel) -> float:
-    identity, times, masks = 0.0, [], []
+  def _block(self, block: Parallel) -> tuple[float, float]:
+    """The fork's sends into the branches, one after another (they share the fork's link);
+    groups of branches that share a device side by side (branches in a group one after
+    another); the join's receives from the branches, one after another (they share the join's
+    link); the identity moves. Backward mirrors it. Forward and backward maxima over groups
+    are taken separately."""
+    fs, bs, masks, sends, receives = [], [], [], [], []
     for branch in block.branches:
       if not branch.items:
-        identity += self._move(block.fork, block.join)
         continue
-      t = self._move(block.fork, first_layer(branch)) + self.chain(branch)
-      times.append(t + self._move(last_layer(branch), block.join))
+      sends.append((block.fork, first_layer(branch)))
+      receives.append((last_layer(branch), block.join))
+      f, b = self.chain(branch)
+      fs.append(f)
+      bs.append(b)
       mask = 0
       for n in flat_layers(branch):
-        s, c = self.a[n]
-        mask |= ((1 << c) - 1) << s
+        mask |= _mask(self.a[n])
       masks.append(mask)
-    return _grouped_max(times, masks) + identity
+    moved = self._shared_moves(sends) + self._shared_moves(receives)
+    moved += sum(self._move(block.fork, block.join) for b in block.branches if not b.items)
+    groups = sharing_groups(masks)
+    fwd = max((sum(fs[i] for i in g) for g in groups), default=0.0)
+    bwd = max((sum(bs[i] for i in g) for g in groups), default=0.0)
+    return fwd + moved / 2, bwd + moved / 2
+
+  def _shared_moves(self, edges: list[tuple[str, str]]) -> float:
+    """Moves that share one end's link, run one after another: the devices of all of them
+    are busy for their total time."""
+    total, mask = 0.0, 0
+    for src, dst in edges:
+      ms = self._move(src, dst, count_gpu=False)
+      if ms > 0:
+        total += ms
+        mask |= _mask(self.a[src]) | _mask(self.a[dst])
+    self.gpu += bin(mask).count("1") * total
+    return total
 
 
-def _grouped_max(times: list[float], masks: list[int]) -> float:
-  """Branches sharing a device run one after another; groups that share none run side by side."""
-  return max((sum(times[i] for i in g) for g in sharing_groups(masks)), default=0.0)
+def _mask(p: Placement) -> int:
+  start, count = p
+  return ((1 << count) - 1) << start
 
 
 def data_parallel_assignment(model: CostModel, count: int) -> dict[str, Placement]:

@@ -34,7 +34,7 @@ def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
               device_counts: str = "divisors", overlap_allreduce: bool = True,
               amplification_floor_ms: float = 0.3, grad_bytes_per_param: float = 4,
               optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4,
-              check_memory: bool = True, mode: str = "fastest",
+              check_memory: bool = True, batch_norm: str = "sync", mode: str = "fastest",
               frontier_limits: Iterable[float] = DEFAULT_LIMITS) -> Plan:
   """The fastest burst-parallel plan under the amplification limit (mode="frontier" also
   attaches the Pareto front of (iteration_ms, gpu_ms) over frontier_limits)."""
@@ -47,7 +47,8 @@ def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
       overlap_allreduce=overlap_allreduce, amplification_floor_ms=amplification_floor_ms,
       grad_bytes_per_param=grad_bytes_per_param,
       optimizer_bytes_per_param=optimizer_bytes_per_param,
-      param_bytes_per_param=param_bytes_per_param, check_memory=check_memory)
+      param_bytes_per_param=param_bytes_per_param, check_memory=check_memory,
+      batch_norm=batch_norm)
   model = build_cost_model(graph, profile, cluster, opts)
   fits = memory.fits_alone(model)
   baseline = data_parallel(model)
@@ -112,7 +113,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   layers = []
   for node in model.graph.nodes:
     start, count = assignment[node.name]
-    fb, bwd = model.timing(node.name, count)
+    fb, bwd = model.layer_ms(node.name, (start, count))
     column = np.searchsorted(model.counts, count)
     in_table = column < len(model.counts) and model.counts[column] == count
     layers.append(LayerPlan(

@@ -1,20 +1,85 @@
-"""Device memory of a plan: parameters, gradients, optimizer state and saved activations."""
+"""Device memory, the one model the planner, the simulator and the orchestrator use.
+
+A device holding a layer on g devices at global batch B keeps:
+- the layer's parameters, gradients and optimizer state (param_bytes + params x (grad bytes +
+  optimizer bytes per parameter)); a copy on every device holding the layer;
+- the activations the layer saves for its backward pass for its B / g samples: the bytes of
+  the residuals of the layer's forward-with-residuals program, per sample, as traced by XLA
+  (LayerNode.saved_bytes_per_sample, dp_jax/trace.py); graphs without them (hand-written
+  files) fall back to the layer's output. Saved bytes are rescaled from the traced dtype to the
+  profile's (mixed fp16 saves 2-byte activations).
+Pure numpy: no JAX.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dp_jax.errors import UserError
-from dp_jax.planner.costs import CostModel, Placement
+from dp_jax.graph import LayerGraph, LayerNode
+
+if TYPE_CHECKING:
+  from dp_jax.planner.costs import CostModel, Placement
 
 GB = 1e9
 
 
+# --- per layer, from the graph (no cost model needed) -----------------------------------------
+
+
+def layer_params(node: LayerNode, param_bytes_per_param: float = 4) -> float:
+  """Parameter count of a layer (from param_bytes when the node gives no count)."""
+  return float(node.params if node.params > 0 else node.param_bytes / param_bytes_per_param)
+
+
+def state_bytes(node: LayerNode, grad_bytes_per_param: float = 4,
+                optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4) -> float:
+  """Parameters + gradients + optimizer state of one layer, on every device that holds it."""
+  return float(node.param_bytes) + layer_params(node, param_bytes_per_param) * (
+      grad_bytes_per_param + optimizer_bytes_per_param)
+
+
+def saved_bytes_per_sample(node: LayerNode, element_scale: float = 1.0) -> float:
+  """Activations the layer keeps for its backward, per sample (XLA's residuals, else its
+  output), times element_scale (profile element size / traced element size)."""
+  saved = node.saved_bytes_per_sample or node.out_bytes_per_sample
+  return float(saved) * element_scale
+
+
+def job_bytes(graph: LayerGraph, batch: int, *, grad_bytes_per_param: float = 4,
+              optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4,
+              element_scale: float = 1.0) -> float:
+  """One device training the whole model at `batch` (a background job's copy)."""
+  return float(sum(state_bytes(n, grad_bytes_per_param, optimizer_bytes_per_param,
+                               param_bytes_per_param)
+                   + batch * saved_bytes_per_sample(n, element_scale) for n in graph.nodes))
+
+
+def placed_bytes(graph: LayerGraph, layers: Iterable[Mapping], num_devices: int, *,
+                 grad_bytes_per_param: float = 4, optimizer_bytes_per_param: float = 8,
+                 param_bytes_per_param: float = 4, element_scale: float = 1.0) -> np.ndarray:
+  """(devices,) bytes each device holds under plan-JSON layers ({name, devices, samples})."""
+  nodes = {n.name: n for n in graph.nodes}
+  used = np.zeros(num_devices)
+  for layer in layers:
+    n = nodes[layer["name"]]
+    state = state_bytes(n, grad_bytes_per_param, optimizer_bytes_per_param,
+                        param_bytes_per_param)
+    per_sample = saved_bytes_per_sample(n, element_scale)
+    for d, (a, b) in zip(layer["devices"], layer["samples"], strict=True):
+      used[d] += state + (b - a) * per_sample
+  return used
+
+
+# --- over a cost model's candidate counts (the planner's tables) ------------------------------
+
+
 def activation_bytes(model: CostModel) -> np.ndarray:
   """(L, C): activations a layer saves for backward on each of its devices, per count."""
-  return model.out_bytes[:, None] * (model.batch // model.counts)[None, :]
+  return model.saved_bytes[:, None] * (model.batch // model.counts)[None, :]
 
 
 def layer_bytes(model: CostModel) -> np.ndarray:
@@ -42,12 +107,16 @@ def fits_alone(model: CostModel) -> np.ndarray:
   return ok
 
 
+def _need(model: CostModel, name: str, count: int) -> float:
+  i = model.row[name]
+  return float(model.state_bytes[i] + model.saved_bytes[i] * (model.batch // count))
+
+
 def device_bytes(model: CostModel, assignment: Mapping[str, Placement]) -> np.ndarray:
   """Bytes each job device holds under the assignment (index = device)."""
   per_device = np.zeros(model.options.num_devices + 1)
   for name, (start, count) in assignment.items():
-    i = model.row[name]
-    need = model.state_bytes[i] + model.out_bytes[i] * (model.batch // count)
+    need = _need(model, name, count)
     per_device[start] += need
     per_device[start + count] -= need
   return np.cumsum(per_device)[:-1]
@@ -58,8 +127,7 @@ def largest_layer_on(model: CostModel, assignment: Mapping[str, Placement], devi
   best, best_bytes = "", -1.0
   for name, (start, count) in assignment.items():
     if start <= device < start + count:
-      i = model.row[name]
-      need = model.state_bytes[i] + model.out_bytes[i] * (model.batch // count)
+      need = _need(model, name, count)
       if need > best_bytes:
         best, best_bytes = name, need
   return best

@@ -10,6 +10,7 @@ import numpy as np
 from dp_jax.errors import UserError
 
 DEVICE_COUNT_MODES = ("divisors", "powers_of_two")
+BATCH_NORM_MODES = ("sync", "local")  # statistics over a stage's whole batch / per device
 MODES = ("fastest", "frontier")
 
 
@@ -27,6 +28,7 @@ class PlanOptions:
   optimizer_bytes_per_param: int = 8  # Adam: two fp32 moments
   param_bytes_per_param: int = 4  # only used to count params when a node gives param_bytes alone
   check_memory: bool = True
+  batch_norm: str = "sync"  # sync: statistics all-reduced over a layer's devices (priced)
 
   def __post_init__(self):
     for key in ("num_devices", "global_batch"):
@@ -41,6 +43,9 @@ class PlanOptions:
     if isinstance(a, bool) or not isinstance(a, (int, float)) or math.isnan(a) or a < 1:
       raise UserError(f"amplification_limit must be a number >= 1 (1: no layer may use more "
                       f"device-time than on one device; inf: fastest plan), got {a!r}")
+    if self.batch_norm not in BATCH_NORM_MODES:
+      raise UserError(f"batch_norm '{self.batch_norm}' is unknown "
+                      f"(valid: {', '.join(BATCH_NORM_MODES)})")
     if self.device_counts not in DEVICE_COUNT_MODES:
       raise UserError(f"device_counts '{self.device_counts}' is unknown "
                       f"(valid: {', '.join(DEVICE_COUNT_MODES)})")

@@ -26,16 +26,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dp_jax.cluster import class_bus_GBps, class_latency_ms, link_class, volume_ms
 from dp_jax.graph import Chain, Parallel
 from dp_jax.planner.costs import (
   CostModel,
   Placement,
+  batch_norm_ms,
   move_from_parts,
   move_parts,
-  ring_bandwidth_ms,
-  ring_latency_ms,
 )
-from dp_jax.planner.structure import flat_layers, last_layer
+from dp_jax.planner.structure import first_layer, flat_layers, last_layer
+
+# Single-input elementwise layers: XLA fuses them into their producer (DeepPool's ReLUs run in
+# place), so the search never changes device count (or devices) into one of them.
+ELEMENTWISE_KINDS = frozenset({"relu", "gelu", "tanh", "sigmoid", "dropout"})
 
 INF = np.inf
 
@@ -48,11 +52,13 @@ class _Tables:
   counts: np.ndarray
   budget: int
   allowed: np.ndarray
-  compute: np.ndarray
-  bwd: np.ndarray
-  band: np.ndarray  # (2, L, C) all-reduce bandwidth term, intra-node [0] / inter-node [1] link
-  lat: np.ndarray  # (2, C) all-reduce latency term per link kind
-  link0: np.ndarray  # (C,) link kind of prefix [0, count)
+  compute: np.ndarray  # (L, C) fwd + bwd on the prefix [0, count) (batch-norm syncs included)
+  bwd: np.ndarray  # (L, C)
+  compute_k: np.ndarray  # (K, L, C) the same per link class (lanes)
+  bwd_k: np.ndarray  # (K, L, C)
+  band: np.ndarray  # (K, L, C) all-reduce bandwidth term per link class (cluster.link_class)
+  lat: np.ndarray  # (K, C) all-reduce latency term per link class
+  link0: np.ndarray  # (C,) link class of prefix [0, count)
   has_params: np.ndarray
   edges: dict = field(default_factory=dict)
   lanes: tuple | None = None
@@ -83,29 +89,29 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
   """Tables for one search; `penalty_ms` (L, C) is added to compute (memory repair only)."""
   k = model.counts
   cl = model.cluster
-  band = np.stack([ring_bandwidth_ms(model.grad_bytes[:, None], k[None, :], bw)
-                   for bw in (cl.intra_node_bandwidth_GBps, cl.inter_node_bandwidth_GBps)])
-  lat = np.stack([ring_latency_ms(k, x) for x in (cl.intra_node_latency_us,
-                                                  cl.inter_node_latency_us)])
-  compute = model.compute_ms if penalty_ms is None else model.compute_ms + penalty_ms
+  band = np.stack([volume_ms(model.grad_bytes[:, None], k[None, :], bw)
+                   for bw in class_bus_GBps(cl)])
+  lat = class_latency_ms(cl, k)
+  bn = batch_norm_ms(model)
+  compute_k = model.compute_ms[None] + 2 * bn
+  if penalty_ms is not None:
+    compute_k = compute_k + penalty_ms[None]
+  bwd_k = model.bwd_ms[None] + bn
+  link0 = link_class(cl, 0, k)
+  cols = np.arange(len(k))
   return _Tables(model=model, counts=k, budget=model.options.num_devices, allowed=allowed,
-                 compute=compute, bwd=model.bwd_ms, band=band, lat=lat,
-                 link0=_link_kind(cl.devices_per_node, 0, k),
+                 compute=compute_k[link0, :, cols].T, bwd=bwd_k[link0, :, cols].T,
+                 compute_k=compute_k, bwd_k=bwd_k, band=band, lat=lat, link0=link0,
                  has_params=model.grad_bytes > 0)
 
 
-def _link_kind(dpn: int, start, count):
-  return (np.asarray(start) // dpn != (np.asarray(start) + count - 1) // dpn).astype(np.int64)
-
-
-def _run_sync(t: _Tables, rows: np.ndarray, kind) -> np.ndarray:
-  """(C,) exposed all-reduce time of one stage holding `rows` (forward order), per count."""
-  cols = np.arange(len(t.counts))
-  band = t.band[kind, rows[:, None], cols[None, :]] if np.ndim(kind) else t.band[kind][rows]
-  lat = t.lat[kind, cols] if np.ndim(kind) else t.lat[kind]
+def _run_sync(t: _Tables, rows: np.ndarray, kind: int) -> np.ndarray:
+  """(C,) exposed all-reduce time of one stage holding `rows` (forward order), per count, on a
+  range of link class `kind`."""
+  band, lat, bwd = t.band[kind][rows], t.lat[kind], t.bwd_k[kind][rows]
   if t.model.options.overlap_allreduce:
     sent = np.cumsum(band, axis=0)
-    hidden = np.cumsum(t.bwd[rows], axis=0) - t.bwd[rows]
+    hidden = np.cumsum(bwd, axis=0) - bwd
     exposed = (sent - hidden).max(axis=0)
   else:
     exposed = band.sum(axis=0)
@@ -164,6 +170,8 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
   position = {k: i for i, k in enumerate(nodes)}
   vin = np.empty((len(nodes), enter.shape[0], len(cols)))
   starts = np.array([spans[k][0] for k in nodes], dtype=np.int64)
+  no_start = np.array([k > 0 and isinstance(chain.items[k - 1], str)
+                       and _elementwise(t, chain.items[k]) for k in nodes], dtype=bool)
   node_ids = np.array(nodes, dtype=np.int64)
   items = chain.items
   for k, item in enumerate(items):
@@ -186,6 +194,7 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
     sync = np.where(((cum_p[e] - cum_p[s]) > 0)[:, None], lat[None, :] + exposed, 0.0)
     run = cum_comp[e] - cum_comp[s] + sync
     run[(cum_bad[e] - cum_bad[s]) > 0] = INF
+    run[no_start[: i + 1]] = INF  # an elementwise layer stays on its producer's devices
     total = vin[: i + 1] + run[:, None, :]
     best = total.argmin(axis=0)
     sol.value[k] = np.take_along_axis(total, best[None], axis=0)[0]
@@ -207,7 +216,8 @@ class _Lane:
   names: tuple
   first_bytes: float  # bytes per sample the fork sends into the branch
   last_bytes: float  # bytes per sample the branch's last layer sends to the join
-  body: np.ndarray  # (2, C): the whole branch as one stage, per link kind and count
+  fwd: np.ndarray  # (K, C): the whole branch as one stage, forward, per link class and count
+  bwd: np.ndarray  # (K, C): its backward plus exposed all-reduce, per link class and count
 
 
 @dataclass
@@ -222,27 +232,38 @@ class _BlockSol:
 def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
   names = tuple(flat_layers(branch))
   rows = np.array([t.model.row[n] for n in names], dtype=np.int64)
-  compute = t.compute[rows].sum(axis=0)
-  body = np.stack([compute + _run_sync(t, rows, kind) for kind in (0, 1)])
-  body[:, ~t.allowed[rows].all(axis=0)] = INF
+  bwd = t.bwd_k[:, rows].sum(axis=1)  # (K, C)
+  fwd = t.compute_k[:, rows].sum(axis=1) - bwd
+  back = np.stack([bwd[kind] + _run_sync(t, rows, kind) for kind in range(len(t.band))])
+  bad = ~t.allowed[rows].all(axis=0)
+  fwd[:, bad] = INF
+  back[:, bad] = INF
   return _Lane(rows, names, float(t.model.out_bytes[fork_row]),
-               float(t.model.out_bytes[t.model.row[last_layer(branch)]]), body)
+               float(t.model.out_bytes[t.model.row[last_layer(branch)]]), fwd, back)
+
+
+def _elementwise(t: _Tables, name: str) -> bool:
+  return t.model.graph.node(name).kind in ELEMENTWISE_KINDS
 
 
 def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
   fork_row = t.model.row[block.fork]
   enter = t.edge(fork_row)
+  same = np.where(np.eye(len(t.counts), dtype=bool), enter, INF)
   identities = sum(1 for b in block.branches if not b.items)
   serial = identities * enter
   sols, lanes = [], []
+  pinned = False  # a branch opens with an elementwise layer: it stays on the fork's devices
   for branch in block.branches:
     if branch.items:
-      sol = _solve_chain(t, branch, enter)
+      first_elementwise = _elementwise(t, first_layer(branch))
+      pinned |= first_elementwise
+      sol = _solve_chain(t, branch, same if first_elementwise else enter)
       _close_branch(t, sol)
       sols.append(sol)
       serial = serial + sol.exit
       lanes.append(_lane(t, branch, fork_row))
-  if len(lanes) >= 2:
+  if len(lanes) >= 2 and not pinned:
     every = np.arange(len(t.counts))
     # lanes only matter where they beat serial (a hair of slack against rounding)
     bound = (serial - identities * enter) * (1 + 1e-9) + 1e-12
@@ -255,26 +276,32 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
 
 def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track: bool = False,
              bound: np.ndarray | None = None):
-  """Min over lane layouts of the max lane time, per (fork count, join count).
+  """Lane layouts priced as evaluate() prices a block, per (fork count, join count).
 
-  Partial layouts already at or above `bound` are dropped (the caller keeps the other mode
-  there). With track (one fork and one join count), also returns each lane's (start, count).
+  A layout costs (sum of the fork's sends and the join's receives) + max over lanes of
+  their forward + max over lanes of their backward (evaluate()'s block). Lanes are placed in
+  branch order; the state is the devices used so far, and for each state the partial layout
+  with the least partial cost is kept (partial costs only grow as lanes are added; exact for
+  two lanes, a heuristic for more). Partial layouts already at or above `bound` are dropped
+  (the caller keeps the other mode there). With track (one fork and one join count), also
+  returns each lane's (start, count).
   """
-  k, dpn, budget = t.counts, t.model.cluster.devices_per_node, t.budget
+  k, budget = t.counts, t.budget
   moves_in, moves_out = t.lane_moves()
   shifts = np.array([0], dtype=np.int64)
-  worst = np.zeros((1, len(fsel), len(jsel)))
-  best = np.full((len(fsel), len(jsel)), INF)
+  shape = (len(fsel), len(jsel))
+  state = [np.zeros((1, *shape)) for _ in range(3)]  # moves, forward max, backward max
+  best = np.full(shape, INF)
   best_at, history = (-1, -1), []
   for li, lane in enumerate(lanes):
     last = li == len(lanes) - 1
     later = len(lanes) - 1 - li  # every later lane needs at least one device
     if not last:
-      table = np.full((budget + 1, len(fsel), len(jsel)), INF)
+      table = [np.full((budget + 1, *shape), INF) for _ in range(4)]  # total, moves, fwd, bwd
       from_s = np.full(budget + 1, -1, dtype=np.int64)
       from_c = np.full(budget + 1, -1, dtype=np.int64)
     for c in range(len(k)):
-      if not np.isfinite(lane.body[:, c]).any():
+      if not np.isfinite(lane.fwd[:, c]).any():
         continue
       n = int(np.searchsorted(shifts, budget - k[c] - later, side="right"))
       if not n:
@@ -282,9 +309,12 @@ def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track:
       s = shifts[:n]  # shifts ascend, so the lanes that fit are a prefix
       into = move_from_parts([x[s, c][:, fsel] for x in moves_in], lane.first_bytes)
       out = move_from_parts([x[s, c][:, jsel] for x in moves_out], lane.last_bytes)
-      cand = into[:, :, None] + out[:, None, :]
-      cand += lane.body[_link_kind(dpn, s, k[c]), c][:, None, None]
-      np.maximum(cand, worst[:n], out=cand)
+      sends = state[0][:n] + into[:, :, None] + out[:, None, :]
+      cls = link_class(t.model.cluster, s, k[c])
+      fwd = np.maximum(state[1][:n], lane.fwd[cls, c][:, None, None])
+      back = lane.bwd[cls, c][:, None, None]
+      bwd = np.maximum(state[2][:n], back)
+      cand = sends + fwd + bwd
       if last:
         low = cand.min(axis=0)
         if track and low[0, 0] < best[0, 0]:
@@ -292,17 +322,17 @@ def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track:
         np.minimum(best, low, out=best)
       else:
         target = s + k[c]
-        sub = table[target]
+        better = cand < table[0][target]
         if track:
-          better = cand[:, 0, 0] < sub[:, 0, 0]
-          from_s[target[better]], from_c[target[better]] = s[better], c
-        np.minimum(sub, cand, out=sub)
-        table[target] = sub
+          pick = better[:, 0, 0]
+          from_s[target[pick]], from_c[target[pick]] = s[pick], c
+        for tab, new in zip(table, (cand, sends, fwd, bwd), strict=True):
+          tab[target] = np.where(better, new, tab[target])
     if not last:
       if bound is not None:
-        table[table >= bound] = INF
-      shifts = np.flatnonzero(np.isfinite(table).any(axis=(1, 2)))
-      worst = table[shifts]
+        table[0][table[0] >= bound] = INF
+      shifts = np.flatnonzero(np.isfinite(table[0]).any(axis=(1, 2)))
+      state = [tab[shifts] for tab in table[1:]]
       history.append((from_s, from_c))
       if not len(shifts):
         break

@@ -59,6 +59,11 @@ def metrics(sim: Simulation) -> dict[str, Any]:
                simulated_iterations=len(f.iteration_ms))
     out.update(best_data_parallel_plus_background(sim))
   fg_sps = b / iteration * 1e3
+  if f is not None and job is not None:
+    per_device = job.batch / job.step_ms * 1e3
+    frontier = data_parallel_frontier(sim.data_parallel_ms, g, b, per_device)
+    out["data_parallel_frontier"] = frontier
+    out.update(matched_data_parallel(frontier, iteration, fg_sps + bg_sps))
   out.update(iteration_ms=iteration, idle_fraction=idle, samples_per_s=fg_sps,
              background_samples_per_s=bg_sps, cluster_samples_per_s=fg_sps + bg_sps,
              speedup_vs_data_parallel=dp.iteration_ms / iteration,
@@ -67,6 +72,36 @@ def metrics(sim: Simulation) -> dict[str, Any]:
     out["cluster_throughput_vs_best_data_parallel"] = (
         (fg_sps + bg_sps) / out["best_data_parallel_cluster_samples_per_s"])
   return out
+
+
+def data_parallel_frontier(data_parallel_ms: dict[int, float], g: int, b: int,
+                           background_per_device_sps: float) -> list[dict[str, float]]:
+  """Data parallelism on d <= G devices with the background job alone on the other G - d:
+  per d, its iteration time and the cluster's samples/s (the whole trade-off curve)."""
+  return [{"devices": int(d), "iteration_ms": float(ms),
+           "cluster_samples_per_s": b / ms * 1e3 + (g - d) * background_per_device_sps}
+          for d, ms in sorted(data_parallel_ms.items())]
+
+
+def matched_data_parallel(frontier: list[dict[str, float]], iteration_ms: float,
+                          cluster_sps: float) -> dict[str, Any]:
+  """The fair baseline at matched foreground speed: data parallelism on the fewest devices
+  that are at least as fast as the burst plan, the background job on the rest; None (and a
+  note) when no data parallelism on d <= G is as fast."""
+  fast = [p for p in frontier if p["iteration_ms"] <= iteration_ms * (1 + 1e-9)]
+  if not fast:
+    return {"matched_data_parallel_devices": None, "matched_data_parallel_iteration_ms": None,
+            "matched_data_parallel_cluster_samples_per_s": None,
+            "cluster_throughput_vs_matched_data_parallel": None,
+            "matched_data_parallel_note": "no data parallelism on d <= G is as fast as the "
+                                          "burst plan"}
+  p = min(fast, key=lambda q: q["devices"])
+  return {"matched_data_parallel_devices": p["devices"],
+          "matched_data_parallel_iteration_ms": p["iteration_ms"],
+          "matched_data_parallel_cluster_samples_per_s": p["cluster_samples_per_s"],
+          "cluster_throughput_vs_matched_data_parallel": cluster_sps / p["cluster_samples_per_s"],
+          "matched_data_parallel_note": f"data parallelism on {p['devices']} devices is at least "
+                                        "as fast"}
 
 
 def best_data_parallel_plus_background(sim: Simulation) -> dict[str, Any]:

@@ -8,8 +8,10 @@ layer as soon as that layer's backward is done when the plan overlaps all-reduce
 backward pass (else one piece after the stage's backward), then the ring latency once. As in the
 planner, the next backward segment waits for the stage's all-reduce. A move costs half of the
 planner's move_ms forward (activations) and half backward (their gradients), on every device of
-both layouts. Branch groups of a block run side by side; branches in one group run one after
-another; identity (fork -> join) moves run after the groups forward and before them backward.
+both layouts. A block starts with the fork's sends into all its branches as one move (they
+share the fork's link); then branch groups run side by side, branches in one group one after
+another; then the join's receives from all branches as one move (they share the join's link);
+identity (fork -> join) moves come last. Backward mirrors the forward order.
 """
 
 from __future__ import annotations
@@ -19,15 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dp_jax.cluster import collective_latency_ms
 from dp_jax.errors import UserError
-from dp_jax.planner.costs import (
-  CostModel,
-  Placement,
-  link_of,
-  move_ms,
-  ring_bandwidth_ms,
-  ring_latency_ms,
-)
+from dp_jax.planner.costs import CostModel, Placement, allreduce_volume_ms, move_ms
 from dp_jax.sim.segments import Block, Move, Segment, Stage, segments
 
 STREAMS = ("compute", "comm")
@@ -134,7 +130,7 @@ class _Builder:
       if isinstance(seg, Stage):
         self.stages.append(seg)
         for name in seg.layers:
-          total, bwd = self.m.timing(name, seg.placement[1])
+          total, bwd = self.m.layer_ms(name, seg.placement)
           after = self.add([seg.placement], "compute", "fwd", name, total - bwd, after, seg.index)
       elif isinstance(seg, Move):
         after = self.move(seg, after, "fwd")
@@ -153,15 +149,14 @@ class _Builder:
     return after
 
   def block_forward(self, blk: Block, after: tuple[int, ...]) -> tuple[int, ...]:
+    after = self.shared_moves(blk, "move_in", after, "fwd")
     ends: list[int] = []
     for group in blk.groups:
       a = after
       for br in group:
-        a = self.move(br.move_in, a, "fwd")
         a = self.forward(br.body, a)
-        a = self.move(br.move_out, a, "fwd")
       ends.extend(a)
-    after = tuple(dict.fromkeys(ends))
+    after = self.shared_moves(blk, "move_out", tuple(dict.fromkeys(ends)), "fwd")
     for mv in blk.identity:
       after = self.move(mv, after, "fwd")
     return after
@@ -169,35 +164,50 @@ class _Builder:
   def block_backward(self, blk: Block, after: tuple[int, ...]) -> tuple[int, ...]:
     for mv in reversed(blk.identity):
       after = self.move(mv, after, "bwd")
+    after = self.shared_moves(blk, "move_out", after, "bwd")
     ends: list[int] = []
     for group in blk.groups:
       a = after
       for br in reversed(group):
-        a = self.move(br.move_out, a, "bwd")
         a = self.backward(br.body, a)
-        a = self.move(br.move_in, a, "bwd")
       ends.extend(a)
-    return tuple(dict.fromkeys(ends))
+    return self.shared_moves(blk, "move_in", tuple(dict.fromkeys(ends)), "bwd")
+
+  def shared_moves(self, blk: Block, which: str, after: tuple[int, ...],
+                   direction: str) -> tuple[int, ...]:
+    """The fork's sends into every branch (which="move_in") or the join's receives from every
+    branch ("move_out") as one task: they share the fork's (join's) link."""
+    ms, spans = 0.0, []
+    for group in blk.groups:
+      for br in group:
+        mv = getattr(br, which)
+        one = self.move_ms(mv)
+        if one > 0:
+          ms += one
+          spans.extend(union_spans(self.a[mv.src], self.a[mv.dst]))
+    end = blk.fork if which == "move_in" else blk.join
+    label = (f"{end} <-> branches" if direction == "fwd" else f"grad {end} <-> branches")
+    return self.add(merge_spans(spans), "comm", "move", label, ms / 2, after)
 
   # --- segments -----------------------------------------------------------------------------
 
   def stage_backward(self, st: Stage, after: tuple[int, ...]) -> tuple[int, ...]:
     start, count = st.placement
-    bw, lat = link_of(self.m.cluster, start, start + count - 1)
     span = [st.placement]
-    band = {n: float(ring_bandwidth_ms(self.m.grad_bytes[self.m.row[n]], count, bw))
+    band = {n: float(allreduce_volume_ms(self.m.cluster, self.m.grad_bytes[self.m.row[n]], start,
+                                         count))
             for n in st.layers}
     overlap = self.m.options.overlap_allreduce
     comm: tuple[int, ...] = ()
     for name in reversed(st.layers):
-      after = self.add(span, "compute", "bwd", name, self.m.timing(name, count)[1], after,
-                       st.index)
+      after = self.add(span, "compute", "bwd", name, self.m.layer_ms(name, st.placement)[1],
+                       after, st.index)
       if overlap and band[name] > 0:
         comm = self.add(span, "comm", "allreduce", f"all-reduce {name}", band[name],
                         tuple(dict.fromkeys(after + comm)), st.index)
     if not any(v > 0 for v in band.values()):
       return after
-    latency = float(ring_latency_ms(count, lat))
+    latency = float(collective_latency_ms(self.m.cluster, start, count))
     label = f"all-reduce stage {st.index}"
     if overlap:
       done = self.add(span, "comm", "allreduce", f"{label} latency", latency,
@@ -207,10 +217,14 @@ class _Builder:
                       st.index)
     return tuple(dict.fromkeys(after + done))
 
+  def move_ms(self, mv: Move) -> float:
+    (s0, g0), (s1, g1) = self.a[mv.src], self.a[mv.dst]
+    return float(move_ms(self.m.cluster, self.m.batch, self.m.out_bytes[self.m.row[mv.src]],
+                         s0, g0, s1, g1))
+
   def move(self, mv: Move, after: tuple[int, ...], direction: str) -> tuple[int, ...]:
     (s0, g0), (s1, g1) = self.a[mv.src], self.a[mv.dst]
-    ms = float(move_ms(self.m.cluster, self.m.batch, self.m.out_bytes[self.m.row[mv.src]],
-                       s0, g0, s1, g1))
+    ms = self.move_ms(mv)
     label = f"{mv.src} -> {mv.dst}" if direction == "fwd" else f"grad {mv.dst} -> {mv.src}"
     return self.add(union_spans((s0, g0), (s1, g1)), "comm", "move", label, ms / 2, after)
 
@@ -221,3 +235,15 @@ def union_spans(a: Span, b: Span) -> list[Span]:
   if s1 <= s0 + g0:
     return [(s0, max(s0 + g0, s1 + g1) - s0)]
   return [(s0, g0), (s1, g1)]
+
+
+def merge_spans(spans: list[Span]) -> list[Span]:
+  """Device ranges as the fewest disjoint ranges covering them all."""
+  out: list[Span] = []
+  for s, c in sorted(spans):
+    if out and s <= out[-1][0] + out[-1][1]:
+      first, count = out[-1]
+      out[-1] = (first, max(first + count, s + c) - first)
+    else:
+      out.append((s, c))
+  return out

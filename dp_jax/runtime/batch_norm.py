@@ -1,0 +1,34 @@
+"""Batch-norm statistics as the plan says: over a stage's whole batch, or per device.
+
+batch_norm=sync (the default): a stage's batch norm normalizes by statistics of the stage's
+whole batch (jax.jit over the sub-mesh all-reduces them), so any plan trains exactly like one
+device. batch_norm=local: each device normalizes its own samples by their own statistics, as
+PyTorch DDP does without SyncBatchNorm; the result then depends on each layer's device count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dp_jax.errors import UserError
+
+MODES = ("sync", "local")
+
+
+def batch_norm_mode(plan: Mapping[str, Any]) -> str:
+  """The plan's batch_norm option (its planner options), "sync" when it records none."""
+  mode = (plan.get("options") or {}).get("batch_norm") or "sync"
+  if mode not in MODES:
+    raise UserError(f"plan option batch_norm '{mode}' is unknown (valid: {', '.join(MODES)})")
+  return mode
+
+
+def set_statistics_groups(model, plan: Mapping[str, Any]) -> None:
+  """Give every batch-norm layer of `model` one statistics group per device of its layer in
+  the plan (local), or one for its whole batch (sync)."""
+  local = batch_norm_mode(plan) == "local"
+  devices = {layer["name"]: len(layer["devices"]) for layer in plan["layers"]}
+  for spec in model.layer_specs():
+    if hasattr(spec.module, "stats_groups"):
+      spec.module.stats_groups = devices.get(spec.name, 1) if local else 1

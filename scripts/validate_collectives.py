@@ -1,0 +1,92 @@
+"""The collective model (dp_jax/cluster.py) against published all-reduce measurements.
+
+    python scripts/validate_collectives.py
+
+For each cited nccl-tests measurement: the bus bandwidth the model gives the same GPUs, NICs and
+group, and the time of one all-reduce of the reported size, each as model / measured; the `flat`
+pricing (one ring through one NIC at line rate) beside it. nccl-tests reports
+busbw = (bytes / time) x 2(n-1)/n, so the measured time is the one its busbw implies.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dp_jax.cluster import ClusterSpec, allreduce_ms, bus_bandwidth_GBps, load_cluster  # noqa: E402
+
+TOLERANCE = 0.15
+
+
+@dataclass(frozen=True)
+class Measurement:
+  """One published all_reduce_perf result."""
+
+  source: str
+  setup: str
+  nodes: int
+  gpus_per_node: int
+  nics_per_node: int
+  size_bytes: float
+  busbw_GBps: float
+  used_for: str  # which model parameter it set, or "held out"
+
+
+MEASUREMENTS = (
+    Measurement("NVIDIA/nccl issue 1048", "1 node, 8 A100-SXM4, NVSwitch", 1, 8, 4, 4 * 2**30,
+                232.54, "intra_node_bus_efficiency (mean with nccl-tests #149)"),
+    Measurement("NVIDIA/nccl-tests issue 149", "1 node, 8 A100-SXM4-80GB, NVSwitch", 1, 8, 0,
+                2**30, 200.0, "intra_node_bus_efficiency (mean with nccl #1048)"),
+    Measurement("NVIDIA/nccl issue 1048", "2 nodes x 8 A100, 4 x HDR 200 Gb/s NICs each", 2, 8, 4,
+                4 * 2**30, 86.0, "inter_node_bus_efficiency"),
+    Measurement("NVIDIA/nccl-tests issue 119", "3 nodes x 8 A100-SXM4-40GB, 4 x HDR NICs each "
+                "(peak busbw)", 3, 8, 4, 128 * 2**20, 96.0, "held out"),
+)
+
+
+def base_cluster() -> ClusterSpec:
+  return load_cluster(yaml.safe_load((REPO / "conf/cluster/dgx_a100.yaml").read_text()))
+
+
+def compare(m: Measurement, base: ClusterSpec) -> dict[str, float]:
+  """Model and flat bus bandwidth and time for one measurement, as ratios to it."""
+  spec = replace(base, num_nodes=m.nodes, devices_per_node=m.gpus_per_node,
+                 nics_per_node=m.nics_per_node)
+  n = m.nodes * m.gpus_per_node
+  flat = replace(spec, collectives="flat")
+  measured_ms = 2 * (n - 1) / n * m.size_bytes / (m.busbw_GBps * 1e6)
+  model_bw = float(bus_bandwidth_GBps(spec, 0, n))
+  model_ms = float(allreduce_ms(spec, m.size_bytes, 0, n))
+  return {"model_busbw": model_bw, "busbw_ratio": model_bw / m.busbw_GBps,
+          "model_ms": model_ms, "measured_ms": measured_ms, "time_ratio": model_ms / measured_ms,
+          "flat_busbw": float(bus_bandwidth_GBps(flat, 0, n)),
+          "flat_busbw_ratio": float(bus_bandwidth_GBps(flat, 0, n)) / m.busbw_GBps}
+
+
+def table() -> list[tuple[Measurement, dict[str, float]]]:
+  base = base_cluster()
+  return [(m, compare(m, base)) for m in MEASUREMENTS]
+
+
+def main() -> int:
+  rows = table()
+  print("| source | setup | size | measured busbw GB/s | model busbw GB/s | model / measured "
+        "(busbw) | model / measured (time) | flat busbw / measured | parameter it set |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+  for m, r in rows:
+    print(f"| {m.source} | {m.setup} | {m.size_bytes / 2**20:g} MiB | {m.busbw_GBps:g} | "
+          f"{r['model_busbw']:.1f} | {r['busbw_ratio']:.3f} | {r['time_ratio']:.3f} | "
+          f"{r['flat_busbw_ratio']:.3f} | {m.used_for} |")
+  worst = max(abs(r["time_ratio"] - 1) for _, r in rows)
+  print(f"\nworst time error {worst:.1%} (tolerance {TOLERANCE:.0%})")
+  return 0 if worst <= TOLERANCE else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
