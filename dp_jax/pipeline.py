@@ -86,7 +86,8 @@ class PipelineConfig:
 
 PAPER_COLUMNS = ["cluster", "G", "burst ms (predicted)", "data-parallel ms (predicted)",
                  "speed-up (predicted)", "GPU time saved (predicted)",
-                 "background samples/s (simulated)", "cluster throughput / DP (simulated)"]
+                 "background samples/s (simulated)", "cluster throughput / DP (simulated)",
+                 "cluster throughput / matched-speed DP + background (simulated)"]
 
 
 def pipeline_task(cfg: Any, run: Run) -> dict[str, Any]:
@@ -158,8 +159,19 @@ def paper_rows(cfg: Any, out_dir: Path) -> list[list[Any]]:
     rows.append([setting.cluster, g, p["iteration_ms"], p["data_parallel_iteration_ms"],
                  p["data_parallel_iteration_ms"] / p["iteration_ms"],
                  1 - p["gpu_ms"] / p["data_parallel_gpu_ms"],
-                 m.get("background_samples_per_s"), m.get("cluster_throughput_vs_data_parallel")])
+                 m.get("background_samples_per_s"), m.get("cluster_throughput_vs_data_parallel"),
+                 _matched(m)])
   return rows
+
+
+def _matched(m: dict[str, Any]) -> str | None:
+  """Cluster throughput against data parallelism on the fewest devices as fast as the burst
+  plan with the background job on the rest, naming that device count."""
+  ratio, d = (m.get("cluster_throughput_vs_matched_data_parallel"),
+              m.get("matched_data_parallel_devices"))
+  if ratio is None:
+    return "no DP as fast" if "matched_data_parallel_note" in m else None
+  return f"{ratio:.2f}x (DP on {d})"
 
 
 def local_run(cfg: Any, cluster, num_devices: int, out_dir: Path, run: Run
@@ -246,12 +258,15 @@ def print_summary(cfg: Any, paper: list[list[Any]], local: dict[str, tuple[Any, 
   console = Console(width=150)
   if paper:
     t = Table(title=f"{cfg.paper.model}, B={cfg.paper.batch_size}, on DeepPool's A100 tables: "
-                    "burst vs data parallelism")
-    for c in PAPER_COLUMNS:
+                    "burst vs data parallelism (DP)",
+              caption="P: predicted by the cost model; S: simulated. Matched: DP on the fewest "
+                      "devices as fast as the burst plan, the background job on the rest.")
+    for c in ("cluster", "G", "burst ms P", "DP ms P", "speed-up P", "GPU time saved P",
+              "background samples/s S", "cluster / DP S", "cluster / matched DP S"):
       t.add_column(c, justify="left" if c == "cluster" else "right")
     for r in paper:
       t.add_row(r[0], str(r[1]), f"{r[2]:.2f}", f"{r[3]:.2f}", f"{r[4]:.2f}x", f"{r[5]:.0%}",
-                _fmt(r[6]), _fmt(r[7], "x"))
+                _fmt(r[6]), _fmt(r[7], "x"), _fmt(r[8]))
     console.print(t)
   t = Table(title="on this machine's devices")
   for c in ("quantity", "value", "kind"):
