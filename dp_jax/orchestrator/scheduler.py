@@ -128,6 +128,7 @@ class BackgroundScheduler:
     self.calls: list[list[tuple[int, str, frozenset[int], float]]] = []
     self.positions: dict[tuple[int, str], int] = {}
     self.windows: list[dict[int, float]] = []
+    self.alone_calls: list[tuple[tuple[int, ...], float, str]] = []  # (devices, ms, stage:phase)
     self.baseline_ms: float | None = None
     self.threads: list[threading.Thread] = []
     self.stopping = False
@@ -205,6 +206,8 @@ class BackgroundScheduler:
         per.append(1e3 * (nxt - calls[j][3]))
       durations.append(statistics.median(per))
     self.positions = {(s, p): j for j, (s, p, _) in enumerate(seq)}
+    self.alone_calls = [(tuple(sorted(d)), ms, f"{s}:{p}")
+                        for (s, p, d), ms in zip(seq, durations, strict=True)]
     self.windows = window_ms(durations, [d for *_, d in seq], self.window_end)
     self.admission = Admission(self.job.pieces_ms, cap=self.cap, alone_ms=self.baseline_ms,
                                margin=self.margin)
