@@ -10,14 +10,15 @@ running on an "idle" device still shares the cores with the foreground: the meas
 includes that sharing, which a GPU would not have (docs/orchestrator.md).
 
 Foreground: GPT-2 (4 blocks, d_model 256, 128 tokens, vocabulary 1024) at B=16, a burst
-layout: the embedding and the first two blocks on every device, every later layer on device 0
-(device 1 idles while they run; XLA:CPU runs VGG16 at 32x32 far too slowly for this). Background: a small GPT-2 at batch 8 per
-device on every device, one piece per layer (its profile: piece times measured here first).
-For each cap, in one process: a fresh hook, `alone` steps alone (two warm-up, the rest predict
-the windows), then `steps` with the job. Measured: slowdown = mean step with / mean step alone
-- 1, background samples/s = completed steps x batch / time. Simulated: the same policy
-(dp_jax/multiplex.py) replayed on the measured alone stage calls with the job's measured piece
-times (dp_jax/sim/measured.py), over the same number of steps.
+layout: the embedding and the first block on every device, every later layer on device 0
+(device 1 idles while they run; XLA:CPU runs VGG16 at 32x32 far too slowly for this).
+Background: a small GPT-2 at batch 8 per device on every device, one piece per layer (its
+profile: piece times measured here first). For each cap, in one process: a fresh hook,
+`alone` steps alone (two warm-up, the rest predict the windows), then `steps` with the job,
+then `alone - 2` alone steps again. Measured: slowdown = mean step with / mean of the alone
+steps before and after - 1; background samples/s = completed steps x batch / time.
+Simulated: the same policy (dp_jax/multiplex.py) replayed on the measured alone stage calls
+with the job's measured piece times (dp_jax/sim/measured.py), over the same number of steps.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ BG_GPT2 = dict(n_layer=2, d_model=128, n_head=4, seq_len=64, vocab_size=256)
 
 
 def burst_layout(name: str) -> list[int]:
-  """The embedding and the first two blocks on every device, everything later on device 0."""
-  return list(range(CORES)) if name in ("embed", "h.0", "h.1") else [0]
+  """The embedding and the first block on every device, everything later on device 0."""
+  return list(range(CORES)) if name in ("embed", "h.0") else [0]
 
 
 def foreground():
@@ -90,7 +91,8 @@ def one_cap(cap: float, step, runners, job, alone: int, steps: int) -> dict:
   hook = BackgroundScheduler(job, runners, start_after=alone, slowdown_cap=cap)
   times = [step(hook) for _ in range(alone + steps)]
   stats = hook.drain()
-  alone_ms = statistics.fmean(times[2:alone])
+  after = [step(None) for _ in range(alone - 2)]  # alone again: load drift hits both sides
+  alone_ms = statistics.fmean(times[2:alone] + after)
   with_ms = statistics.fmean(times[alone:])
   sim = fill_measured(hook.alone_calls, CORES, job, cap=cap, iterations=steps)
   sim_total = float(sim.iteration_ms.sum())
