@@ -12,6 +12,7 @@ seeded by (seed, device index) and the step.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,11 +98,17 @@ def build_runners(model, name: str, groups: Sequence[Sequence[str]],
 
 
 def measured_pieces(runner: DeviceRunner, steps: int = 2) -> np.ndarray:
-  """Per-piece ms of the last of `steps` steps (the first compiles): a profile made here."""
+  """Per-piece ms of the last of `steps` steps (the first compiles): a profile made here.
+
+  Call it on every runner before its dispatch thread starts: it compiles the pieces, on the
+  main thread (warning filters are process-wide, not per thread).
+  """
   timer: list[dict[str, Any]] = []
-  for _ in range(steps):
-    timer.clear()
-    runner.step(timer=timer)
+  with warnings.catch_warnings():  # compiles here; per-layer programs cannot reuse every
+    warnings.filterwarnings("ignore", "Some donated buffers were not usable")  # donated buffer
+    for _ in range(steps):
+      timer.clear()
+      runner.step(timer=timer)
   calls = [t for t in timer if t["phase"] in PIECE_PHASES]
   return np.array([1e3 * (t["end_s"] - t["start_s"]) for t in calls])
 
