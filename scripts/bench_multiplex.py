@@ -9,14 +9,17 @@ a device's programs to one core (a program spreads over every core of the proces
 running on an "idle" device still shares the cores with the foreground: the measured slowdown
 includes that sharing, which a GPU would not have (docs/orchestrator.md).
 
-Foreground: GPT-2 (4 blocks, d_model 256, 128 tokens, vocabulary 1024) at B=16, a burst
+Foreground: GPT-2 (4 blocks, d_model 128, 64 tokens, vocabulary 512) at B=16, a burst
 layout: the embedding and the first block on every device, every later layer on device 0
 (device 1 idles while they run; XLA:CPU runs VGG16 at 32x32 far too slowly for this).
-Background: a small GPT-2 at batch 8 per device on every device, one piece per layer (its
-profile: piece times measured here first). For each cap, in one process: a fresh hook,
-`alone` steps alone (two warm-up, the rest predict the windows), then `steps` with the job,
-then `alone - 2` alone steps again. Measured: slowdown = mean step with / mean of the alone
-steps before and after - 1; background samples/s = completed steps x batch / time.
+Background: a smaller GPT-2 (2 blocks, d_model 64, 32 tokens) at batch 4 per device on every
+device, one piece per layer (its profile: piece times measured here first, and the host's gap
+between two pieces, which the simulator charges as its switch cost). For each cap, in one
+process: a fresh hook, `alone` steps alone (two warm-up, the rest predict the windows), then
+`steps` with the job, then `alone - 2` alone steps again. Every foreground stage call is
+waited for (the hook's `wait_for_stages`), in the alone steps too. Measured: slowdown = mean
+step with / mean of the alone steps before and after - 1; background samples/s = completed
+steps x batch / time.
 Simulated: the same policy (dp_jax/multiplex.py) replayed on the measured alone stage calls
 with the job's measured piece times (dp_jax/sim/measured.py), over the same number of steps.
 """
@@ -42,7 +45,7 @@ import optax  # noqa: E402
 
 from dp_jax.models.registry import build_model  # noqa: E402
 from dp_jax.orchestrator import BackgroundScheduler, build_runners, job_of_runner  # noqa: E402
-from dp_jax.orchestrator.background import measured_pieces  # noqa: E402
+from dp_jax.orchestrator.background import measured_pieces, piece_gap_ms  # noqa: E402
 from dp_jax.runtime import data as datalib  # noqa: E402
 from dp_jax.runtime.functional import split_layers  # noqa: E402
 from dp_jax.runtime.plan_check import check_plan  # noqa: E402
@@ -51,9 +54,9 @@ from dp_jax.runtime.stages import structure_graph  # noqa: E402
 from dp_jax.runtime.step import build_program, init_state, train_step  # noqa: E402
 from dp_jax.sim.measured import fill_measured  # noqa: E402
 
-FG_BATCH, BG_BATCH = 16, 8
-FG_GPT2 = dict(n_layer=4, d_model=256, n_head=4, seq_len=128, vocab_size=1024)
-BG_GPT2 = dict(n_layer=2, d_model=128, n_head=4, seq_len=64, vocab_size=256)
+FG_BATCH, BG_BATCH = 16, 4
+FG_GPT2 = dict(n_layer=4, d_model=128, n_head=4, seq_len=64, vocab_size=512)
+BG_GPT2 = dict(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab_size=256)
 
 
 def burst_layout(name: str) -> list[int]:
@@ -86,18 +89,28 @@ def foreground():
   return program, step
 
 
-def one_cap(cap: float, step, runners, job, alone: int, steps: int) -> dict:
+class WaitOnly:
+  """A hook that only has each stage call waited for, as the background hook does."""
+
+  wait_for_stages = True
+
+  def __call__(self, sp, phase: str) -> None:
+    pass
+
+
+def one_cap(cap: float, step, runners, job, alone: int, steps: int, gap_ms: float) -> dict:
   """Alone steps, then steps with the job under `cap`; measured and simulated."""
   hook = BackgroundScheduler(job, runners, start_after=alone, slowdown_cap=cap)
   times = [step(hook) for _ in range(alone + steps)]
   stats = hook.drain()
-  after = [step(None) for _ in range(alone - 2)]  # alone again: load drift hits both sides
+  after = [step(WaitOnly()) for _ in range(alone - 2)]  # alone again, against load drift
   alone_ms = statistics.fmean(times[2:alone] + after)
   with_ms = statistics.fmean(times[alone:])
-  sim = fill_measured(hook.alone_calls, CORES, job, cap=cap, iterations=steps)
+  sim = fill_measured(hook.alone_calls, CORES, job, cap=cap, iterations=steps, switch_ms=gap_ms)
   sim_total = float(sim.iteration_ms.sum())
   return {
-      "cap": cap, "measured_alone_step_ms": alone_ms, "measured_step_ms": with_ms,
+      "cap": cap, "piece_gap_ms": gap_ms, "measured_alone_step_ms": alone_ms,
+      "measured_step_ms": with_ms,
       "measured_slowdown": with_ms / alone_ms - 1.0,
       "background_samples_per_s": stats.samples_per_s or 0.0,
       "background_steps": stats.steps, "pieces_run": stats.dispatched,
@@ -130,9 +143,10 @@ def main() -> None:
   for r in list(runners.values())[1:]:
     measured_pieces(r, steps=1)
   job = job_of_runner(runners[0], "gpt2_small", pieces, 0.0)
+  gap_ms = piece_gap_ms(runners[0])
   print(f"background: gpt2_small {BG_GPT2} x{BG_BATCH}, {len(pieces)} pieces, "
-        f"{job.step_ms:.1f} ms per step (measured alone)")
-  rows = [one_cap(cap, step, runners, job, args.alone, args.steps) for cap in args.caps]
+        f"{job.step_ms:.1f} ms per step, {gap_ms:.2f} ms between pieces (measured alone)")
+  rows = [one_cap(cap, step, runners, job, args.alone, args.steps, gap_ms) for cap in args.caps]
   print(f"\n{'cap':>6} | {'alone ms':>9} | {'meas. slowdown':>14} | {'sim. slowdown':>13} | "
         f"{'meas. bg/s':>10} | {'sim. bg/s':>9} | {'meas/prof':>9}")
   for r in rows:

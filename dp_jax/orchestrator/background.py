@@ -113,6 +113,15 @@ def measured_pieces(runner: DeviceRunner, steps: int = 2) -> np.ndarray:
   return np.array([1e3 * (t["end_s"] - t["start_s"]) for t in calls])
 
 
+def piece_gap_ms(runner: DeviceRunner) -> float:
+  """Median host time between one piece's end and the next one's start (one more step)."""
+  timer: list[dict[str, Any]] = []
+  runner.step(timer=timer)
+  calls = [t for t in timer if t["phase"] in PIECE_PHASES]
+  return float(np.median([1e3 * (b["start_s"] - a["end_s"]) for a, b in zip(
+      calls, calls[1:], strict=False)])) if len(calls) > 1 else 0.0
+
+
 def job_of_runner(runner: DeviceRunner, name: str, pieces_ms: np.ndarray,
                   memory_bytes: float) -> BackgroundJob:
   """The policy's description of a runner's job, with the given piece times."""

@@ -113,6 +113,11 @@ class BackgroundScheduler:
                checkpoint_every: int = 0):
     self.job = job
     self.runners = dict(runners or {})
+    # CPU programs may run after their call returns; waiting for each foreground stage call
+    # makes the hook's call-to-call times execution times (windows). Not on GPUs: see docs.
+    self.wait_for_stages = any(
+        d.platform == "cpu" for r in self.runners.values()
+        for d in r.program.stages[0].mesh.devices.flat)
     self.start_after = start_after
     self.cap = check_cap(math.inf if slowdown_cap is None else slowdown_cap)
     self.margin = margin

@@ -204,12 +204,16 @@ def _send_back(program: Program, g_tied, g_ins, cots, tied_grads) -> list[jax.Ar
 
 
 def _hooked_call(call, on_stage: Callable):
-  """`call`, with on_stage(sp, phase) first for stage calls (not transfers)."""
+  """`call`, with on_stage(sp, phase) first for stage calls (not transfers); a hook with a true
+  `wait_for_stages` also has each stage call waited for (the hook then sees execution)."""
+  wait = bool(getattr(on_stage, "wait_for_stages", False))
 
   def hooked(sp: StageProgram, phase: str, fn, *args):
-    if not phase.startswith("transfer"):
-      on_stage(sp, phase)
-    return call(sp, phase, fn, *args)
+    if phase.startswith("transfer"):
+      return call(sp, phase, fn, *args)
+    on_stage(sp, phase)
+    out = call(sp, phase, fn, *args)
+    return jax.block_until_ready(out) if wait else out
 
   return hooked
 
