@@ -18,8 +18,9 @@ between two pieces, which the simulator charges as its switch cost). For each ca
 process: a fresh hook, `alone` steps alone (two warm-up, the rest predict the windows), then
 `steps` with the job, then `alone - 2` alone steps again. Every foreground stage call is
 waited for (the hook's `wait_for_stages`), in the alone steps too. Measured: slowdown = mean
-step with / mean of the alone steps before and after - 1; background samples/s = completed
-steps x batch / time.
+step with / mean of the alone steps before and after - 1 (0.15: 1.15x as long); background
+samples/s = completed steps x batch / time (steps finished after the foreground's last step do
+not count); --out writes cap ("inf" for no cap) and the four numbers per row, plus details.
 Simulated: the same policy (dp_jax/multiplex.py) replayed on the measured alone stage calls
 with the job's measured piece times (dp_jax/sim/measured.py), over the same number of steps.
 """
@@ -156,8 +157,8 @@ def main() -> None:
   if args.out is not None:
     keys = ("cap", "measured_slowdown", "background_samples_per_s", "simulated_slowdown",
             "simulated_background_samples_per_s")
-    out = [{**{k: r[k] for k in keys}, "details": {k: v for k, v in r.items() if k not in keys}}
-           for r in rows]
+    out = [{**{k: r[k] for k in keys}, "cap": r["cap"] if math.isfinite(r["cap"]) else "inf",
+            "details": {k: v for k, v in r.items() if k not in keys}} for r in rows]
     args.out.write_text(json.dumps(out, indent=1, default=str))
     print(f"wrote {args.out}")
 
