@@ -31,8 +31,7 @@ TIMELINE_SCHEMA = "dp_jax.timeline/1"
 
 
 class FillPolicy(str, Enum):  # noqa: UP042 - the style of dp_jax/config.py
-  fit = "fit"
-  overrun = "overrun"
+  fit = "fit"  # the multiplexing policy of dp_jax/multiplex.py (the runtime's)
 
 
 @dataclass

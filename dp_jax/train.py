@@ -231,7 +231,9 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   hook = orchestrator.start_background(
       cfg.background, cfg.model, plan, devices,
       memory_gb_per_device=cfg.cluster.memory_gb_per_device, learning_rate=cfg.optimizer.lr,
-      seed=cfg.seed, start_after=orchestrator.alone_steps(cfg.steps))
+      seed=cfg.seed, start_after=orchestrator.alone_steps(cfg.steps),
+      checkpoint_dir=out_dir / "background_checkpoint",
+      checkpoint_every=cfg.runtime.checkpoint_every)
   result = train(model, graph, plan, steps=cfg.steps, optimizer=make_optimizer(cfg.optimizer),
                  data=data, checkpoint_dir=out_dir / "checkpoints",
                  checkpoint_every=cfg.runtime.checkpoint_every, log_fn=_with_background(run, hook),

@@ -1,6 +1,8 @@
 """Background jobs beside a burst plan on 8 CPU devices: the foreground trains bit-identically."""
 
 import logging
+import math
+import threading
 
 import jax
 import numpy as np
@@ -8,25 +10,29 @@ import pytest
 from omegaconf import OmegaConf
 from runtime_helpers import batches, make_model, sgd
 
+from dp_jax import multiplex
 from dp_jax.config import BackgroundConfig, ModelConfig
 from dp_jax.errors import UserError
 from dp_jax.models.registry import build_model
 from dp_jax.orchestrator import (
-  BackgroundJob,
-  build_job,
+  build_runners,
   idle_by_stage,
+  job_of_runner,
+  load_checkpoint,
   make_background_hook,
   start_background,
 )
+from dp_jax.orchestrator.background import measured_pieces
+from dp_jax.orchestrator.scheduler import window_ms
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.plan_check import check_plan
 from dp_jax.runtime.plans import layout_plan
 from dp_jax.runtime.stages import structure_graph
 from dp_jax.runtime.step import build_program, init_state, train_step
 
-STEPS, BATCH = 3, 16
+STEPS, BATCH, ALONE = 5, 16, 3
 TINY = dict(n_layer=1, d_model=16, n_head=2, seq_len=8, vocab_size=32)
-BG_DEVICES = (3, 7)  # compile the background step on two devices only (CPU compile time)
+BG_DEVICES = (3, 7)  # compile the background pieces on two devices only (CPU compile time)
 
 
 def vgg16_devices(name: str):
@@ -66,10 +72,19 @@ def run(program, data, on_stage=None):
   return losses, jax.tree.map(np.asarray, state["params"])
 
 
-@pytest.fixture(scope="module")
-def tiny_job():
+def tiny_runners():
   model = build_model("gpt2_small", seed=1, **TINY)
-  return build_job("tiny", model, sgd(), 4, {d: jax.devices()[d] for d in BG_DEVICES})
+  return build_runners(model, "gpt2_small", [], sgd(), 4,
+                       {d: jax.devices()[d] for d in BG_DEVICES})
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """Per-device runners of a tiny GPT-2 (one stage per layer, tied lm_head) and its job."""
+  runners = tiny_runners()
+  pieces = measured_pieces(runners[BG_DEVICES[0]])
+  measured_pieces(runners[BG_DEVICES[1]], steps=1)
+  return runners, job_of_runner(runners[BG_DEVICES[0]], "tiny", pieces, 0.0)
 
 
 def assert_same(a, b):
@@ -78,53 +93,84 @@ def assert_same(a, b):
     np.testing.assert_array_equal(u, v)
 
 
-def test_background_steps_only_on_idle_devices_and_foreground_is_identical(fg, tiny_job):
+def test_pieces_run_only_in_idle_windows_and_the_foreground_is_identical(fg, tiny, monkeypatch):
   program, data, losses, params = fg
-  seen, current = [], []
-  hook = make_background_hook(tiny_job, max_in_flight=1)
-  dispatch = tiny_job.dispatch
+  runners, job = tiny
+  assert len(job.pieces_ms) == 2 * len(runners[3].program.stages) - 1 > 4
+  hook = make_background_hook(job, runners, start_after=ALONE, slowdown_cap=math.inf)
+  busy: list[frozenset] = [frozenset()]
+  seen: list[tuple[int, frozenset]] = []
+  admit = multiplex.Admission.admit
 
-  def spy_dispatch(d):
-    seen.append((current[-1], d))
-    return dispatch(d)
+  def spy_admit(self, k, left_ms):
+    ok = admit(self, k, left_ms)
+    if ok:
+      seen.append((int(threading.current_thread().name.rsplit("-", 1)[1]), busy[0]))
+    return ok
 
   def spy(sp, phase):
-    current.append(set(sp.stage.devices))
-    hook(sp, phase)
+    with hook.cond:  # the hook's lock is re-entrant: the window update and `busy` agree
+      busy[0] = frozenset(sp.stage.devices)
+      hook(sp, phase)
 
-  tiny_job.dispatch = spy_dispatch
+  monkeypatch.setattr(multiplex.Admission, "admit", spy_admit)
   bg_losses, bg_params = run(program, data, on_stage=spy)
   stats = hook.drain()
   assert bg_losses == losses
   assert_same(bg_params, params)
-  assert stats.failures == 0 and stats.steps > 0 and stats.steps == stats.dispatched
-  del tiny_job.dispatch
-  assert seen and all(d not in used for used, d in seen)
-  assert max(len(q) for q in hook.in_flight.values()) == 0
+  assert stats.failures == 0 and stats.dispatched > 0 and seen
+  assert all(d not in used for d, used in seen)
+  assert hook.baseline_ms > 0 and hook.admission.correction.seen > 0
   idle = idle_by_stage([s.stage for s in program.stages], BG_DEVICES)
   assert idle == {0: (7,), 1: (3, 7), 2: (3,), 3: (3, 7), 4: (3, 7)}
 
 
-def test_failing_background_job_is_stopped_and_foreground_finishes(fg, tiny_job, caplog):
-  program, data, losses, params = fg
+def fake_steps(hook, steps: int, stages=((0, (0, 1, 2, 3)), (1, (0,)))):
+  """Drive the hook like a foreground of two stages (fwd, fwd_bwd, bwd) without running one."""
+  for _ in range(steps):
+    calls = [(i, "fwd") for i, _ in stages[:-1]] + [(stages[-1][0], "fwd_bwd")]
+    calls += [(i, "bwd") for i, _ in reversed(stages[:-1])]
+    for i, phase in calls:
+      stage = type("Stage", (), {"index": i, "devices": dict(stages)[i]})
+      hook(type("SP", (), {"stage": stage})(), phase)
+      threading.Event().wait(0.002)
+
+
+def test_failing_background_job_is_stopped_and_reported(tiny, caplog):
+  _, job = tiny
+  broken = tiny_runners()
   calls = []
-
-  def flaky(*args):
-    calls.append(1)
-    if len(calls) == 2:
+  for r in broken.values():
+    def flaky(gate=None, timer=None):
+      calls.append(1)
       raise RuntimeError("boom in background")
-    return tiny_job.step_fn(*args)
 
-  job = BackgroundJob("flaky", tiny_job.batch, flaky, tiny_job.copies)
-  hook = make_background_hook(job, max_in_flight=2)
+    r.step = flaky
+  hook = make_background_hook(job, broken, start_after=ALONE, slowdown_cap=math.inf)
   with caplog.at_level(logging.WARNING, logger="dp_jax.orchestrator"):
-    bg_losses, bg_params = run(program, data, on_stage=hook)
-  stats = hook.drain()
-  assert bg_losses == losses
-  assert_same(bg_params, params)
-  assert stats.failures == 1 and not hook.alive and len(calls) == 2
+    fake_steps(hook, ALONE + 3)
+    stats = hook.drain()
+  assert stats.failures >= 1 and not hook.alive and calls and stats.steps == 0
   assert "RuntimeError: boom in background" in stats.errors[0]
   assert any("failed and is stopped" in r.getMessage() for r in caplog.records)
+
+
+def test_background_checkpoint_round_trips(tiny, tmp_path):
+  runners, job = tiny
+  hook = make_background_hook(job, runners)
+  hook.save(tmp_path, paused=True)
+  fresh = tiny_runners()
+  assert load_checkpoint(fresh, tmp_path)
+  for d in BG_DEVICES:
+    assert fresh[d].steps == runners[d].steps
+    assert_same(fresh[d].host_state()["state"], runners[d].host_state()["state"])
+  assert not load_checkpoint(fresh, tmp_path / "absent")
+
+
+def test_windows_run_to_the_next_call_that_uses_the_device():
+  uses = [frozenset({0, 1}), frozenset({0}), frozenset({0}), frozenset({0, 1})]
+  w = window_ms([4.0, 1.0, 2.0, 3.0], uses, [1, 2])
+  assert w[0] == {2: math.inf} and w[1] == {1: 3.0, 2: math.inf} and w[2] == {1: 2.0, 2: math.inf}
 
 
 def bg_cfg(**kw):

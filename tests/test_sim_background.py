@@ -7,28 +7,34 @@ from hypothesis import strategies as st
 from sim_helpers import cluster, graph, profile
 
 from dp_jax.errors import UserError
+from dp_jax.graph import flat_layers
+from dp_jax.multiplex import layer_groups
 from dp_jax.planner import memory
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.options import PlanOptions
-from dp_jax.sim.background import background_job, check_memory, kernels_ms, merge_pieces
+from dp_jax.sim.background import background_job, check_memory
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0, 3), max_size=40), st.floats(0.05, 2))
-def test_pieces_keep_the_work_and_respect_the_size(kernels, piece_ms):
-  pieces = merge_pieces(kernels, piece_ms)
-  assert pieces.sum() == pytest.approx(sum(kernels), abs=1e-9)
-  longest = max(kernels, default=0.0)
-  assert all(p <= max(piece_ms, longest) + 1e-12 for p in pieces)
-  assert all(p > 0 for p in pieces)
+@given(st.lists(st.tuples(st.floats(0, 3), st.floats(0, 3)), min_size=1, max_size=40),
+       st.floats(0.05, 2))
+def test_groups_cover_every_layer_in_order_and_respect_the_size(times, piece_ms):
+  fwd, bwd = [f for f, _ in times], [b for _, b in times]
+  groups = layer_groups([str(i) for i in range(len(times))], fwd, bwd, piece_ms)
+  assert [i for g in groups for i in g] == list(range(len(times)))
+  for g in groups:
+    assert len(g) == 1 or (sum(fwd[i] for i in g) <= piece_ms
+                           and sum(bwd[i] for i in g) <= piece_ms)
 
 
-def test_a_step_is_the_profiled_forward_and_backward():
+def test_a_step_is_the_profiled_forward_and_backward_in_runtime_order():
   g, prof = graph("resnet"), profile("resnet", 32)
-  assert sum(kernels_ms(g, prof, 8)) == pytest.approx(prof.iteration_ms(8, list(g.names)))
   job = background_job(g, prof, cluster(), 8, piece_ms=0.5)
   assert job.step_ms == pytest.approx(prof.iteration_ms(8, list(g.names)))
-  assert len(job.pieces_ms) > 1
+  n = len(job.groups)
+  assert n > 1 and len(job.pieces_ms) == 2 * n - 1
+  assert job.piece_names[n - 1] == f"fwd_bwd:{n - 1}" and job.piece_names[-1] == "bwd:0"
+  assert [x for grp in job.groups for x in grp] == list(flat_layers(g.decompose()))
 
 
 def test_memory_is_the_planner_model_on_one_device():

@@ -1,54 +1,36 @@
-"""A background training job: one independent copy of a model per device, synthetic data.
+"""A background job on real devices: per device, its own copy, program and synthetic data.
 
-Each device holds its own parameters and optimizer state (no gradient sync, as DeepPool's
-background tasks: one model per GPU) and runs a whole training step as one jitted program
-whose batch is drawn on the device from a key seeded by (seed, device index, step).
+The job is a plan of its own: every layer on one device, consecutive layers grouped as the
+policy's BackgroundJob says (dp_jax/multiplex.py), one stage per group, compiled by the
+runtime's build_program. A step is runtime.step.train_step on that program, with an on_stage
+gate that holds each piece (fwd, fwd_bwd, bwd: one jitted program each) until the policy
+admits it, and with `timer` so that every piece is waited for and measured: at most one piece
+is outstanding per device. Each device keeps its own parameters and optimizer state (no
+gradient sync, as DeepPool's background tasks), and draws its batch on the device from a key
+seeded by (seed, device index) and the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 import optax
-from flax import nnx
 
 from dp_jax.errors import UserError
-from dp_jax.planner import memory
-from dp_jax.runtime.loss import cross_entropy
+from dp_jax.multiplex import BackgroundJob
+from dp_jax.runtime import data as datalib
+from dp_jax.runtime.functional import split_layers
+from dp_jax.runtime.plan_check import check_plan
+from dp_jax.runtime.plans import layout_plan
+from dp_jax.runtime.stages import structure_graph
+from dp_jax.runtime.step import Program, TrainState, build_program, init_state, train_step
 
-GB = 1e9
-
-
-@dataclass(eq=False)
-class DeviceCopy:
-  """One device's copy of the job: its state, data key and steps dispatched so far."""
-
-  device: jax.Device
-  state: tuple[Any, Any, Any]  # (params, rest, opt)
-  key: jax.Array
-  steps: int = 0
-
-
-@dataclass(eq=False)
-class BackgroundJob:
-  """A background model trained independently on each of its devices."""
-
-  name: str
-  batch: int
-  step_fn: Callable  # (params, rest, opt, key, step) -> (loss, params, rest, opt)
-  copies: dict[int, DeviceCopy] = field(default_factory=dict)  # job device index -> copy
-
-  def dispatch(self, index: int) -> jax.Array:
-    """Start one step on device `index` (asynchronous); returns its loss (not waited for)."""
-    c = self.copies[index]
-    loss, *c.state = self.step_fn(*c.state, c.key, jnp.int32(c.steps))
-    c.state = tuple(c.state)
-    c.steps += 1
-    return loss
+PIECE_PHASES = ("fwd", "fwd_bwd", "bwd")
 
 
 def check_batch(batch: Any) -> int:
@@ -58,48 +40,96 @@ def check_batch(batch: Any) -> int:
   return batch
 
 
-def memory_bytes(graph, batch: int, state_copies: int = 3) -> float:
-  """Params, grads and momentum (state_copies x param bytes) + saved activations at `batch`
-  (the planner's memory model, dp_jax/planner/memory.py)."""
-  return memory.job_bytes(graph, batch, grad_bytes_per_param=4,
-                          optimizer_bytes_per_param=4 * (state_copies - 2))
+def piece_index(num_groups: int, stage: int, phase: str) -> int:
+  """Position of a stage call in the step's piece order (multiplex.step_pieces)."""
+  return stage if phase != "bwd" else 2 * num_groups - 2 - stage
 
 
-def make_step(model, optimizer: optax.GradientTransformation, batch: int) -> Callable:
-  """A jitted whole-model step drawing its own synthetic batch from (key, step)."""
-  graphdef, _, _ = nnx.split(model, nnx.Param, ...)
-  x_spec, y_spec = model.input_spec(batch), model.label_spec(batch)
-  labels = int(getattr(model, "num_classes", None) or model.vocab_size)
+@dataclass(eq=False)
+class DeviceRunner:
+  """One device's copy of the job: its program, state, data and completed steps."""
 
-  def step(params, rest, opt_state, key, i):
-    kx, ky = jax.random.split(jax.random.fold_in(key, i))
-    if jnp.issubdtype(x_spec.dtype, jnp.integer):
-      x = jax.random.randint(kx, x_spec.shape, 0, labels, x_spec.dtype)
-    else:
-      x = jax.random.normal(kx, x_spec.shape, x_spec.dtype)
-    y = jax.random.randint(ky, y_spec.shape, 0, labels, y_spec.dtype)
+  index: int
+  program: Program
+  state: TrainState
+  data: datalib.DataSource
+  batch: int
+  steps: int = 0
 
-    def loss_fn(params):
-      m = nnx.merge(graphdef, params, jax.tree.map(lambda a: a, rest))
-      return cross_entropy(m(x), y), nnx.state(m, nnx.Not(nnx.Param))
+  def step(self, gate: Callable | None = None,
+           timer: list[dict[str, Any]] | None = None) -> jax.Array:
+    """One training step; gate(stage_program, phase) runs before each piece."""
+    p = self.program
+    x, y = datalib.batch_at(self.data, self.steps, self.batch, p.input_stage.batch,
+                            p.last_stage.batch)
+    self.state, loss = train_step(p, self.state, x, y, timer=timer, on_stage=gate)
+    self.steps += 1
+    return loss
 
-    (loss, new_rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return loss, optax.apply_updates(params, updates), new_rest, opt_state
+  def host_state(self) -> dict[str, Any]:
+    """Parameters, statistics and optimizer state as numpy arrays, and the step count."""
+    return {"state": jax.tree.map(np.asarray, self.state), "steps": self.steps}
 
-  return jax.jit(step, donate_argnums=(0, 1, 2))
+  def load(self, saved: dict[str, Any]) -> None:
+    """Put a host_state() back onto this device."""
+    like = self.state
+    self.state = jax.tree.map(lambda a, v: jax.device_put(v, a.sharding), like, saved["state"])
+    self.steps = int(saved["steps"])
 
 
-def build_job(name: str, model, optimizer: optax.GradientTransformation, batch: int,
-              devices: dict[int, jax.Device], *, seed: int = 0) -> BackgroundJob:
-  """Copies of `model` (its current values) with fresh optimizer state on each device."""
+def build_runners(model, name: str, groups: Sequence[Sequence[str]],
+                  optimizer: optax.GradientTransformation, batch: int,
+                  devices: dict[int, jax.Device], *, seed: int = 0) -> dict[int, DeviceRunner]:
+  """A DeviceRunner per device: `model`'s current values, fresh optimizer state, one stage per
+  group (empty groups: one stage per layer)."""
   batch = check_batch(batch)
-  _, params, rest = nnx.split(model, nnx.Param, ...)
-  job = BackgroundJob(name, batch, make_step(model, optimizer, batch))
-  init = jax.jit(optimizer.init)
+  graph = structure_graph(model, name)
+  defs, params, stats = split_layers(model)
+  breaks = {g[0] for g in groups} if groups else set(graph.names)
+  plan = check_plan(layout_plan(graph, lambda _: [0], global_batch=batch, num_devices=1), graph,
+                    available_devices=1)
+  out = {}
   for i, d in devices.items():
-    p, r = jax.device_put((params, rest), d)
-    key = jax.device_put(jax.random.fold_in(jax.random.key(seed), i), d)
-    opt = jax.device_put(init(p), d)  # committed like the step's outputs (no recompile)
-    job.copies[i] = DeviceCopy(d, (p, r, opt), key)
-  return job
+    program = build_program(graph, defs, plan, optimizer, [d], breaks)
+    state = init_state(program, params, stats, optimizer)
+    data = datalib.synthetic(model, seed=seed * 1000 + i)
+    out[i] = DeviceRunner(i, program, state, data, batch)
+  return out
+
+
+def measured_pieces(runner: DeviceRunner, steps: int = 2) -> np.ndarray:
+  """Per-piece ms of the last of `steps` steps (the first compiles): a profile made here.
+
+  Call it on every runner before its dispatch thread starts: it compiles the pieces, on the
+  main thread (warning filters are process-wide, not per thread).
+  """
+  timer: list[dict[str, Any]] = []
+  with warnings.catch_warnings():  # compiles here; per-layer programs cannot reuse every
+    warnings.filterwarnings("ignore", "Some donated buffers were not usable")  # donated buffer
+    for _ in range(steps):
+      timer.clear()
+      runner.step(timer=timer)
+  calls = [t for t in timer if t["phase"] in PIECE_PHASES]
+  return np.array([1e3 * (t["end_s"] - t["start_s"]) for t in calls])
+
+
+def piece_gap_ms(runner: DeviceRunner) -> float:
+  """Median host time between one piece's end and the next one's start (one more step)."""
+  timer: list[dict[str, Any]] = []
+  runner.step(timer=timer)
+  calls = [t for t in timer if t["phase"] in PIECE_PHASES]
+  return float(np.median([1e3 * (b["start_s"] - a["end_s"]) for a, b in zip(
+      calls, calls[1:], strict=False)])) if len(calls) > 1 else 0.0
+
+
+def job_of_runner(runner: DeviceRunner, name: str, pieces_ms: np.ndarray,
+                  memory_bytes: float) -> BackgroundJob:
+  """The policy's description of a runner's job, with the given piece times."""
+  stages = runner.program.stages
+  n = len(stages)
+  names = [f"{p}:{g}" for p, g in [("fwd", g) for g in range(n - 1)] + [("fwd_bwd", n - 1)]
+           + [("bwd", g) for g in range(n - 2, -1, -1)]]
+  if len(pieces_ms) != len(names):
+    raise ValueError(f"{len(pieces_ms)} piece times for {len(names)} pieces")
+  return BackgroundJob(name, runner.batch, tuple(names), np.asarray(pieces_ms, dtype=float),
+                       float(memory_bytes), tuple(s.stage.layers for s in stages))

@@ -8,17 +8,33 @@ is logged and gives a stopped hook (its failure counted); the foreground runs re
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 
 from dp_jax.errors import UserError
-from dp_jax.orchestrator.background import GB, build_job, check_batch, memory_bytes
-from dp_jax.orchestrator.scheduler import BackgroundScheduler, check_cap
+from dp_jax.multiplex import DEFAULT_PIECE_MS, check_cap
+from dp_jax.orchestrator.background import (
+  build_runners,
+  check_batch,
+  job_of_runner,
+  measured_pieces,
+)
+from dp_jax.orchestrator.scheduler import BackgroundScheduler, load_checkpoint
 from dp_jax.planner import memory
 
 log = logging.getLogger(__name__)
+GB = 1e9
+
+
+def memory_bytes(graph, batch: int, state_copies: int = 3) -> float:
+  """Params, grads and momentum (state_copies x param bytes) + saved activations at `batch`
+  (the planner's memory model, dp_jax/planner/memory.py)."""
+  return memory.job_bytes(graph, batch, grad_bytes_per_param=4,
+                          optimizer_bytes_per_param=4 * (state_copies - 2))
 
 
 def foreground_bytes(plan: Mapping[str, Any], graph) -> dict[int, float]:
@@ -47,15 +63,23 @@ def check_fits(name: str, batch: int, need: float, used: Mapping[int, float],
 def start_background(bg_cfg: Any, fg_model_cfg: Any, plan: Mapping[str, Any],
                      devices: Sequence[jax.Device], *, memory_gb_per_device: float,
                      learning_rate: float = 0.01, seed: int = 0, start_after: int = 0,
-                     max_in_flight: int = 1) -> BackgroundScheduler | None:
-  """The hook of background job `bg_cfg` on `devices` (None for background=none)."""
+                     piece_ms: float = DEFAULT_PIECE_MS, margin: float = 0.0,
+                     checkpoint_dir: str | Path | None = None,
+                     checkpoint_every: int = 0) -> BackgroundScheduler | None:
+  """The hook of background job `bg_cfg` on `devices` (None for background=none).
+
+  Pieces: consecutive layers grouped while a group's measured forward and backward stay within
+  piece_ms; their times, measured here on the first device, are the policy's profile. With a
+  checkpoint_dir, the job resumes from its background checkpoint there and saves beside the
+  foreground's (every checkpoint_every steps and at the end).
+  """
   import optax
 
   from dp_jax import zoo
 
   if bg_cfg is None or bg_cfg.name in (None, "none"):
     return None
-  cap = check_cap(bg_cfg.slowdown_cap)
+  cap = check_cap(math.inf if bg_cfg.slowdown_cap is None else bg_cfg.slowdown_cap)
   batch = check_batch(bg_cfg.batch_per_device)
   model_cfg = bg_cfg.model if bg_cfg.model is not None else fg_model_cfg
   need = memory_bytes(zoo.graph_of(model_cfg, seed), batch)
@@ -63,21 +87,49 @@ def start_background(bg_cfg: Any, fg_model_cfg: Any, plan: Mapping[str, Any],
       fg_model_cfg, seed)
   check_fits(model_cfg.name, batch, need, foreground_bytes(plan, fg_graph), memory_gb_per_device)
   name = f"{bg_cfg.name}:{model_cfg.name}"
+  kw = dict(start_after=start_after, slowdown_cap=cap, margin=margin)
   try:
     model = zoo.build(model_cfg, seed=seed + 1)
-    job = build_job(name, model, optax.sgd(learning_rate, momentum=0.9), batch,
-                    dict(enumerate(devices)), seed=seed)
-    jax.block_until_ready([job.dispatch(i) for i in job.copies])  # compile on every device
+    opt = optax.sgd(learning_rate, momentum=0.9)
+    devs = dict(enumerate(devices))
+    first = next(iter(devs))
+    runners = build_runners(model, model_cfg.name, [], opt, batch, devs, seed=seed)
+    pieces = measured_pieces(runners[first])
+    groups = _groups(runners[first], pieces, piece_ms)
+    if any(len(g) > 1 for g in groups):
+      runners = build_runners(model, model_cfg.name, groups, opt, batch, devs, seed=seed)
+      pieces = measured_pieces(runners[first])
+    for r in runners.values():
+      if r.index != first:
+        measured_pieces(r, steps=1)  # compile on every device before the foreground starts
+      r.steps = 0
+    job = job_of_runner(runners[first], name, pieces, need)
+    if checkpoint_dir is not None and load_checkpoint(runners, checkpoint_dir):
+      log.info("background job %s resumed from %s", name, checkpoint_dir)
   except UserError:
     raise
   except Exception as e:  # noqa: BLE001 - the foreground must run without it
     msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     log.warning("background job %s failed to start and is stopped: %s", name, msg)
-    return BackgroundScheduler(None, start_after=start_after, slowdown_cap=cap, failures=[msg])
-  log.info("background job %s: batch %d on %d device(s), slowdown cap %s", name, batch,
-           len(job.copies), cap)
-  return BackgroundScheduler(job, start_after=start_after, slowdown_cap=cap,
-                             max_in_flight=max_in_flight)
+    return BackgroundScheduler(None, failures=[msg], **kw)
+  log.info("background job %s: batch %d on %d device(s), %d pieces, slowdown cap %s", name,
+           batch, len(runners), len(job.pieces_ms), cap)
+  return BackgroundScheduler(job, runners, checkpoint_dir=checkpoint_dir,
+                             checkpoint_every=checkpoint_every, **kw)
+
+
+def _groups(runner, layer_pieces_ms, piece_ms: float) -> list[list[str]]:
+  """Layer groups of at most piece_ms forward and backward, from a one-layer-per-stage step."""
+  from dp_jax.multiplex import layer_groups
+
+  stages = runner.program.stages
+  n = len(stages)
+  names = [s.stage.layers[0] for s in stages]
+  fwd = [float(layer_pieces_ms[i]) for i in range(n)]
+  bwd = [0.0] * n
+  for i in range(n - 1):
+    bwd[i] = float(layer_pieces_ms[2 * n - 2 - i])
+  return [[names[i] for i in g] for g in layer_groups(names, fwd, bwd, piece_ms)]
 
 
 def alone_steps(steps: int) -> int:
@@ -103,7 +155,7 @@ def measure(step_ms: Sequence[float], hook: BackgroundScheduler | None) -> dict[
       "measured_step_ms_with_background": statistics.fmean(with_bg) if with_bg else None,
       "foreground_slowdown": None, "background_samples_per_s": stats.samples_per_s,
       "background_steps": stats.steps, "background_failures": stats.failures,
-      "background_paused_steps": stats.paused_steps}
+      "background_pieces": stats.dispatched, "background_refused": stats.refused}
   if alone and with_bg:
     out["foreground_slowdown"] = out["measured_step_ms_with_background"] / out[
         "measured_step_ms"] - 1.0

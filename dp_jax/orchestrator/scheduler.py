@@ -1,19 +1,20 @@
-"""Dispatching background steps at the foreground's stage boundaries.
+"""Multiplexing on real devices: the foreground's on_stage hook and a dispatch thread per device.
 
-The runtime calls the hook with (stage_program, phase) just before it dispatches each stage
-call ("fwd", "fwd_bwd" for the last stage, "bwd"). The hook then dispatches background steps
-on the job's devices that this stage does not use. JAX dispatch is asynchronous and each
-device runs its programs in order, so a background step lands in an idle device's queue
-between its foreground stages; devices the stage needs get nothing new. At most
-`max_in_flight` background steps per device are outstanding, so they never pile up.
+The runtime calls the hook with (stage_program, phase) just before each foreground stage call
+(fwd | fwd_bwd | bwd). The first `start_after` steps run alone: compile, the timed step, then
+the alone steps whose call-to-call times predict each idle window (the baseline). From then on,
+at every call the hook marks the job's devices the stage uses as busy and every other device as
+idle until its next predicted foreground call, and wakes the dispatch threads.
 
-The hook also times the foreground: a step starts when stage 0 is dispatched in the forward
-direction. The first `start_after` steps of a run are left alone (warm-up and the baseline);
-the baseline step time is the median of those after the first two (compile, timed step).
-With a slowdown cap, dispatching pauses while the smoothed step time exceeds
-(1 + cap) x baseline (DeepPool's target_slowdown_factor), and resumes when it falls below.
-A failing job (exception at dispatch or in a step's result) is logged and stopped; the
-foreground never sees its errors.
+Each job device has one dispatch thread running the job's steps (orchestrator/background.py);
+before each piece, the thread asks the shared policy (dp_jax/multiplex.py) whether the piece's
+predicted time fits what is left of the device's window or its overrun fits the iteration's
+budget; if not, it waits for the next window. Each piece is waited for and measured (one piece
+outstanding per device) and corrects the next predictions; each foreground step's time feeds
+the slowdown back. On CPU a program runs on the thread that dispatches it, so only separate
+threads let pieces run beside the foreground; on a GPU the same threads issue into each device's
+queue. A failing job (exception or non-finite loss) is logged and stopped; the foreground never
+reads background arrays.
 """
 
 from __future__ import annotations
@@ -21,30 +22,22 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import jax
+import numpy as np
 
 from dp_jax.errors import UserError
-from dp_jax.orchestrator.background import BackgroundJob
+from dp_jax.multiplex import Admission, BackgroundJob, check_cap
+from dp_jax.orchestrator.background import PIECE_PHASES, DeviceRunner, piece_index
 
 log = logging.getLogger(__name__)
 SKIP_STEPS = 2  # a call's first two steps: compilation, and the timed (fully waited) step
-EWMA = 0.5
-
-
-def check_cap(cap: Any) -> float | None:
-  """A slowdown cap >= 0 (None: no cap), or a one-line UserError."""
-  if cap is None:
-    return None
-  if isinstance(cap, bool) or not isinstance(cap, (int, float)) or math.isnan(cap) or cap < 0:
-    raise UserError(f"background slowdown_cap must be a number >= 0 (0.1: the foreground may "
-                    f"slow down by 10%), got {cap!r}")
-  return float(cap)
+CHECKPOINT_FILE = "background.npz"
 
 
 def idle_devices(stage_devices: Iterable[int], job_devices: Iterable[int]) -> tuple[int, ...]:
@@ -59,16 +52,39 @@ def idle_by_stage(stages: Sequence[Any], job_devices: Iterable[int]) -> dict[int
   return {s.index: idle_devices(s.devices, devs) for s in stages}
 
 
+def window_ms(durations: Sequence[float], uses: Sequence[frozenset[int]],
+              devices: Iterable[int]) -> list[dict[int, float]]:
+  """Per call j, per device idle at j: predicted ms until the next call that uses it (cyclic;
+  inf if no call does)."""
+  n = len(durations)
+  out: list[dict[int, float]] = []
+  for j in range(n):
+    row = {}
+    for d in devices:
+      if d in uses[j]:
+        continue
+      total, hit = 0.0, False
+      for i in range(n):
+        c = (j + i) % n
+        if d in uses[c]:
+          hit = True
+          break
+        total += durations[c]
+      row[d] = total if hit else math.inf
+    out.append(row)
+  return out
+
+
 @dataclass
 class BackgroundStats:
-  """What the background job did: per-device completed steps, failures, its active window."""
+  """What the background job did: completed steps per device, pieces, failures, active time."""
 
   completed: dict[int, int] = field(default_factory=dict)
-  dispatched: int = 0
+  dispatched: int = 0  # pieces started
   failures: int = 0
   errors: list[str] = field(default_factory=list)
-  paused_steps: int = 0
-  active_s: float = 0.0  # wall time from its first foreground step to drain()
+  refused: int = 0  # admission refusals
+  active_s: float = 0.0  # wall time from the first step with the job to drain()
   batch: int = 0
 
   @property
@@ -81,29 +97,51 @@ class BackgroundStats:
 
   def metrics(self) -> dict[str, Any]:
     return {"steps": self.steps, "dispatched": self.dispatched, "failures": self.failures,
-            "paused_steps": self.paused_steps, "samples_per_s": self.samples_per_s}
+            "refused": self.refused, "samples_per_s": self.samples_per_s}
+
+
+class _Stop(Exception):
+  """Raised in a dispatch thread's gate when the job is stopped mid-step."""
 
 
 class BackgroundScheduler:
-  """The on_stage hook: dispatches background steps on the devices each stage leaves idle."""
+  """The on_stage hook of a background job; its counters are in `.stats`."""
 
-  def __init__(self, job: BackgroundJob | None, *, max_in_flight: int = 1, start_after: int = 0,
-               slowdown_cap: float | None = None, failures: Sequence[str] = ()):
-    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
-      raise UserError(f"background max_in_flight must be an integer >= 1, got {max_in_flight!r}")
+  def __init__(self, job: BackgroundJob | None, runners: dict[int, DeviceRunner] | None = None,
+               *, start_after: int = 0, slowdown_cap: float = math.inf, margin: float = 0.0,
+               failures: Sequence[str] = (), checkpoint_dir: str | Path | None = None,
+               checkpoint_every: int = 0):
     self.job = job
-    self.max_in_flight = max_in_flight
+    self.runners = dict(runners or {})
+    # CPU programs may run after their call returns; waiting for each foreground stage call
+    # makes the hook's call-to-call times execution times (windows). Not on GPUs: see docs.
+    self.wait_for_stages = any(
+        d.platform == "cpu" for r in self.runners.values()
+        for d in r.program.stages[0].mesh.devices.flat)
     self.start_after = start_after
-    self.cap = check_cap(slowdown_cap)
-    devices = tuple(job.copies) if job is not None else ()
-    self.stats = BackgroundStats({d: 0 for d in devices}, failures=len(failures),
+    self.cap = check_cap(math.inf if slowdown_cap is None else slowdown_cap)
+    self.margin = margin
+    self.stats = BackgroundStats({d: 0 for d in self.runners}, failures=len(failures),
                                  errors=list(failures), batch=job.batch if job else 0)
-    self.in_flight: dict[int, deque] = {d: deque() for d in devices}
+    self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    self.checkpoint_every = checkpoint_every
+    self.cond = threading.Condition()
+    self.window_end: dict[int, float | None] = {d: None for d in self.runners}
+    self.generation = 0
+    self.admission: Admission | None = None
     self.step_starts: list[float] = []
+    self.calls: list[list[tuple[int, str, frozenset[int], float]]] = []
+    self.positions: dict[tuple[int, str], int] = {}
+    self.windows: list[dict[int, float]] = []
+    self.alone_calls: list[tuple[tuple[int, ...], float, str]] = []  # (devices, ms, stage:phase)
     self.baseline_ms: float | None = None
-    self.ratio: float | None = None
-    self.paused = False
+    self.threads: list[threading.Thread] = []
+    self.stopping = False
+    self.free_run = False  # pieces run without admission (drain, checkpoint)
+    self.pause_requested = False
+    self.paused: set[int] = set()  # threads waiting at a step boundary
     self._t0: float | None = None
+    self._t_stop: float | None = None
 
   @property
   def alive(self) -> bool:
@@ -114,80 +152,234 @@ class BackgroundScheduler:
     """Index (in this run) of the foreground step being dispatched."""
     return len(self.step_starts) - 1
 
+  # --- the foreground's hook (main thread) ---------------------------------------------------
+
   def __call__(self, sp, phase: str) -> None:
-    if sp.stage.index == 0 and phase != "bwd":
-      self._step_started()
-    if not self.alive or self.step < self.start_after or self.paused:
-      return
-    for d in idle_devices(sp.stage.devices, self.in_flight):
-      self._poll(d)
-      if self.alive and len(self.in_flight[d]) < self.max_in_flight:
-        self._dispatch(d)
-
-  def drain(self) -> BackgroundStats:
-    """Wait for every outstanding background step; close the active window."""
-    for d in list(self.in_flight):
-      while self.alive and self.in_flight[d]:
-        self._collect(d, self.in_flight[d].popleft())
-    if self._t0 is not None:
-      self.stats.active_s = time.perf_counter() - self._t0
-    return self.stats
-
-  # --- internals -----------------------------------------------------------------------------
-
-  def _step_started(self) -> None:
     now = time.perf_counter()
+    if sp.stage.index == 0 and phase != "bwd":
+      self._step_started(now)
+    devices = frozenset(sp.stage.devices)
+    if self.step < self.start_after:
+      self.calls[-1].append((sp.stage.index, phase, devices, now))
+      return
+    if not self.threads:
+      return
+    j = self.positions.get((sp.stage.index, phase))
+    with self.cond:
+      for d in self.window_end:
+        if d in devices:
+          self.window_end[d] = None
+        elif j is not None:
+          self.window_end[d] = now + self.windows[j][d] / 1e3
+      self.generation += 1
+      self.cond.notify_all()
+
+  def _step_started(self, now: float) -> None:
     self.step_starts.append(now)
     k = self.step
+    if k < self.start_after:
+      self.calls.append([])
+      return
     if k == self.start_after:
       self._t0 = now
-      times = [1e3 * (b - a) for a, b in zip(self.step_starts, self.step_starts[1:], strict=False)]
-      alone = times[SKIP_STEPS:]
-      self.baseline_ms = statistics.median(alone) if alone else None
-    elif k > self.start_after and self.cap is not None and self.baseline_ms:
-      r = 1e3 * (now - self.step_starts[-2]) / self.baseline_ms
-      self.ratio = r if self.ratio is None else EWMA * self.ratio + (1 - EWMA) * r
-      self.paused = self.ratio > 1 + self.cap
-      self.stats.paused_steps += self.paused
-    for d in list(self.in_flight):
-      self._poll(d)
+      self._calibrate()
+      if self.alive and self.runners:
+        self._start_threads()
+    elif self.admission is not None:
+      with self.cond:
+        self.admission.next_iteration(1e3 * (now - self.step_starts[-2]))
+    since = k - self.start_after
+    if (self.checkpoint_every and self.checkpoint_dir is not None and self.threads
+        and self.alive and since > 0 and since % self.checkpoint_every == 0):
+      self.save(self.checkpoint_dir)
 
-  def _dispatch(self, d: int) -> None:
+  def _calibrate(self) -> None:
+    """Baseline step time and per-call durations from the alone steps after the first two."""
+    steps = list(zip(self.calls, self.step_starts[1:], strict=False))[SKIP_STEPS:]
+    if not steps or not self.alive:
+      return
+    self.baseline_ms = statistics.median(1e3 * (b - a) for a, b in zip(
+        self.step_starts[SKIP_STEPS:], self.step_starts[SKIP_STEPS + 1:], strict=False))
+    seq = [(s, p, d) for s, p, d, _ in steps[-1][0]]
+    durations = []
+    for j in range(len(seq)):
+      per = []
+      for calls, end in steps:
+        if [(s, p, d) for s, p, d, _ in calls] != seq:
+          continue
+        nxt = calls[j + 1][3] if j + 1 < len(calls) else end
+        per.append(1e3 * (nxt - calls[j][3]))
+      durations.append(statistics.median(per))
+    self.positions = {(s, p): j for j, (s, p, _) in enumerate(seq)}
+    self.alone_calls = [(tuple(sorted(d)), ms, f"{s}:{p}")
+                        for (s, p, d), ms in zip(seq, durations, strict=True)]
+    self.windows = window_ms(durations, [d for *_, d in seq], self.window_end)
+    self.admission = Admission(self.job.pieces_ms, cap=self.cap, alone_ms=self.baseline_ms,
+                               margin=self.margin)
+
+  # --- dispatch threads ----------------------------------------------------------------------
+
+  def _start_threads(self) -> None:
+    if self.admission is None:
+      log.warning("background job %s has no alone steps to predict windows from; stopped",
+                  self.job.model)
+      self.job = None
+      return
+    for d in self.runners:
+      t = threading.Thread(target=self._worker, args=(d,), name=f"dp_jax-bg-{d}", daemon=True)
+      self.threads.append(t)
+      t.start()
+
+  def _worker(self, d: int) -> None:
+    runner = self.runners[d]
+    n = len(runner.program.stages)
+    timer: list[dict[str, Any]] = []
+    state = {"seen": 0, "last": None}
+
+    def observe() -> None:
+      calls = [t for t in timer if t["phase"] in PIECE_PHASES]
+      if len(calls) > state["seen"] and state["last"] is not None:
+        t = calls[-1]
+        with self.cond:
+          self.admission.observe(state["last"], 1e3 * (t["end_s"] - t["start_s"]))
+      state["seen"] = len(calls)
+
+    def gate(sp, phase: str) -> None:
+      observe()
+      k = piece_index(n, sp.stage.index, phase)
+      with self.cond:
+        while not self.free_run:
+          end, g = self.window_end[d], self.generation
+          if end is not None and self.admission.admit(k, 1e3 * (end - time.perf_counter())):
+            break
+          if end is not None:
+            self.stats.refused += 1
+          self.cond.wait_for(lambda g=g: self.free_run or self.generation != g)
+        if self.stopping and self.job is None:
+          raise _Stop
+        self.stats.dispatched += 1
+      state["last"] = k
+
     try:
-      self.in_flight[d].append(self.job.dispatch(d))
-      self.stats.dispatched += 1
+      while True:
+        with self.cond:
+          if self.pause_requested and not self.stopping:
+            self.paused.add(d)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: not self.pause_requested or self.stopping)
+            self.paused.discard(d)
+          if self.stopping:
+            return
+        timer.clear()
+        state["seen"] = 0
+        loss = runner.step(gate, timer)
+        observe()
+        value = float(loss)
+        if not math.isfinite(value):
+          raise FloatingPointError(f"background loss is {value} on device {d}")
+        with self.cond:
+          if self._t_stop is None:
+            self.stats.completed[d] += 1
+    except _Stop:
+      return
     except Exception as e:  # noqa: BLE001 - a background failure must not reach the foreground
       self._fail(e)
 
-  def _poll(self, d: int) -> None:
-    """Count the device's finished steps (in order) without waiting."""
-    q = self.in_flight.get(d, ())
-    while self.alive and q and q[0].is_ready():
-      self._collect(d, q.popleft())
-
-  def _collect(self, d: int, loss: jax.Array) -> None:
-    try:
-      value = float(loss)
-    except Exception as e:  # noqa: BLE001
-      self._fail(e)
-      return
-    if not math.isfinite(value):
-      self._fail(FloatingPointError(f"background loss is {value} on device {d}"))
-      return
-    self.stats.completed[d] += 1
-
   def _fail(self, e: BaseException) -> None:
-    name = self.job.name if self.job is not None else "?"
     msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    log.warning("background job %s failed and is stopped (the foreground continues): %s",
-                name, msg)
-    self.stats.failures += 1
-    self.stats.errors.append(msg)
-    self.job = None
-    for q in self.in_flight.values():
-      q.clear()
+    with self.cond:
+      name = self.job.model if self.job is not None else "?"
+      log.warning("background job %s failed and is stopped (the foreground continues): %s",
+                  name, msg)
+      self.stats.failures += 1
+      self.stats.errors.append(msg)
+      self.job = None
+      self.stopping = self.free_run = True
+      self.cond.notify_all()
+
+  # --- drain and checkpoints (main thread) ---------------------------------------------------
+
+  def _pause_all(self) -> None:
+    """Let every thread finish its step (pieces run freely) and wait at a step boundary."""
+    with self.cond:
+      self.pause_requested = self.free_run = True
+      self.cond.notify_all()
+      self.cond.wait_for(lambda: self.stopping or all(
+          d in self.paused or not t.is_alive()
+          for d, t in zip(self.runners, self.threads, strict=True)))
+
+  def _resume_all(self) -> None:
+    with self.cond:
+      self.pause_requested = False
+      self.free_run = self.stopping
+      self.cond.notify_all()
+
+  def drain(self) -> BackgroundStats:
+    """Stop the threads after their current step; close the active window."""
+    if self._t0 is not None and self._t_stop is None:
+      self._t_stop = time.perf_counter()
+      self.stats.active_s = self._t_stop - self._t0
+    with self.cond:
+      self.stopping = self.free_run = True
+      self.cond.notify_all()
+    for t in self.threads:
+      t.join()
+    if self.checkpoint_dir is not None and self.alive and self.threads:
+      self.save(self.checkpoint_dir, paused=True)
+    return self.stats
+
+  def save(self, directory: str | Path, paused: bool = False) -> Path:
+    """Write every device's job state (and step count) to directory/background.npz."""
+    if not paused:
+      self._pause_all()
+    flat: dict[str, np.ndarray] = {}
+    for d, r in self.runners.items():
+      h = r.host_state()
+      flat[f"{d}/steps"] = np.asarray(h["steps"])
+      for path, leaf in _flatten(h["state"]):
+        flat[f"{d}/{path}"] = leaf
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (CHECKPOINT_FILE + ".tmp.npz")
+    np.savez(tmp, **flat)
+    tmp.replace(directory / CHECKPOINT_FILE)
+    if not paused:
+      self._resume_all()
+    return directory / CHECKPOINT_FILE
 
 
-def make_background_hook(job: BackgroundJob | None, **kwargs) -> BackgroundScheduler:
-  """The on_stage(stage_program, phase) hook of `job`; its counters are in `.stats`."""
-  return BackgroundScheduler(job, **kwargs)
+def load_checkpoint(runners: dict[int, DeviceRunner], directory: str | Path) -> bool:
+  """Restore each runner from directory/background.npz if it is there; False if absent."""
+  path = Path(directory) / CHECKPOINT_FILE
+  if not path.is_file():
+    return False
+  with np.load(path) as saved:
+    for d, r in runners.items():
+      if f"{d}/steps" not in saved:
+        raise UserError(f"{path} has no background state for device {d}; use another "
+                        "checkpoint folder or the same background devices")
+      leaves = []
+      for p, leaf in _flatten(r.host_state()["state"]):
+        key = f"{d}/{p}"
+        if key not in saved or saved[key].shape != leaf.shape:
+          raise UserError(f"{path} holds a different background job ({key}); use another "
+                          "checkpoint folder or the same background model and batch")
+        leaves.append(saved[key])
+      import jax
+
+      treedef = jax.tree.structure(r.state)
+      r.load({"state": jax.tree.unflatten(treedef, leaves), "steps": int(saved[f"{d}/steps"])})
+  return True
+
+
+def _flatten(tree) -> list[tuple[str, np.ndarray]]:
+  import jax
+
+  return [(jax.tree_util.keystr(p), np.asarray(v))
+          for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def make_background_hook(job: BackgroundJob | None, runners: dict[int, DeviceRunner] | None = None,
+                         **kwargs) -> BackgroundScheduler:
+  """The on_stage(stage_program, phase) hook of `job` on its runners."""
+  return BackgroundScheduler(job, runners, **kwargs)

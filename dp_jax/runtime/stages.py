@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dp_jax.graph import LayerGraph, LayerNode, flat_layers
@@ -26,12 +26,14 @@ def series_parallel_order(graph: LayerGraph) -> list[str]:
   return list(flat_layers(graph.decompose()))
 
 
-def group_stages(graph: LayerGraph, devices_of: Mapping[str, Sequence[int]]) -> list[Stage]:
-  """Fuse consecutive layers (series-parallel order) placed on the same ordered device set."""
+def group_stages(graph: LayerGraph, devices_of: Mapping[str, Sequence[int]],
+                 breaks: Collection[str] = ()) -> list[Stage]:
+  """Fuse consecutive layers (series-parallel order) placed on the same ordered device set;
+  a layer in `breaks` always starts a new stage (a background job's pieces)."""
   runs: list[tuple[tuple[int, ...], list[str]]] = []
   for name in series_parallel_order(graph):
     devs = tuple(devices_of[name])
-    if runs and runs[-1][0] == devs:
+    if runs and runs[-1][0] == devs and name not in breaks:
       runs[-1][1].append(name)
     else:
       runs.append((devs, [name]))

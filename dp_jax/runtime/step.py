@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,9 +83,10 @@ def tied_key(owner: str, key: str) -> str:
 
 def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: CheckedPlan,
                   optimizer: optax.GradientTransformation,
-                  devices: list[jax.Device]) -> Program:
-  """Group the plan into stages and define each stage's jitted programs on its sub-mesh."""
-  stages = group_stages(graph, {n: p.devices for n, p in plan.placements.items()})
+                  devices: list[jax.Device], breaks: Collection[str] = ()) -> Program:
+  """Group the plan into stages and define each stage's jitted programs on its sub-mesh
+  (a layer in `breaks` starts a new stage)."""
+  stages = group_stages(graph, {n: p.devices for n, p in plan.placements.items()}, breaks)
   stage_of = {n: s.index for s in stages for n in s.layers}
   reads: dict[int, list[str]] = {s.index: [] for s in stages}
   owned: dict[int, list[str]] = {s.index: [] for s in stages}
@@ -203,12 +204,16 @@ def _send_back(program: Program, g_tied, g_ins, cots, tied_grads) -> list[jax.Ar
 
 
 def _hooked_call(call, on_stage: Callable):
-  """`call`, with on_stage(sp, phase) first for stage calls (not transfers)."""
+  """`call`, with on_stage(sp, phase) first for stage calls (not transfers); a hook with a true
+  `wait_for_stages` also has each stage call waited for (the hook then sees execution)."""
+  wait = bool(getattr(on_stage, "wait_for_stages", False))
 
   def hooked(sp: StageProgram, phase: str, fn, *args):
-    if not phase.startswith("transfer"):
-      on_stage(sp, phase)
-    return call(sp, phase, fn, *args)
+    if phase.startswith("transfer"):
+      return call(sp, phase, fn, *args)
+    on_stage(sp, phase)
+    out = call(sp, phase, fn, *args)
+    return jax.block_until_ready(out) if wait else out
 
   return hooked
 

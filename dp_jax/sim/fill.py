@@ -1,22 +1,22 @@
-"""Background fill: pieces of a background job in the foreground's idle windows, under a cap.
+"""Background fill: the multiplexing policy (dp_jax/multiplex.py) replayed on the foreground.
 
 Interference model (docs/simulator.md, "Background fill"):
 - Background pieces run only in windows where a device has no foreground work on either stream:
   never beside foreground compute, all-reduce or moves (DeepPool issues no background tasklet
   during an all-reduce; our moves are far below its 500 us NCCL-recv override).
-- A piece is never preempted. policy "fit": a piece starts only if it ends within the window's
-  length in the alone schedule (the window is known from the replayed foreground), so the
-  foreground waits for it only where earlier delays have shortened the window. policy
-  "overrun": pieces start while the device is idle and the foreground's next task, once ready,
-  waits for the running piece (DeepPool's reactive manager); the wait is foreground delay.
-- Handing a device back from background to foreground costs switch_ms before the foreground's
-  next task starts (default: the device's per-kernel overhead, dp_jax/profile/devices.py).
-  Every foreground task on a device waits for the background piece running there; a window
-  opens when all earlier foreground work on the device has ended.
+- When a window opens, the device's next pieces are offered to the policy one at a time, with
+  the window's predicted length (from the alone schedule, as the runtime predicts it from its
+  alone steps) minus the time already used. An admitted piece runs for its true time (the
+  profile unless `actual_ms` says otherwise), is never preempted, and its measured time corrects
+  the policy's next predictions. Handing the device back costs switch_ms after each piece
+  (default: the device's per-kernel overhead, dp_jax/profile/devices.py).
+- Every foreground task on a device waits for the background piece running there; a piece that
+  outlasts the window delays the foreground. The policy charges that predicted overrun to one
+  budget per iteration (cap x alone iteration) shared by all devices, so the cap holds at
+  admission (delays along the dependency graph are at most the sum of the overruns).
 - Delays propagate through the foreground's dependency graph (a re-timed schedule), over
-  several iterations in a row, carrying the background step's progress across windows.
-Windows are admitted longest first; the most that keeps every simulated iteration within
-(1 + cap) x the alone iteration time is kept (binary search; delays only grow with more windows).
+  several iterations in a row; each iteration's simulated time feeds the policy's slowdown
+  feedback. Devices with no foreground work run the job all the time.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from dp_jax.errors import UserError
-from dp_jax.sim.background import BackgroundJob
+from dp_jax.multiplex import Admission, BackgroundJob, check_cap
 from dp_jax.sim.timeline import Event, Timeline
-from dp_jax.sim.windows import EPS_MS, DeviceClasses, Window
+from dp_jax.sim.windows import DeviceClasses, Window
 
-POLICIES = ("fit", "overrun")
+POLICIES = ("fit",)
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,13 +40,15 @@ class Fill:
 
   cap: float
   alone_ms: float
-  admitted: np.ndarray  # (windows,) bool
+  admitted: np.ndarray  # (windows,) bool: the window ran at least one piece
   iteration_ms: np.ndarray  # (iterations,)
   bg_work_ms: np.ndarray  # (iterations,) device-ms of background pieces run
   bg_steps: np.ndarray  # (iterations,) background steps completed, summed over devices
   bg_free_ms: np.ndarray  # (iterations,) part of bg_work_ms on devices with no foreground work
   events: tuple[Event, ...]  # last iteration: foreground re-timed and background, from its start
   warmup_ms: float  # the first iteration (its wrap windows had no previous tail to fill)
+  pieces_admitted: int = 0
+  pieces_refused: int = 0
 
   @property
   def slowdown(self) -> np.ndarray:
@@ -56,9 +58,7 @@ class Fill:
 
 def validate(cap: float, switch_ms: float, policy: str, iterations: int) -> None:
   """One-line errors for bad fill settings."""
-  if isinstance(cap, bool) or not isinstance(cap, (int, float)) or math.isnan(cap) or cap < 0:
-    raise UserError(f"background slowdown_cap must be a number >= 0 (0.1: the foreground may "
-                    f"slow down by 10%), got {cap!r}")
+  check_cap(cap)
   if not (isinstance(switch_ms, (int, float)) and math.isfinite(switch_ms) and switch_ms >= 0):
     shown = switch_ms * 1e3 if isinstance(switch_ms, (int, float)) else switch_ms
     raise UserError(f"interference switch_us must be a number >= 0, got {shown!r}")
@@ -69,110 +69,96 @@ def validate(cap: float, switch_ms: float, policy: str, iterations: int) -> None
 
 
 def fill(tl: Timeline, classes: DeviceClasses, windows: list[Window], job: BackgroundJob, *,
-         cap: float, switch_ms: float, policy: str = "fit", iterations: int = 4) -> Fill:
-  """Admit the most windows the cap allows and simulate `iterations` steady iterations."""
+         cap: float, switch_ms: float, policy: str = "fit", iterations: int = 4,
+         margin: float = 0.0, actual_ms: np.ndarray | None = None) -> Fill:
+  """Run the policy over `iterations` steady iterations (after a warm-up one).
+
+  actual_ms: each piece's true time (default: its profiled time, the policy's prediction).
+  """
   validate(cap, switch_ms, policy, iterations)
-  sim = _Sim(tl, classes, windows, job, switch_ms, policy, iterations)
-  limit = (1.0 + cap) * tl.iteration_ms * (1 + 1e-12) + EPS_MS
-  ranked = sorted((w for w, win in enumerate(windows) if win.opener >= 0
-                   and win.length_ms >= sim.min_piece - EPS_MS),
-                  key=lambda w: (-windows[w].length_ms, w))
-
-  def admitted(m: int) -> np.ndarray:
-    mask = np.array([win.opener < 0 for win in windows], dtype=bool)
-    mask[ranked[:m]] = True
-    return mask
-
-  def ok(m: int) -> bool:
-    times = sim.run(admitted(m), record=False)[0]
-    return bool(times.max() <= limit)
-
-  lo, hi = 0, len(ranked)
-  if not ok(hi):
-    while lo < hi - 1:  # invariant: ok(lo) (no window: the alone schedule), not ok(hi)
-      mid = (lo + hi) // 2
-      lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    hi = lo
-  mask = admitted(hi)
-  times, work, steps, free, events = sim.run(mask, record=True)
-  if times.max() > limit:
-    raise AssertionError(f"slowdown cap violated: {times.max():.6f} ms > {limit:.6f} ms")
-  return Fill(float(cap), tl.iteration_ms, mask, times[1:], work[1:], steps[1:], free[1:],
-              tuple(events), float(times[0]))
+  actual = job.pieces_ms if actual_ms is None else np.asarray(actual_ms, dtype=float)
+  if actual.shape != job.pieces_ms.shape:
+    raise ValueError(f"actual_ms has {actual.shape} pieces, the job {job.pieces_ms.shape}")
+  admission = Admission(job.pieces_ms, cap=cap, alone_ms=tl.iteration_ms, margin=margin,
+                        switch_ms=switch_ms)
+  sim = _Sim(tl, classes, windows, job, actual, admission, iterations)
+  times, work, steps, free, events = sim.run()
+  return Fill(float(cap), tl.iteration_ms, sim.used, times[1:], work[1:], steps[1:], free[1:],
+              tuple(events), float(times[0]), admission.admitted, admission.refused)
 
 
 class _Sim:
-  """Re-times the foreground task graph with background pieces in admitted windows."""
+  """Re-times the foreground task graph with the pieces the policy admits."""
 
-  def __init__(self, tl, classes, windows, job, switch_ms, policy, iterations):
+  def __init__(self, tl, classes, windows, job, actual, admission, iterations):
     self.tl, self.classes, self.windows, self.job = tl, classes, windows, job
-    self.switch, self.policy, self.iterations = switch_ms, policy, iterations
+    self.actual, self.policy, self.iterations = actual, admission, iterations
     self.order = np.lexsort((np.arange(len(tl.tasks)), tl.start_ms))
     self.deps = [t.deps for t in tl.tasks]
     self.dur = [t.duration_ms for t in tl.tasks]
     self.closing: list[list[int]] = [[] for _ in tl.tasks]
     for w, win in enumerate(windows):
-      for i in win.closers:
-        self.closing[i].append(w)
-    self.cum = np.concatenate([[0.0], np.cumsum(job.pieces_ms)])
-    self.step = float(self.cum[-1])
-    self.min_piece = float(job.pieces_ms.min())
+      if win.opener >= 0:
+        for i in win.closers:
+          self.closing[i].append(w)
+    self.step = float(actual.sum())
     self.sizes = classes.sizes
     self.ranges = [[tuple(int(x) for x in np.searchsorted(classes.bounds, [a, a + c]))
                     for a, c in t.spans] for t in tl.tasks]
+    self.used = np.zeros(len(windows), dtype=bool)
 
-  def take(self, phase: float, budget: float) -> float:
-    """Background work done from step offset `phase` in `budget` ms (pieces whole)."""
-    if budget <= EPS_MS:
-      return 0.0
-    target = phase + budget
-    q = math.floor(target / self.step)
-    r = target - q * self.step
-    if self.policy == "fit":
-      j = int(np.searchsorted(self.cum, r + EPS_MS, side="right")) - 1
-    else:
-      j = int(np.searchsorted(self.cum, r - EPS_MS, side="left"))
-    return max(0.0, q * self.step + float(self.cum[j]) - phase)
+  def pieces(self, w: int, c: int, opened: float, nxt: np.ndarray) -> list[tuple[float, float]]:
+    """Pieces the policy admits into window w of class c, as (start, end) device times."""
+    length, t, out = self.windows[w].length_ms, 0.0, []
+    n = len(self.actual)
+    while self.policy.admit(int(nxt[c]), length - t):
+      k = int(nxt[c])
+      a = float(self.actual[k])
+      self.policy.observe(k, a)
+      out.append((opened + t, opened + t + a))
+      t += a + self.policy.switch
+      nxt[c] = (k + 1) % n
+    if out:
+      self.used[w] = True
+    return out
 
-  def run(self, admitted: np.ndarray, record: bool):
+  def run(self):
     """Per iteration (warm-up first): period, background device-ms and steps; last events."""
     tl, n, k_classes = self.tl, len(self.tl.tasks), len(self.classes)
-    phase = np.zeros(k_classes)
+    nxt = np.zeros(k_classes, dtype=np.int64)
     last_end = np.zeros(k_classes)  # end of the latest foreground task begun on each class
     bg_until = np.zeros(k_classes)  # when each class's running background piece hands back
-    origin, first = 0.0, True
+    origin, first, previous = 0.0, True, None
     times, work, steps, free = [], [], [], []
     events: list[Event] = []
     shown: list[tuple[int, float, float]] = []
     recorded = (0.0, 0.0)
-    idle_classes = [w.cls for w, ok in zip(self.windows, admitted, strict=True)
-                    if ok and w.opener < 0]
-    # Recording runs one more iteration: the drawn one's tail is filled at the next one's start.
-    for k in range(self.iterations + 1 + int(record)):
+    idle_classes = sorted({w.cls for w in self.windows if w.opener < 0})
+    self.used[[w for w, win in enumerate(self.windows) if win.opener < 0]] = True
+    # One more iteration than reported: the last one's tail is filled at the next one's start.
+    for k in range(self.iterations + 2):
+      self.policy.next_iteration(previous)
       start, end = np.zeros(n), np.zeros(n)
       done: set[int] = set()
       bg = 0.0
-      last = record and k == self.iterations
-      keep = record and k >= self.iterations
+      last = k == self.iterations
+      keep = k >= self.iterations
       for i in self.order:
         ready = max((end[d] for d in self.deps[i]), default=origin)
         for w in self.closing[i]:
-          if w in done or not admitted[w]:
+          if w in done:
             continue
           done.add(w)
-          win = self.windows[w]
-          if win.wrap and first:
+          if self.windows[w].wrap and first:
             continue  # the first iteration has no previous tail
-          c = win.cls
+          c = self.windows[w].cls
           opened = max(last_end[c], bg_until[c])
-          budget = win.length_ms if self.policy == "fit" else ready - opened
-          did = self.take(phase[c], budget)
-          if did > 0:
-            phase[c] = (phase[c] + did) % self.step
-            bg += did * self.sizes[c]
-            bg_until[c] = opened + did + self.switch
+          ran = self.pieces(w, c, opened, nxt)
+          if ran:
+            bg += sum(e - s for s, e in ran) * self.sizes[c]
+            bg_until[c] = ran[-1][1] + self.policy.switch
             if keep:
-              shown.append((c, opened, opened + did))
+              shown.extend((c, s, e) for s, e in ran)
         s = ready
         for lo, hi in self.ranges[i]:
           s = max(s, float(bg_until[lo:hi].max()))
@@ -185,15 +171,13 @@ class _Sim:
       bg += free[-1]
       if last:
         shown.extend((c, origin, finish) for c in idle_classes)
+        events = self.tl.events(start - origin, end - origin)
+        recorded = (origin, finish)
       times.append(period)
       work.append(bg)
       steps.append(bg / self.step)
-      if last:
-        events = self.tl.events(start - origin, end - origin)
-        recorded = (origin, finish)
-      origin, first = finish, False
-    if record:
-      events += self._pieces(shown, *recorded)
+      origin, first, previous = finish, False, period
+    events += self._pieces(shown, *recorded)
     m = self.iterations + 1
     return (np.array(times[:m]), np.array(work[:m]), np.array(steps[:m]), np.array(free[:m]),
             events)

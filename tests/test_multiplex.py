@@ -1,0 +1,110 @@
+"""The multiplexing policy: admission keeps the added foreground time within the cap (+ error)."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dp_jax.errors import UserError
+from dp_jax.multiplex import Admission, Correction, layer_groups, step_pieces
+
+
+def run_windows(policy, windows_ms, actual_of, pieces):
+  """Fill windows in order with pieces (cyclic); (added foreground ms, sum of last predictions)."""
+  added, last_predicted, k = 0.0, 0.0, 0
+  for length in windows_ms:
+    t, last = 0.0, 0.0
+    while policy.admit(k % pieces, length - t):
+      p = policy.predicted_ms(k % pieces)
+      a = actual_of(p)
+      policy.observe(k % pieces, a)
+      t += a + policy.switch
+      last = p
+      k += 1
+    if t > length:
+      added += t - length
+      last_predicted += last
+  return added, last_predicted
+
+
+@settings(max_examples=200, deadline=None)
+@given(windows=st.lists(st.floats(0.0, 20.0), min_size=1, max_size=30),
+       profile=st.lists(st.floats(0.01, 15.0), min_size=1, max_size=12),
+       cap=st.sampled_from([0.0, 0.05, 0.1, 0.25, 1.0]), alone=st.floats(1.0, 200.0),
+       bound=st.floats(0.0, 0.5), margin=st.floats(0.0, 0.6), switch=st.floats(0.0, 0.5),
+       seed=st.integers(0, 2**32 - 1))
+def test_added_foreground_time_stays_within_cap_plus_the_error_bound(
+    windows, profile, cap, alone, bound, margin, switch, seed):
+  rng = np.random.default_rng(seed)
+  policy = Admission(profile, cap=cap, alone_ms=alone, margin=margin, switch_ms=switch)
+  added, last = run_windows(policy, windows, lambda p: p * (1 + rng.uniform(-bound, bound)),
+                            len(profile))
+  slack = max(0.0, bound - margin) * last
+  assert added <= cap * alone + slack + 1e-9
+  if margin >= bound:
+    assert added <= cap * alone + 1e-9
+
+
+@settings(max_examples=50, deadline=None)
+@given(windows=st.lists(st.floats(0.0, 20.0), min_size=1, max_size=20),
+       profile=st.lists(st.floats(0.01, 5.0), min_size=1, max_size=8))
+def test_exact_predictions_at_cap_zero_never_delay_the_foreground(windows, profile):
+  policy = Admission(profile, cap=0.0, alone_ms=100.0)
+  added, _ = run_windows(policy, windows, lambda p: p, len(profile))
+  assert added <= 1e-9
+
+
+def test_pieces_that_fit_are_admitted_and_no_cap_admits_while_the_window_is_open():
+  fit = Admission([2.0, 3.0], cap=0.0, alone_ms=10.0)
+  assert fit.admit(0, 2.5) and not fit.admit(1, 2.5) and fit.refused == 1
+  free = Admission([2.0, 30.0], cap=math.inf, alone_ms=10.0)
+  assert free.admit(1, 0.1) and not free.admit(1, 0.0)
+
+
+def test_overrun_is_charged_to_the_iteration_budget_shared_by_all_devices():
+  policy = Admission([5.0], cap=0.1, alone_ms=20.0)  # budget 2 ms per iteration
+  assert policy.admit(0, 3.5)  # overrun 1.5
+  assert not policy.admit(0, 3.5)  # another 1.5 would exceed the 0.5 left
+  assert policy.charged_ms == pytest.approx(1.5)
+  policy.next_iteration(20.0)
+  assert policy.budget_ms == pytest.approx(2.0) and policy.admit(0, 3.5)
+
+
+def test_online_correction_learns_measured_over_predicted():
+  c = Correction([1.0, 2.0, 4.0], smoothing=0.5)
+  for _ in range(20):
+    c.observe(0, 3.0)
+    c.observe(1, 6.0)
+  assert c.predicted_ms(0) == pytest.approx(3.0)
+  assert c.predicted_ms(1) == pytest.approx(6.0)
+  assert c.predicted_ms(2) == pytest.approx(12.0)  # unseen: the job-wide ratio
+
+
+def test_slowdown_above_the_cap_tightens_admission_and_recovers():
+  policy = Admission([1.0], cap=0.1, alone_ms=100.0)
+  assert policy.admit(0, 1.0)
+  policy.next_iteration(150.0)  # 50% slower than alone: over the cap
+  assert policy.usable == 0.5 and policy.budget_ms == pytest.approx(5.0)
+  assert not Admission([1.0], cap=0.0, alone_ms=1.0).admit(0, 0.5)
+  assert policy.overrun_ms(0, 1.0) == pytest.approx(0.5)  # only half the window is used
+  for _ in range(10):
+    policy.next_iteration(100.0)
+  assert policy.usable == 1.0 and policy.budget_ms == pytest.approx(10.0)
+
+
+def test_groups_and_pieces_of_a_step():
+  fwd, bwd = [0.2, 0.2, 0.2, 1.0, 0.1], [0.4, 0.2, 0.3, 2.0, 0.1]
+  groups = layer_groups(["a", "b", "c", "d", "e"], fwd, bwd, 0.5)
+  assert groups == [[0], [1, 2], [3], [4]]
+  pieces = step_pieces(groups, fwd, bwd)
+  assert [(p, g) for p, g, _ in pieces] == [("fwd", 0), ("fwd", 1), ("fwd", 2), ("fwd_bwd", 3),
+                                            ("bwd", 2), ("bwd", 1), ("bwd", 0)]
+  assert sum(ms for *_, ms in pieces) == pytest.approx(sum(fwd) + sum(bwd))
+
+
+@pytest.mark.parametrize("cap", [-0.1, float("nan"), "x", True])
+def test_bad_cap_is_one_line_user_error(cap):
+  with pytest.raises(UserError, match="slowdown_cap must be a number >= 0"):
+    Admission([1.0], cap=cap, alone_ms=1.0)
