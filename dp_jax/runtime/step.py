@@ -4,7 +4,10 @@ Forward and backward (exact, nothing recomputed):
   - every stage but the last runs `fwd`: its layers under jax.vjp inside one jit. It returns
     the exported activations, the VJP (its residuals are outputs of the jit and stay on the
     stage's devices) and the new batch-norm statistics. saveable_args=False keeps the params
-    and inputs out of the residuals (no copies); `bwd` receives them again and restores them.
+    and inputs out of the residuals (no copies); `bwd` receives them again and restores them
+    with vjp.replace(args_res=[...]) in their original structure. Both are public, documented
+    parts of jax.vjp (its docstring, and JAX's "First-class VJPs" guide: the VJP object is a
+    pytree of its residuals, so it can leave one jit and enter another).
   - the last stage runs `fused`: forward, loss (mean over the global batch), backward and
     optimizer update in one program.
   - `bwd` applies a stage's VJP to the sum of the cotangents its exports received from later
@@ -280,7 +283,7 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
     return outs, vjp, new_stats
 
   def bwd(vjp, cots, params, tied, ins, opt, extra):
-    vjp = _restore_args(vjp, (params, tied, ins))
+    vjp = vjp.replace(args_res=[params, tied, ins])  # restore what saveable_args left out
     ct = {e: _sum(cs) for e, cs in cots.items()}
     g_p, g_tied, g_ins = vjp(ct)
     new_params, new_opt = update(params, g_p, opt, extra)
@@ -296,13 +299,3 @@ def _sum(arrays):
     total = total + a
   return total
 
-
-def _restore_args(vjp, primals):
-  """Put the primal args that saveable_args=False left out back into the VJP's residuals."""
-  restored = jax.tree.map(lambda r, v: v if type(r).__name__ == "NotSaveable" else r,
-                          vjp.args_res, list(primals), is_leaf=_is_sentinel)
-  return vjp.replace(args_res=restored)
-
-
-def _is_sentinel(x) -> bool:
-  return type(x).__name__ in ("NotSaveable", "NotNeeded")
