@@ -14,9 +14,10 @@ Forward and backward (exact, nothing recomputed):
     stages, adds the gradients other stages computed for its tied params, and updates it.
 Gradient reduction: params are replicated and the batch sharded on a stage's mesh, so GSPMD
 all-reduces parameter gradients over the stage's devices inside the stage's own program.
-Transfers: jax.device_put moves activations forward and cotangents backward between meshes
-(a no-op when both stages share a device set). Dispatch is asynchronous: stages on disjoint
-devices (fork/join branches) run concurrently, and host-side nothing waits until the loss.
+Transfers: transfer.move (jax.device_put in one process; a jit over the union of both device
+sets when they live on several processes) moves activations forward and cotangents backward
+between meshes (a no-op when both stages share a device set). Dispatch is asynchronous: stages
+on disjoint devices (fork/join branches) run concurrently; host-side nothing waits until the loss.
 Tied params (GPT-2's lm_head reading embed's wte): the owner is the first layer holding the
 Param; a later stage reading it gets a replicated copy each step and sends its gradient back,
 where it is summed into the owner's gradient before the update.
@@ -37,6 +38,7 @@ from jax.sharding import Mesh, NamedSharding
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
 from dp_jax.runtime import mesh as meshlib
+from dp_jax.runtime import transfer
 from dp_jax.runtime.functional import LayerDef, apply_layer
 from dp_jax.runtime.loss import cross_entropy
 from dp_jax.runtime.plan_check import CheckedPlan
@@ -70,6 +72,11 @@ class Program:
   stage_of: Mapping[str, int]
   global_batch: int
   num_devices: int  # of the plan (device indices 0..num_devices-1)
+  everywhere: NamedSharding | None = None  # replicated on all the plan's devices
+
+  def value(self, a: jax.Array):
+    """The full value of `a` as numpy on this process (moved across processes if needed)."""
+    return transfer.local_value(a, self.everywhere)
 
   @property
   def input_stage(self) -> StageProgram:
@@ -110,8 +117,9 @@ def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: Checked
     last = s.index == len(stages) - 1
     fns = _stage_functions(sp, defs, optimizer, graph.sink if last else None)
     programs.append(dataclasses.replace(sp, **fns))
+  everywhere = transfer.replicated_everywhere(devices[:plan.num_devices])
   return Program(graph.model, tuple(programs), defs, stage_of, plan.global_batch,
-                 plan.num_devices)
+                 plan.num_devices, everywhere)
 
 
 def init_state(program: Program, params: Mapping[str, Any], stats: Mapping[str, Any],
@@ -188,7 +196,7 @@ def _gather_inputs(sp: StageProgram, params, acts):
     owner, key = t.split(":", 1)
     tied[t] = params[owner][key]
   ins = {p: acts[p] for p in sp.stage.inputs if p != INPUT}
-  return jax.device_put(tied, sp.replicated), jax.device_put(ins, sp.batch)
+  return transfer.move(tied, sp.replicated), transfer.move(ins, sp.batch)
 
 
 def _send_back(program: Program, g_tied, g_ins, cots, tied_grads) -> list[jax.Array]:
@@ -196,11 +204,11 @@ def _send_back(program: Program, g_tied, g_ins, cots, tied_grads) -> list[jax.Ar
   moved = []
   for p, g in g_ins.items():
     dst = program.stages[program.stage_of[p]]
-    moved.append(jax.device_put(g, dst.batch))
+    moved.append(transfer.move(g, dst.batch))
     cots.setdefault(p, []).append(moved[-1])
   for t, g in g_tied.items():
     dst = program.stages[program.stage_of[t.split(":", 1)[0]]]
-    moved.append(jax.device_put(g, dst.replicated))
+    moved.append(transfer.move(g, dst.replicated))
     tied_grads.setdefault(t, []).append(moved[-1])
   return moved
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import optax
 
 from dp_jax.errors import UserError
@@ -119,7 +118,7 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
       timer: list[dict[str, Any]] | None = [] if step == timed_step else None
       result.state, loss = train_step(program, result.state, x, y, timer=timer,
                                       on_stage=on_stage)
-      loss_value = _scalar(loss)
+      loss_value = float(program.value(loss))
       ms = (time.perf_counter() - t0) * 1e3
       done = step + 1
       metrics: dict[str, Any] = {"step": done, "loss": loss_value, "step_ms": ms,
@@ -162,11 +161,6 @@ def _truncate_metrics(path: Path, start: int) -> None:
   keep = [ln for ln in path.read_text().splitlines()
           if ln.strip() and json.loads(ln).get("step", 0) <= start]
   path.write_text("".join(ln + "\n" for ln in keep))
-
-
-def _scalar(a: jax.Array) -> float:
-  """A replicated scalar's value from this process's first shard (works multi-host)."""
-  return float(np.asarray(a.addressable_shards[0].data))
 
 
 def _progress(enabled: bool):
