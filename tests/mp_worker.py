@@ -11,7 +11,7 @@ import numpy as np
 
 from dp_jax.runtime import distributed
 
-# (source set, target set, kind): batch-sharded -> batch | replicated; tied: replicated -> replicated
+# (source, target, kind): batch-sharded -> batch | replicated; tied: replicated -> replicated
 MOVES = [("p0", "p1", "batch"), ("all", "span", "batch"), ("span", "one", "replicated"),
          ("one", "p0", "batch"), ("p1", "rev", "batch"), ("one", "all", "tied")]
 
@@ -63,10 +63,8 @@ def train_case() -> dict[str, np.ndarray]:
   state = init_state(program, params, stats, sgd())
   losses = []
   for x, y in data:
-    xs = jax.make_array_from_callback(x.shape, program.input_stage.batch, lambda i: x[i],
-                                      dtype=x.dtype)
-    ys = jax.make_array_from_callback(y.shape, program.last_stage.batch, lambda i: y[i],
-                                      dtype=y.dtype)
+    xs = _host(x, program.input_stage.batch)
+    ys = _host(y, program.last_stage.batch)
     state, loss = train_step(program, state, xs, ys)
     losses.append(float(program.value(loss)))
   out = {"losses": np.array(losses)}
@@ -74,6 +72,12 @@ def train_case() -> dict[str, np.ndarray]:
     for key, leaf in jax.tree_util.tree_flatten_with_path(p)[0]:
       out[f"{layer}{jax.tree_util.keystr(key)}"] = program.value(leaf)
   return out
+
+
+def _host(a: np.ndarray, sharding):
+  import jax
+
+  return jax.make_array_from_callback(a.shape, sharding, lambda i: a[i], dtype=a.dtype)
 
 
 def main() -> None:
