@@ -71,6 +71,7 @@ class Run:
 
   output_dir: Path
   wandb_run: Any | None = None
+  writes: bool = True  # False on processes other than 0 of a multi-process job
   _summary: dict[str, Any] = field(default_factory=dict)
 
   def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
@@ -80,6 +81,8 @@ class Run:
   def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> Path:
     """Write `key`.csv in the output folder and log it as a W&B table."""
     path = self.output_dir / f"{key}.csv"
+    if not self.writes:
+      return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
       w = csv.writer(f)
@@ -119,11 +122,17 @@ class Run:
       log.warning("W&B call failed (%s); local results are unaffected", e)
 
 
-def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None) -> Run:
-  """Start the job's W&B run (mode from cfg.logger); on any failure, warn and run without it."""
+def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None,
+          writer: bool = True) -> Run:
+  """Start the job's W&B run (mode from cfg.logger); on any failure, warn and run without it.
+
+  writer=False (processes other than 0 of a multi-process job): no files, no W&B run.
+  """
   from omegaconf import OmegaConf
 
   output_dir = Path(output_dir)
+  if not writer:
+    return Run(output_dir, writes=False)
   output_dir.mkdir(parents=True, exist_ok=True)
   resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
   prov = provenance()

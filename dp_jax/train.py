@@ -185,8 +185,6 @@ def resolve_plan(cfg: Any, model, graph, g: int) -> tuple[dict[str, Any], int]:
 
 def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   """Plan (or load) a plan, train under it, write metrics, timeline and checkpoints."""
-  from hydra.core.hydra_config import HydraConfig
-
   set_host_device_count(cfg.runtime.num_devices)
   from dp_jax.runtime import distributed
 
@@ -198,12 +196,13 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
 
   if cfg.steps < 0:
     raise UserError(f"steps={cfg.steps} must be >= 0")
-  out_dir = Path(HydraConfig.get().runtime.output_dir)
+  out_dir = run.output_dir  # one folder per job, also with several processes (cli.py)
   devices = job_devices(cfg.runtime.num_devices)
   model = zoo.build(cfg.model, seed=cfg.seed)
   graph = structure_graph(model, cfg.model.name)
   plan, batch = resolve_plan(cfg, model, graph, len(devices))  # before any checkpoint
-  (out_dir / "plan.json").write_text(json.dumps(plan, indent=1))
+  if run.writes:
+    (out_dir / "plan.json").write_text(json.dumps(plan, indent=1))
   data = datalib.make_source(workflow.enum_value(cfg.data.source), model, path=cfg.data.path,
                              seed=cfg.data.seed)
   hook = orchestrator.start_background(

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 from dp_jax.errors import UserError
+from dp_jax.runtime import distributed
 
 META_FILE = "dp_jax_checkpoint.json"
 
@@ -54,7 +55,7 @@ def open_manager(directory: str | Path, signature: dict[str, Any], *, max_to_kee
   check_compatible(directory, signature)
   directory.mkdir(parents=True, exist_ok=True)
   meta = directory / META_FILE
-  if not meta.exists():
+  if not meta.exists() and distributed.process_index() == 0:
     tmp = meta.with_suffix(".tmp")
     tmp.write_text(json.dumps(signature, indent=1))
     tmp.replace(meta)

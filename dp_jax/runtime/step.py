@@ -225,6 +225,10 @@ def _hooked_call(call, on_stage: Callable):
 
 
 def _timed_call(timer: list[dict[str, Any]] | None):
+  if timer is None and jax.process_count() > 1:
+    # Several processes: each call completes before the next is issued, so every process
+    # runs the cross-process collectives in one order (concurrent ones deadlocked on CPU).
+    return lambda sp, phase, fn, *args: jax.block_until_ready(fn(*args))
   if timer is None:
     return lambda sp, phase, fn, *args: fn(*args)
 

@@ -4,8 +4,9 @@ train() checks the plan against the model and devices before touching any file, 
 the newest checkpoint in checkpoint_dir, saves every `checkpoint_every` steps (0: only at the
 end) and at the end, and writes metrics.jsonl (one line per step) and timeline.json (the
 second step of the call, every stage call waited for) to output_dir (default: the parent of
-checkpoint_dir). Batches depend only on the step index, so a resumed run repeats exactly
-what an uninterrupted one does.
+checkpoint_dir). With several processes every one trains and checkpoints (orbax writes
+collectively), and process 0 alone writes metrics.jsonl and timeline.json. Batches depend
+only on the step index, so a resumed run repeats exactly what an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
 from dp_jax.runtime import checkpoint as ckpt
 from dp_jax.runtime import data as datalib
+from dp_jax.runtime import distributed
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime import timeline as tl
 from dp_jax.runtime.functional import split_layers
@@ -88,7 +90,7 @@ def train(model, graph: LayerGraph, plan: Any, *, steps: int,
       start, state = restored
       log.info("resumed from checkpoint step %d in %s", start, checkpoint_dir)
   metrics_path = None
-  if output_dir is not None:
+  if output_dir is not None and distributed.process_index() == 0:  # process 0 writes files
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     metrics_path = Path(output_dir) / METRICS_FILE
     _truncate_metrics(metrics_path, start)
@@ -125,7 +127,7 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
                                  "samples_per_s": batch / ms * 1e3}
       if timer:
         metrics["stage_ms"] = tl.stage_ms(timer)
-        if output_dir is not None:
+        if result.metrics_path is not None:
           result.timeline_path = tl.write_timeline(
               Path(output_dir) / TIMELINE_FILE,
               tl.timeline_json(timer, [s.stage for s in program.stages], model=program.model,

@@ -51,7 +51,7 @@ def _move_array(a: jax.Array, dst: NamedSharding) -> jax.Array:
             for d in prog.union if d.process_index == me]
   u = jax.make_array_from_single_device_arrays((len(prog.union), *prog.src_block),
                                                prog.union_sharding, blocks)
-  out = prog.run(u)
+  out = jax.block_until_ready(prog.run(u))
   mine = {s.device: s.data for s in out.addressable_shards}
   local = [jnp.squeeze(mine[d], 0) for d in _devices(dst) if d in mine]
   return jax.make_array_from_single_device_arrays(a.shape, dst, local, dtype=a.dtype)
