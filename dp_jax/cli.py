@@ -139,9 +139,9 @@ def _run_job(task: TaskFn, app: str, cfg: Any) -> dict[str, Any] | None:
   from dp_jax import tracking
 
   hc = HydraConfig.get()
+  _quiet_third_party_loggers()
   output_dir, writer = _join_processes(cfg, Path(hc.runtime.output_dir))
   multirun = hc.mode == RunMode.MULTIRUN
-  _quiet_third_party_loggers()
   run = tracking.start(cfg, app=app, output_dir=output_dir, writer=writer,
                        sweep_name=Path(hc.sweep.dir).name if multirun else None)
   try:

@@ -64,10 +64,9 @@ status=0
 for ((i = 0; i < n; i++)); do
   if ! wait "${pids[$i]}"; then
     status=1
-    if (( i > 0 )); then
-      echo "process $i failed; last lines of $logs/process_$i.out:" >&2
-      tail -n 5 "$logs/process_$i.out" >&2
-    fi
+    reason="$(grep -m1 -E '^error: |Terminating process because|absl::Status: ' \
+      "$logs/process_$i.out" | cut -c1-300 || true)"
+    echo "process $i failed: ${reason:-see $logs/process_$i.out}" >&2
   fi
 done
 if (( status )); then exit 1; fi

@@ -85,7 +85,7 @@ def train(model, graph: LayerGraph, plan: Any, *, steps: int,
   manager, start = None, 0
   if checkpoint_dir is not None:
     manager = ckpt.open_manager(checkpoint_dir, ckpt.state_signature(graph.model, state))
-    restored = ckpt.restore_latest(manager, state)
+    restored = ckpt.restore_latest(manager, state, _everywhere(program))
     if restored is not None:
       start, state = restored
       log.info("resumed from checkpoint step %d in %s", start, checkpoint_dir)
@@ -141,10 +141,15 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
       if log_fn is not None:
         log_fn({f"train/{k}": v for k, v in metrics.items() if k != "step"}, done)
       if manager is not None and ((every and done % every == 0) or done == steps):
-        ckpt.save(manager, done, result.state)
+        ckpt.save(manager, done, result.state, _everywhere(program))
       bar.update(task, completed=done, loss=loss_value)
       if sleep_s:
         time.sleep(sleep_s)
+
+
+def _everywhere(program: Program):
+  """All the plan's devices, when several processes share them (else None: save as is)."""
+  return program.everywhere if jax.process_count() > 1 else None
 
 
 def _check_model_graph(model, graph: LayerGraph) -> None:
