@@ -69,8 +69,9 @@ def start_background(bg_cfg: Any, fg_model_cfg: Any, plan: Mapping[str, Any],
   name = f"{bg_cfg.name}:{model_cfg.name}"
   try:
     model = zoo.build(model_cfg, seed=seed + 1)
-    job = build_job(name, model, optax.sgd(learning_rate, momentum=0.9), batch,
-                    dict(enumerate(devices)), seed=seed)
+    # several processes: each dispatches only to the devices it owns
+    mine = {i: d for i, d in enumerate(devices) if d.process_index == jax.process_index()}
+    job = build_job(name, model, optax.sgd(learning_rate, momentum=0.9), batch, mine, seed=seed)
     jax.block_until_ready([job.dispatch(i) for i in job.copies])  # compile on every device
   except UserError:
     raise
