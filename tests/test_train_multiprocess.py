@@ -66,3 +66,25 @@ def test_submitit_local_sweep_of_the_train_app_runs_two_cells(tmp_path):
   assert len(cells) == 2
   steps = sorted(json.loads(c.read_text())["final_step"] for c in cells)
   assert steps == [1, 2]
+
+
+@pytest.mark.slow
+def test_launch_local_validates_against_one_process(tmp_path):
+  import os
+  import re
+  import subprocess
+
+  from apps import REPO
+
+  plan = burst_plan_file(tmp_path)
+  env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+  env.pop("XLA_FLAGS", None)
+  result = subprocess.run(
+      [str(REPO / "scripts" / "launch_local.sh"), "2", *TINY, "steps=3", f"plan={plan}",
+       f"hydra.run.dir={tmp_path}/run", "validate_against_single=true"],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  last = result.stdout.strip().splitlines()[-1]
+  match = re.fullmatch(r"max loss difference vs single process: (\S+)", last)
+  assert match and float(match.group(1)) < 1e-4, last
+  assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
