@@ -6,7 +6,7 @@ import sys
 import time
 
 import pytest
-from multiprocess import REPO, free_port
+from mp_launch import REPO, free_port
 
 from dp_jax.errors import UserError
 from dp_jax.runtime import distributed

@@ -11,8 +11,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from mp_launch import logs, start, wait
 from mp_layouts import train_multiprocess_layout
-from multiprocess import logs, start, wait
 from runtime_helpers import batches, make_model, run_plan, sgd
 
 MP_WORKER = str(Path(__file__).with_name("mp_worker.py"))

@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
-from multiprocess import logs, start, wait
+from mp_launch import logs, start, wait
 
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime import transfer

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from apps import run_app
-from multiprocess import logs, start, wait
+from mp_launch import logs, start, wait
 from test_train_app import TINY, burst_plan_file
 
 HEARTBEAT_S = 10
