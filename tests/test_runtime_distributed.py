@@ -93,3 +93,34 @@ def test_a_lone_process_says_once_that_it_waits_then_exits_non_zero(tmp_path):
   assert len(waits) == 1 and address in waits[0], result.stderr
   assert time.monotonic() - start < 90
   assert not (tmp_path / "run" / "config.json").exists(), "nothing is written before joining"
+
+
+def test_auto_lets_jax_read_the_cluster_environment(no_env, monkeypatch):
+  """coordinator_address=auto (SLURM, Open MPI): JAX gets no address/count/id and detects them."""
+  import jax
+
+  calls, updates = [], {}
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax.config, "update", lambda k, v: updates.__setitem__(k, v))
+  cfg = distributed.DistributedConfig(coordinator_address="auto", heartbeat_timeout_s=12)
+  assert distributed.initialize(cfg, num_devices=16) is True
+  (kw,) = calls
+  assert kw["coordinator_address"] is None and kw["num_processes"] is None
+  assert kw["process_id"] is None and kw["heartbeat_timeout_seconds"] == 12
+  assert updates == {"jax_enable_preemption_service": False}, "no CPU split without a count"
+
+
+def test_explicit_settings_split_the_cpu_devices_evenly(no_env, monkeypatch):
+  import jax
+
+  calls, updates = [], {}
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax.config, "update", lambda k, v: updates.__setitem__(k, v))
+  cfg = distributed.DistributedConfig("h:1", num_processes=2, process_id=1)
+  assert distributed.initialize(cfg, num_devices=8) is True
+  assert calls[0]["coordinator_address"] == "h:1" and calls[0]["process_id"] == 1
+  assert updates["jax_num_cpu_devices"] == 4
+  with pytest.raises(UserError, match="split evenly"):
+    distributed.initialize(cfg, num_devices=7)
