@@ -149,10 +149,10 @@ def _run_job(task: TaskFn, app: str, cfg: Any) -> dict[str, Any] | None:
   from dp_jax import tracking
 
   hc = HydraConfig.get()
-  output_dir = Path(hc.runtime.output_dir)
-  multirun = hc.mode == RunMode.MULTIRUN
   _quiet_third_party_loggers()
-  run = tracking.start(cfg, app=app, output_dir=output_dir,
+  output_dir, writer = _join_processes(cfg, Path(hc.runtime.output_dir))
+  multirun = hc.mode == RunMode.MULTIRUN
+  run = tracking.start(cfg, app=app, output_dir=output_dir, writer=writer,
                        sweep_name=Path(hc.sweep.dir).name if multirun else None)
   try:
     from dp_jax.options import check_options
@@ -161,13 +161,13 @@ def _run_job(task: TaskFn, app: str, cfg: Any) -> dict[str, Any] | None:
     summary = task(cfg, run) or {}
   except Exception as e:  # noqa: BLE001
     message = one_line(e)
-    if run.begun or not _EXISTING.covers(output_dir):
+    if writer and (run.begun or not _EXISTING.covers(output_dir)):
       run.begin()
       _write_status(output_dir, {"status": "failed", "error": message,
                                  "overrides": list(hc.overrides.task)})
       run.summary({"status": "failed", "error": message})
       run.finish(exit_code=1)
-    else:
+    elif writer:
       _EXISTING.restore()
     if os.environ.get("DP_JAX_TRACEBACK"):
       traceback.print_exc()
@@ -178,10 +178,33 @@ def _run_job(task: TaskFn, app: str, cfg: Any) -> dict[str, Any] | None:
     raise SystemExit(2) from None
   summary = {"status": "ok", **summary}
   run.begin()
-  _write_status(output_dir, {**summary, "overrides": list(hc.overrides.task)})
+  if writer:
+    _write_status(output_dir, {**summary, "overrides": list(hc.overrides.task)})
   run.summary(summary)
   run.finish()
   return summary
+
+
+def _join_processes(cfg: Any, output_dir: Path) -> tuple[Path, bool]:
+  """(run folder, whether this process writes it): one folder per multi-process job.
+
+  Apps with runtime.distributed settings join jax.distributed here, before anything is
+  written; every process then uses process 0's folder, and only process 0 writes the run's
+  files (the others log to process_<i>.log there).
+  """
+  from omegaconf import OmegaConf
+
+  from dp_jax.runtime import distributed
+
+  dist = OmegaConf.select(cfg, "runtime.distributed")
+  if not distributed.configured(dist):
+    return output_dir, True
+  distributed.initialize(dist, num_devices=OmegaConf.select(cfg, "runtime.num_devices"))
+  shared = distributed.shared_dir(output_dir)
+  rank = distributed.process_index()
+  if rank:
+    distributed.log_to_own_file(shared, rank, hydra_dir=output_dir)
+  return shared, rank == 0
 
 
 def _write_status(output_dir: Path, status: dict[str, Any]) -> None:

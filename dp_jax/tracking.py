@@ -76,15 +76,19 @@ class Run:
 
   output_dir: Path
   wandb_run: Any | None = None
+  writes: bool = True  # False on processes other than 0 of a multi-process job
   _summary: dict[str, Any] = field(default_factory=dict)
   _start: Callable[[], Any] | None = None  # writes config/provenance, returns the W&B run
   begun: bool = False
+  writes: bool = True  # False on processes other than 0 of a multi-process job
 
   def begin(self) -> None:
     """Write config.json and provenance.json and start the W&B run (once)."""
     if self.begun:
       return
     self.begun = True
+    if not self.writes:
+      return
     self.output_dir.mkdir(parents=True, exist_ok=True)
     if self._start is not None:
       self.wandb_run = self._start()
@@ -98,6 +102,10 @@ class Run:
     """Write `key`.csv in the output folder and log it as a W&B table."""
     self.begin()
     path = self.output_dir / f"{key}.csv"
+    if not self.writes:
+      return path
+    if not self.writes:
+      return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
       w = csv.writer(f)
@@ -139,11 +147,17 @@ class Run:
       log.warning("W&B call failed (%s); local results are unaffected", e)
 
 
-def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None) -> Run:
-  """The job's Run; config, provenance and the W&B run (mode from cfg.logger) come at begin()."""
+def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None,
+          writer: bool = True) -> Run:
+  """The job's Run; config, provenance and the W&B run (mode from cfg.logger) come at begin().
+
+  writer=False (processes other than 0 of a multi-process job): no files, no W&B run.
+  """
   from omegaconf import OmegaConf
 
   output_dir = Path(output_dir)
+  if not writer:
+    return Run(output_dir, writes=False)
   resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
   logger_cfg = cfg.get("logger") or {}
   mode = str(getattr(logger_cfg.get("mode", "offline"), "value", logger_cfg.get("mode", "offline")))

@@ -201,8 +201,6 @@ def resolve_plan(cfg: Any, model, graph, g: int) -> tuple[dict[str, Any], int]:
 
 def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   """Plan (or load) a plan, train under it, write metrics, timeline and checkpoints."""
-  from hydra.core.hydra_config import HydraConfig
-
   set_host_device_count(cfg.runtime.num_devices)
   from dp_jax.runtime import distributed
 
@@ -212,7 +210,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   from dp_jax.runtime.stages import structure_graph
   from dp_jax.runtime.train_loop import train
 
-  out_dir = Path(HydraConfig.get().runtime.output_dir)
+  out_dir = run.output_dir  # one folder per job, also with several processes (cli.py)
   devices = job_devices(cfg.runtime.num_devices)
   if cfg.plan not in PLAN_MODES:  # a plan for another model config: refuse before building
     workflow.check_made_for(load_plan_file(cfg.plan),
@@ -224,7 +222,8 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
 
   def start_writing() -> None:  # the checkpoint folder fits this job: files may be written now
     run.begin()
-    write_json(out_dir / "plan.json", plan)
+    if run.writes:  # process 0 of a multi-process job
+      write_json(out_dir / "plan.json", plan)
 
   data = datalib.make_source(workflow.enum_value(cfg.data.source), model, path=cfg.data.path,
                              seed=cfg.data.seed)

@@ -2,8 +2,6 @@
 
 import pytest
 
-from dp_jax.errors import UserError
-from dp_jax.runtime import distributed
 from dp_jax.runtime.stages import Stage
 from dp_jax.runtime.timeline import spans, stage_ms, timeline_json
 
@@ -27,28 +25,3 @@ def test_timeline_has_simulator_events_per_device_span():
   assert ev[0]["start_ms"] == 0 and t["alone"]["iteration_ms"] == pytest.approx(14)
   assert stage_ms(events) == {"0": pytest.approx(6), "1": pytest.approx(7)}
 
-
-def test_distributed_is_a_no_op_by_default(monkeypatch):
-  for name in ("DP_JAX_COORDINATOR_ADDRESS", "DP_JAX_NUM_PROCESSES", "DP_JAX_PROCESS_ID"):
-    monkeypatch.delenv(name, raising=False)
-  assert distributed.initialize() is False
-
-
-def test_distributed_settings_come_from_config_then_environment(monkeypatch):
-  monkeypatch.setenv("DP_JAX_COORDINATOR_ADDRESS", "h0:1234")
-  monkeypatch.setenv("DP_JAX_NUM_PROCESSES", "4")
-  monkeypatch.setenv("DP_JAX_PROCESS_ID", "2")
-  c = distributed.resolve(distributed.DistributedConfig(process_id=1))
-  assert (c.coordinator_address, c.num_processes, c.process_id) == ("h0:1234", 4, 1)
-
-
-@pytest.mark.parametrize("cfg, message", [
-    (dict(num_processes=2), "no coordinator_address"),
-    (dict(coordinator_address="h:1", num_processes=2), "together"),
-    (dict(coordinator_address="h:1", num_processes=2, process_id=2), "must lie in"),
-])
-def test_incomplete_distributed_settings_are_one_line_errors(monkeypatch, cfg, message):
-  for name in ("DP_JAX_COORDINATOR_ADDRESS", "DP_JAX_NUM_PROCESSES", "DP_JAX_PROCESS_ID"):
-    monkeypatch.delenv(name, raising=False)
-  with pytest.raises(UserError, match=message):
-    distributed.initialize(distributed.DistributedConfig(**cfg))

@@ -91,7 +91,8 @@ def start_background(bg_cfg: Any, fg_model_cfg: Any, plan: Mapping[str, Any],
   try:
     model = zoo.build(model_cfg, seed=seed + 1)
     opt = optax.sgd(learning_rate, momentum=0.9)
-    devs = dict(enumerate(devices))
+    # several processes: each dispatches only to the devices it owns
+    devs = {i: d for i, d in enumerate(devices) if d.process_index == jax.process_index()}
     first = next(iter(devs))
     runners = build_runners(model, model_cfg.name, [], opt, batch, devs, seed=seed)
     pieces = measured_pieces(runners[first])

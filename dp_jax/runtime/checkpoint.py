@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 from dp_jax.errors import UserError
+from dp_jax.runtime import distributed, transfer
 
 META_FILE = "dp_jax_checkpoint.json"
 
@@ -54,7 +55,7 @@ def open_manager(directory: str | Path, signature: dict[str, Any], *, max_to_kee
   check_compatible(directory, signature)
   directory.mkdir(parents=True, exist_ok=True)
   meta = directory / META_FILE
-  if not meta.exists():
+  if not meta.exists() and distributed.process_index() == 0:
     tmp = meta.with_suffix(".tmp")
     tmp.write_text(json.dumps(signature, indent=1))
     tmp.replace(meta)
@@ -63,14 +64,18 @@ def open_manager(directory: str | Path, signature: dict[str, Any], *, max_to_kee
   return ocp.CheckpointManager(directory, options=options)
 
 
-def save(manager, step: int, state: Any) -> None:
-  """Save `state` as checkpoint `step` (async write; arrays are copied off device first)."""
+def save(manager, step: int, state: Any, everywhere=None) -> None:
+  """Save `state` as checkpoint `step` (async write; arrays are copied off device first).
+
+  everywhere (several processes): a sharding over all devices; arrays of stages on one
+  process's devices are saved from a copy there (orbax refuses process-local arrays).
+  """
   import orbax.checkpoint as ocp
 
-  manager.save(step, args=ocp.args.StandardSave(state), force=True)
+  manager.save(step, args=ocp.args.StandardSave(_portable(state, everywhere)), force=True)
 
 
-def restore_latest(manager, like: Any) -> tuple[int, Any] | None:
+def restore_latest(manager, like: Any, everywhere=None) -> tuple[int, Any] | None:
   """(step, state) of the newest checkpoint, placed like `like`; None if there is none."""
   import orbax.checkpoint as ocp
 
@@ -78,5 +83,24 @@ def restore_latest(manager, like: Any) -> tuple[int, Any] | None:
   if step is None:
     return None
   abstract = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
-  return step, manager.restore(step, args=ocp.args.StandardRestore(abstract))
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+      _portable(like, everywhere, copy=False))
+  restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  if everywhere is None:
+    return step, restored
+  return step, jax.tree.map(lambda r, a: transfer.move(r, a.sharding), restored, like)
+
+
+def _portable(state: Any, everywhere, copy: bool = True) -> Any:
+  """Arrays that live on one process's devices (several processes) moved to `everywhere`."""
+  if everywhere is None:
+    return state
+
+  def one(a):
+    if len({d.process_index for d in a.sharding.device_set}) > 1:
+      return a
+    if not copy:
+      return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=everywhere)
+    return transfer.move(a, everywhere)
+
+  return jax.tree.map(one, state)

@@ -127,16 +127,17 @@ def batch_at(src: DataSource, step: int, global_batch: int, x_sharding: NamedSha
     gen_x, gen_y = _generators(src, global_batch, x_sharding, y_sharding)
     return gen_x(step), gen_y(step)
   ids = sample_ids(src.num_samples, src.seed, step, global_batch)
-  return (_host_array(x_shape, x_sharding, ids, src.read_x),
-          _host_array(y_shape, y_sharding, ids, src.read_y))
+  return (_host_array(x_shape, x_sharding, ids, src.read_x, src.x_dtype),
+          _host_array(y_shape, y_sharding, ids, src.read_y, "int32"))
 
 
-def _host_array(shape, sharding, ids: np.ndarray, read: Reader) -> jax.Array:
+def _host_array(shape, sharding, ids: np.ndarray, read: Reader, dtype: str) -> jax.Array:
   def shard(index):
     rows = ids[index[0]]
     return read(rows)[(slice(None), *index[1:])]
 
-  return jax.make_array_from_callback(shape, sharding, shard)
+  # dtype: a process holding none of the sharding's devices reads nothing
+  return jax.make_array_from_callback(shape, sharding, shard, dtype=np.dtype(dtype))
 
 
 @lru_cache(maxsize=16)

@@ -1,27 +1,43 @@
-"""Optional multi-host start-up: jax.distributed.initialize() when a coordinator is configured.
+"""Multi-process start-up: jax.distributed.initialize() when a coordinator is configured.
 
 No-op by default. Configure with runtime.distributed.coordinator_address / num_processes /
 process_id, or the environment variables DP_JAX_COORDINATOR_ADDRESS, DP_JAX_NUM_PROCESSES and
-DP_JAX_PROCESS_ID (config wins). Call it before anything touches a JAX device. Every process
-runs the same command; plan device indices then refer to jax.devices() across all hosts, each
-process loads only the samples of its own devices and orbax writes checkpoints collectively.
+DP_JAX_PROCESS_ID (config wins); coordinator_address=auto lets JAX read a cluster's environment
+(SLURM, Open MPI). Call it before anything touches a JAX device. Every process runs the same
+command; plan device indices refer to jax.devices() across all processes (process 0's first).
+
+Failure handling: a process that stops sending heartbeats for heartbeat_timeout_s is declared
+dead by the coordinator and every other process exits non-zero; JAX's preemption service is
+off, so SIGTERM ends a process at once (its peers follow within the heartbeat timeout).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import sys
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from dp_jax.errors import UserError
+
+log = logging.getLogger(__name__)
+AUTO = "auto"  # coordinator_address: let jax.distributed read the cluster's environment
+WAIT_NOTICE_S = 3.0  # say that we wait for the peers once joining takes longer than this
+PATH_BYTES = 4096
 
 
 @dataclass
 class DistributedConfig:
-  """Multi-host settings; all None (the default) means a single process."""
+  """Multi-process settings; coordinator_address None (the default) means a single process."""
 
-  coordinator_address: str | None = None  # host:port of process 0
+  coordinator_address: str | None = None  # host:port of process 0, or auto (SLURM, Open MPI)
   num_processes: int | None = None
   process_id: int | None = None
+  heartbeat_timeout_s: int = 30  # a process silent this long is dead; the others exit
+  initialization_timeout_s: int = 300  # how long to wait for every process to join
 
 
 def resolve(cfg: DistributedConfig | None) -> DistributedConfig:
@@ -40,24 +56,134 @@ def resolve(cfg: DistributedConfig | None) -> DistributedConfig:
 
   return DistributedConfig(pick(cfg.coordinator_address, "DP_JAX_COORDINATOR_ADDRESS", str),
                            pick(cfg.num_processes, "DP_JAX_NUM_PROCESSES", int),
-                           pick(cfg.process_id, "DP_JAX_PROCESS_ID", int))
+                           pick(cfg.process_id, "DP_JAX_PROCESS_ID", int),
+                           _get(cfg, "heartbeat_timeout_s", 30),
+                           _get(cfg, "initialization_timeout_s", 300))
 
 
-def initialize(cfg: DistributedConfig | None = None) -> bool:
-  """Join the multi-host job if a coordinator is configured; return whether it did."""
-  c = resolve(cfg)
+def configured(cfg: DistributedConfig | None) -> bool:
+  """Whether this job is (meant to be) one of several processes."""
+  return resolve(cfg).coordinator_address is not None
+
+
+def initialize(cfg: DistributedConfig | None = None, *, num_devices: int | None = None) -> bool:
+  """Join the multi-process job if a coordinator is configured; return whether it did.
+
+  num_devices: the job's total device count; on CPU each process then gets num_devices /
+  num_processes host devices (overriding XLA_FLAGS). Calling it again is a no-op.
+  """
+  c = _checked(resolve(cfg))
+  if c.coordinator_address is None:
+    return False
+  import jax
+
+  if jax.distributed.is_initialized():
+    return True
+  if num_devices is not None and c.num_processes:
+    if num_devices % c.num_processes:
+      raise UserError(f"runtime.num_devices={num_devices} must split evenly over "
+                      f"num_processes={c.num_processes}")
+    jax.config.update("jax_num_cpu_devices", num_devices // c.num_processes)
+  jax.config.update("jax_enable_preemption_service", False)  # SIGTERM ends the process
+  auto = c.coordinator_address == AUTO
+  who = f"process {c.process_id} of {c.num_processes}" if not auto else "this process"
+  notice = threading.Timer(WAIT_NOTICE_S, _say, (
+      f"{who}: waiting for the other processes at coordinator {c.coordinator_address} "
+      f"(up to {c.initialization_timeout_s} s)",))
+  notice.daemon = True
+  notice.start()
+  try:
+    jax.distributed.initialize(
+        coordinator_address=None if auto else c.coordinator_address,
+        num_processes=None if auto else c.num_processes,
+        process_id=None if auto else c.process_id,
+        initialization_timeout=c.initialization_timeout_s,
+        heartbeat_timeout_seconds=c.heartbeat_timeout_s,
+        shutdown_timeout_seconds=c.heartbeat_timeout_s)
+  except Exception as e:  # noqa: BLE001 - JAX raises several types here
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise UserError(f"{who} could not join coordinator {c.coordinator_address} within "
+                    f"{c.initialization_timeout_s} s ({first[:200]}); start every process, or "
+                    "raise runtime.distributed.initialization_timeout_s") from None
+  finally:
+    notice.cancel()
+  return True
+
+
+def process_index() -> int:
+  """This process's index (0 without jax.distributed)."""
+  if "jax" not in sys.modules:
+    return 0
+  import jax
+
+  return jax.process_index() if jax.distributed.is_initialized() else 0
+
+
+def shared_dir(local: str | Path) -> Path:
+  """Process 0's folder, sent to every process (one run folder per job, whatever the clocks)."""
+  import jax
+
+  local = Path(local).resolve()
+  if not jax.distributed.is_initialized() or jax.process_count() == 1:
+    return local
+  import numpy as np
+  from jax.experimental import multihost_utils
+
+  raw = str(local).encode()
+  if len(raw) > PATH_BYTES:
+    raise UserError(f"output folder path is longer than {PATH_BYTES} bytes; use a shorter one")
+  buf = np.zeros(PATH_BYTES, np.uint8)
+  buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+  got = np.asarray(multihost_utils.broadcast_one_to_all(buf))
+  return Path(bytes(got[got != 0].astype(np.uint8)).decode())
+
+
+def log_to_own_file(run_dir: str | Path, rank: int, *, hydra_dir: str | Path) -> Path:
+  """Send this process's log records to run_dir/process_<rank>.log instead of Hydra's job log.
+
+  Hydra made a folder of its own for this process (hydra_dir); if it is not the run folder
+  and holds nothing but Hydra's files, it is removed, so a job leaves one folder.
+  """
+  run_dir, hydra_dir = Path(run_dir), Path(hydra_dir).resolve()
+  run_dir.mkdir(parents=True, exist_ok=True)
+  path = run_dir / f"process_{rank}.log"
+  root = logging.getLogger()
+  for h in list(root.handlers):
+    if isinstance(h, logging.FileHandler):
+      root.removeHandler(h)
+      h.close()
+  handler = logging.FileHandler(path)
+  handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+  root.addHandler(handler)
+  if hydra_dir != run_dir.resolve() and hydra_dir.is_dir() and all(
+      p.name == ".hydra" or p.suffix == ".log" for p in hydra_dir.iterdir()):
+    shutil.rmtree(hydra_dir, ignore_errors=True)
+  return path
+
+
+def _checked(c: DistributedConfig) -> DistributedConfig:
+  if c.heartbeat_timeout_s < 1 or c.initialization_timeout_s < 1:
+    raise UserError("runtime.distributed.heartbeat_timeout_s and initialization_timeout_s "
+                    "must be >= 1 second")
   if c.coordinator_address is None:
     if c.num_processes not in (None, 1) or c.process_id not in (None, 0):
       raise UserError("num_processes/process_id are set but no coordinator_address; set "
                       "runtime.distributed.coordinator_address=<host:port of process 0>")
-    return False
+    return c
+  if c.coordinator_address == AUTO:
+    return c
   if c.num_processes is None or c.process_id is None:
-    raise UserError("multi-host needs coordinator_address, num_processes and process_id "
+    raise UserError("multi-process needs coordinator_address, num_processes and process_id "
                     "together; set all three (or the DP_JAX_* environment variables)")
   if not 0 <= c.process_id < c.num_processes:
     raise UserError(f"process_id={c.process_id} must lie in [0, num_processes={c.num_processes})")
-  import jax
+  return c
 
-  jax.distributed.initialize(coordinator_address=c.coordinator_address,
-                             num_processes=c.num_processes, process_id=c.process_id)
-  return True
+
+def _get(cfg, name: str, default):
+  value = getattr(cfg, name, None)
+  return default if value is None else value
+
+
+def _say(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)

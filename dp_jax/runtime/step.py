@@ -4,16 +4,20 @@ Forward and backward (exact, nothing recomputed):
   - every stage but the last runs `fwd`: its layers under jax.vjp inside one jit. It returns
     the exported activations, the VJP (its residuals are outputs of the jit and stay on the
     stage's devices) and the new batch-norm statistics. saveable_args=False keeps the params
-    and inputs out of the residuals (no copies); `bwd` receives them again and restores them.
+    and inputs out of the residuals (no copies); `bwd` receives them again and restores them
+    with vjp.replace(args_res=[...]) in their original structure. Both are public, documented
+    parts of jax.vjp (its docstring, and JAX's "First-class VJPs" guide: the VJP object is a
+    pytree of its residuals, so it can leave one jit and enter another).
   - the last stage runs `fused`: forward, loss (mean over the global batch), backward and
     optimizer update in one program.
   - `bwd` applies a stage's VJP to the sum of the cotangents its exports received from later
     stages, adds the gradients other stages computed for its tied params, and updates it.
 Gradient reduction: params are replicated and the batch sharded on a stage's mesh, so GSPMD
 all-reduces parameter gradients over the stage's devices inside the stage's own program.
-Transfers: jax.device_put moves activations forward and cotangents backward between meshes
-(a no-op when both stages share a device set). Dispatch is asynchronous: stages on disjoint
-devices (fork/join branches) run concurrently, and host-side nothing waits until the loss.
+Transfers: transfer.move (jax.device_put in one process; a jit over the union of both device
+sets when they live on several processes) moves activations forward and cotangents backward
+between meshes (a no-op when both stages share a device set). Dispatch is asynchronous: stages
+on disjoint devices (fork/join branches) run concurrently; host-side nothing waits until the loss.
 Tied params (GPT-2's lm_head reading embed's wte): the owner is the first layer holding the
 Param; a later stage reading it gets a replicated copy each step and sends its gradient back,
 where it is summed into the owner's gradient before the update.
@@ -34,6 +38,7 @@ from jax.sharding import Mesh, NamedSharding
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
 from dp_jax.runtime import mesh as meshlib
+from dp_jax.runtime import transfer
 from dp_jax.runtime.functional import LayerDef, apply_layer
 from dp_jax.runtime.loss import cross_entropy
 from dp_jax.runtime.plan_check import CheckedPlan
@@ -67,6 +72,11 @@ class Program:
   stage_of: Mapping[str, int]
   global_batch: int
   num_devices: int  # of the plan (device indices 0..num_devices-1)
+  everywhere: NamedSharding | None = None  # replicated on all the plan's devices
+
+  def value(self, a: jax.Array):
+    """The full value of `a` as numpy on this process (moved across processes if needed)."""
+    return transfer.local_value(a, self.everywhere)
 
   @property
   def input_stage(self) -> StageProgram:
@@ -108,8 +118,9 @@ def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: Checked
     last = s.index == len(stages) - 1
     fns = _stage_functions(sp, defs, optimizer, graph.sink if last else None)
     programs.append(dataclasses.replace(sp, **fns))
+  everywhere = transfer.replicated_everywhere(devices[:plan.num_devices])
   return Program(graph.model, tuple(programs), defs, stage_of, plan.global_batch,
-                 plan.num_devices)
+                 plan.num_devices, everywhere)
 
 
 def init_state(program: Program, params: Mapping[str, Any], stats: Mapping[str, Any],
@@ -186,7 +197,7 @@ def _gather_inputs(sp: StageProgram, params, acts):
     owner, key = t.split(":", 1)
     tied[t] = params[owner][key]
   ins = {p: acts[p] for p in sp.stage.inputs if p != INPUT}
-  return jax.device_put(tied, sp.replicated), jax.device_put(ins, sp.batch)
+  return transfer.move(tied, sp.replicated), transfer.move(ins, sp.batch)
 
 
 def _send_back(program: Program, g_tied, g_ins, cots, tied_grads) -> list[jax.Array]:
@@ -194,11 +205,11 @@ def _send_back(program: Program, g_tied, g_ins, cots, tied_grads) -> list[jax.Ar
   moved = []
   for p, g in g_ins.items():
     dst = program.stages[program.stage_of[p]]
-    moved.append(jax.device_put(g, dst.batch))
+    moved.append(transfer.move(g, dst.batch))
     cots.setdefault(p, []).append(moved[-1])
   for t, g in g_tied.items():
     dst = program.stages[program.stage_of[t.split(":", 1)[0]]]
-    moved.append(jax.device_put(g, dst.replicated))
+    moved.append(transfer.move(g, dst.replicated))
     tied_grads.setdefault(t, []).append(moved[-1])
   return moved
 
@@ -219,6 +230,10 @@ def _hooked_call(call, on_stage: Callable):
 
 
 def _timed_call(timer: list[dict[str, Any]] | None):
+  if timer is None and jax.process_count() > 1:
+    # Several processes: each call completes before the next is issued, so every process
+    # runs the cross-process collectives in one order (concurrent ones deadlocked on CPU).
+    return lambda sp, phase, fn, *args: jax.block_until_ready(fn(*args))
   if timer is None:
     return lambda sp, phase, fn, *args: fn(*args)
 
@@ -285,7 +300,7 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
     return outs, vjp, new_stats
 
   def bwd(vjp, cots, params, tied, ins, opt, extra):
-    vjp = _restore_args(vjp, (params, tied, ins))
+    vjp = vjp.replace(args_res=[params, tied, ins])  # restore what saveable_args left out
     ct = {e: _sum(cs) for e, cs in cots.items()}
     g_p, g_tied, g_ins = vjp(ct)
     new_params, new_opt = update(params, g_p, opt, extra)
@@ -301,13 +316,3 @@ def _sum(arrays):
     total = total + a
   return total
 
-
-def _restore_args(vjp, primals):
-  """Put the primal args that saveable_args=False left out back into the VJP's residuals."""
-  restored = jax.tree.map(lambda r, v: v if type(r).__name__ == "NotSaveable" else r,
-                          vjp.args_res, list(primals), is_leaf=_is_sentinel)
-  return vjp.replace(args_res=restored)
-
-
-def _is_sentinel(x) -> bool:
-  return type(x).__name__ in ("NotSaveable", "NotNeeded")

@@ -4,8 +4,9 @@ train() checks the plan against the model and devices before touching any file, 
 the newest checkpoint in checkpoint_dir, saves every `checkpoint_every` steps (0: only at the
 end) and at the end, and writes metrics.jsonl (one line per step) and timeline.json (the
 second step of the call, every stage call waited for) to output_dir (default: the parent of
-checkpoint_dir). Batches depend only on the step index, so a resumed run repeats exactly
-what an uninterrupted one does.
+checkpoint_dir). With several processes every one trains and checkpoints (orbax writes
+collectively), and process 0 alone writes metrics.jsonl and timeline.json. Batches depend
+only on the step index, so a resumed run repeats exactly what an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import optax
 
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
 from dp_jax.runtime import checkpoint as ckpt
 from dp_jax.runtime import data as datalib
+from dp_jax.runtime import distributed
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime import timeline as tl
 from dp_jax.runtime.batch_norm import set_statistics_groups
@@ -90,14 +91,14 @@ def train(model, graph: LayerGraph, plan: Any, *, steps: int,
   manager, start = None, 0
   if checkpoint_dir is not None:
     manager = ckpt.open_manager(checkpoint_dir, ckpt.state_signature(graph.model, state))
-    restored = ckpt.restore_latest(manager, state)
+    restored = ckpt.restore_latest(manager, state, _everywhere(program))
     if restored is not None:
       start, state = restored
       log.info("resumed from checkpoint step %d in %s", start, checkpoint_dir)
   if on_start is not None:
     on_start()
   metrics_path = None
-  if output_dir is not None:
+  if output_dir is not None and distributed.process_index() == 0:  # process 0 writes files
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     metrics_path = Path(output_dir) / METRICS_FILE
     _truncate_metrics(metrics_path, start)
@@ -127,7 +128,7 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
       timer: list[dict[str, Any]] | None = [] if step == timed_step else None
       result.state, loss = train_step(program, result.state, x, y, timer=timer,
                                       on_stage=on_stage)
-      loss_value = _scalar(loss)
+      loss_value = float(program.value(loss))
       ms = (time.perf_counter() - t0) * 1e3
       done = step + 1
       if not math.isfinite(loss_value):
@@ -139,7 +140,7 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
                                  "samples_per_s": batch / ms * 1e3}
       if timer:
         metrics["stage_ms"] = tl.stage_ms(timer)
-        if output_dir is not None:
+        if result.metrics_path is not None:
           result.timeline_path = tl.write_timeline(
               Path(output_dir) / TIMELINE_FILE,
               tl.timeline_json(timer, [s.stage for s in program.stages], model=program.model,
@@ -153,10 +154,15 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
       if log_fn is not None:
         log_fn({f"train/{k}": v for k, v in metrics.items() if k != "step"}, done)
       if manager is not None and ((every and done % every == 0) or done == steps):
-        ckpt.save(manager, done, result.state)
+        ckpt.save(manager, done, result.state, _everywhere(program))
       bar.update(task, completed=done, loss=loss_value)
       if sleep_s:
         time.sleep(sleep_s)
+
+
+def _everywhere(program: Program):
+  """All the plan's devices, when several processes share them (else None: save as is)."""
+  return program.everywhere if jax.process_count() > 1 else None
 
 
 def _check_model_graph(model, graph: LayerGraph) -> None:
@@ -175,11 +181,6 @@ def _truncate_metrics(path: Path, start: int) -> None:
   keep = [ln for ln in path.read_text().splitlines()
           if ln.strip() and json.loads(ln).get("step", 0) <= start]
   path.write_text("".join(ln + "\n" for ln in keep))
-
-
-def _scalar(a: jax.Array) -> float:
-  """A replicated scalar's value from this process's first shard (works multi-host)."""
-  return float(np.asarray(a.addressable_shards[0].data))
 
 
 def _progress(enabled: bool):

@@ -1,0 +1,95 @@
+"""A worker of the multi-process tests: joins jax.distributed, runs one case, process 0 saves.
+
+python mp_worker.py transfer|train <out.npz>
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from dp_jax.runtime import distributed
+
+# (source, target, kind): batch-sharded -> batch | replicated; tied: replicated -> replicated
+MOVES = [("p0", "p1", "batch"), ("all", "span", "batch"), ("span", "one", "replicated"),
+         ("one", "p0", "batch"), ("p1", "rev", "batch"), ("one", "all", "tied")]
+
+
+def transfer_case() -> dict[str, np.ndarray]:
+  """Moves between device sets on one, the other and both processes; each result read back."""
+  import jax
+  import jax.numpy as jnp
+
+  from dp_jax.runtime import mesh as meshlib
+  from dp_jax.runtime import transfer
+
+  devs = jax.devices()
+  sets = {"p0": devs[:4], "p1": devs[4:], "all": devs, "span": devs[2:6], "one": [devs[5]],
+          "rev": devs[::-1]}
+  everywhere = transfer.replicated_everywhere(devs)
+  x_np = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+  out = {}
+  for a, b, kind in MOVES:
+    m_a, m_b = meshlib.stage_mesh(sets[a]), meshlib.stage_mesh(sets[b])
+    src = meshlib.batch_sharding(m_a) if kind != "tied" else meshlib.replicated(m_a)
+    dst = meshlib.batch_sharding(m_b) if kind == "batch" else meshlib.replicated(m_b)
+    x = jax.jit(lambda: jnp.asarray(x_np), out_shardings=src)()
+    y = transfer.move(x, dst)
+    assert y.sharding == dst, (a, b, kind)
+    out[f"{a}->{b}:{kind}"] = transfer.local_value(y, everywhere)
+  return out
+
+
+def train_case() -> dict[str, np.ndarray]:
+  """Tiny GPT-2 under the 8 / 4 / 1 device plan of test_multiprocess for 3 steps."""
+  import jax
+  from mp_layouts import train_multiprocess_layout
+  from runtime_helpers import batches, make_model, sgd
+
+  from dp_jax.runtime.functional import split_layers
+  from dp_jax.runtime.plan_check import check_plan
+  from dp_jax.runtime.plans import layout_plan
+  from dp_jax.runtime.stages import structure_graph
+  from dp_jax.runtime.step import build_program, init_state, train_step
+
+  model = make_model("gpt2")
+  data = batches(model, 8, 3)
+  graph = structure_graph(model, "gpt2")
+  plan = layout_plan(graph, train_multiprocess_layout, global_batch=8, num_devices=8)
+  checked = check_plan(plan, graph, available_devices=len(jax.devices()))
+  defs, params, stats = split_layers(model)
+  program = build_program(graph, defs, checked, sgd(), jax.devices())
+  state = init_state(program, params, stats, sgd())
+  losses = []
+  for x, y in data:
+    xs = _host(x, program.input_stage.batch)
+    ys = _host(y, program.last_stage.batch)
+    state, loss = train_step(program, state, xs, ys)
+    losses.append(float(program.value(loss)))
+  out = {"losses": np.array(losses)}
+  for layer, p in state["params"].items():
+    for key, leaf in jax.tree_util.tree_flatten_with_path(p)[0]:
+      out[f"{layer}{jax.tree_util.keystr(key)}"] = program.value(leaf)
+  return out
+
+
+def _host(a: np.ndarray, sharding):
+  import jax
+
+  return jax.make_array_from_callback(a.shape, sharding, lambda i: a[i], dtype=a.dtype)
+
+
+def main() -> None:
+  case, path = sys.argv[1], sys.argv[2]
+  distributed.initialize()
+  import jax
+
+  out = {"transfer": transfer_case, "train": train_case}[case]()
+  if jax.process_index() == 0:
+    np.savez(path, **out)
+  print(f"process {jax.process_index()} done", flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,126 @@
+"""Multi-process start-up: settings, one-line errors, one run folder, a lone process waiting."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from mp_launch import REPO, free_port
+
+from dp_jax.errors import UserError
+from dp_jax.runtime import distributed
+
+ENV_NAMES = ("DP_JAX_COORDINATOR_ADDRESS", "DP_JAX_NUM_PROCESSES", "DP_JAX_PROCESS_ID")
+
+
+@pytest.fixture
+def no_env(monkeypatch):
+  for name in ENV_NAMES:
+    monkeypatch.delenv(name, raising=False)
+
+
+def test_distributed_is_a_no_op_by_default(no_env):
+  assert distributed.initialize() is False
+  assert not distributed.configured(None)
+  assert distributed.process_index() == 0
+
+
+def test_distributed_settings_come_from_config_then_environment(monkeypatch):
+  monkeypatch.setenv("DP_JAX_COORDINATOR_ADDRESS", "h0:1234")
+  monkeypatch.setenv("DP_JAX_NUM_PROCESSES", "4")
+  monkeypatch.setenv("DP_JAX_PROCESS_ID", "2")
+  c = distributed.resolve(distributed.DistributedConfig(process_id=1, heartbeat_timeout_s=7))
+  assert (c.coordinator_address, c.num_processes, c.process_id) == ("h0:1234", 4, 1)
+  assert c.heartbeat_timeout_s == 7 and distributed.configured(None)
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (dict(num_processes=2), "no coordinator_address"),
+    (dict(coordinator_address="h:1", num_processes=2), "together"),
+    (dict(coordinator_address="h:1", num_processes=2, process_id=2), "must lie in"),
+    (dict(coordinator_address="h:1", num_processes=2, process_id=0, heartbeat_timeout_s=0),
+     "heartbeat_timeout_s"),
+])
+def test_incomplete_distributed_settings_are_one_line_errors(no_env, cfg, message):
+  with pytest.raises(UserError, match=message):
+    distributed.initialize(distributed.DistributedConfig(**cfg))
+
+
+def test_shared_dir_is_the_local_folder_in_one_process(tmp_path):
+  assert distributed.shared_dir(tmp_path / "run") == (tmp_path / "run").resolve()
+
+
+def test_other_processes_log_to_their_own_file_and_leave_no_hydra_folder(tmp_path):
+  import logging
+
+  run, own = tmp_path / "run", tmp_path / "own"
+  (own / ".hydra").mkdir(parents=True)
+  (own / "train.log").write_text("")
+  root = logging.getLogger()
+  before = list(root.handlers)
+  try:
+    path = distributed.log_to_own_file(run, 1, hydra_dir=own)
+    logging.getLogger("dp_jax.x").warning("hello from process 1")
+    assert path == run / "process_1.log" and "hello from process 1" in path.read_text()
+    assert not own.exists()
+  finally:
+    for h in list(root.handlers):
+      if h not in before:
+        root.removeHandler(h)
+        h.close()
+    for h in before:
+      if h not in root.handlers:
+        root.addHandler(h)
+
+
+def test_a_lone_process_says_once_that_it_waits_then_exits_non_zero(tmp_path):
+  """Process 0 of 2 started alone: one line naming the coordinator, then a bounded failure."""
+  address = f"localhost:{free_port()}"
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
+         "DP_JAX_COORDINATOR_ADDRESS": address, "DP_JAX_NUM_PROCESSES": "2",
+         "DP_JAX_PROCESS_ID": "0"}
+  env.pop("XLA_FLAGS", None)
+  start = time.monotonic()
+  result = subprocess.run(
+      [sys.executable, "-m", "dp_jax.train", "model=gpt2", "model.n_layer=1", "model.d_model=16",
+       "model.n_head=2", "model.seq_len=8", "model.vocab_size=32", "runtime.num_devices=2",
+       "logger=disabled", "runtime.distributed.initialization_timeout_s=4",
+       f"hydra.run.dir={tmp_path}/run"],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  waits = [ln for ln in result.stderr.splitlines() if "waiting for the other processes" in ln]
+  assert len(waits) == 1 and address in waits[0], result.stderr
+  assert time.monotonic() - start < 90
+  assert not (tmp_path / "run" / "config.json").exists(), "nothing is written before joining"
+
+
+def test_auto_lets_jax_read_the_cluster_environment(no_env, monkeypatch):
+  """coordinator_address=auto (SLURM, Open MPI): JAX gets no address/count/id and detects them."""
+  import jax
+
+  calls, updates = [], {}
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax.config, "update", lambda k, v: updates.__setitem__(k, v))
+  cfg = distributed.DistributedConfig(coordinator_address="auto", heartbeat_timeout_s=12)
+  assert distributed.initialize(cfg, num_devices=16) is True
+  (kw,) = calls
+  assert kw["coordinator_address"] is None and kw["num_processes"] is None
+  assert kw["process_id"] is None and kw["heartbeat_timeout_seconds"] == 12
+  assert updates == {"jax_enable_preemption_service": False}, "no CPU split without a count"
+
+
+def test_explicit_settings_split_the_cpu_devices_evenly(no_env, monkeypatch):
+  import jax
+
+  calls, updates = [], {}
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax.config, "update", lambda k, v: updates.__setitem__(k, v))
+  cfg = distributed.DistributedConfig("h:1", num_processes=2, process_id=1)
+  assert distributed.initialize(cfg, num_devices=8) is True
+  assert calls[0]["coordinator_address"] == "h:1" and calls[0]["process_id"] == 1
+  assert updates["jax_num_cpu_devices"] == 4
+  with pytest.raises(UserError, match="split evenly"):
+    distributed.initialize(cfg, num_devices=7)
