@@ -8,9 +8,11 @@ last group's forward+backward, then each group's backward with its optimizer upd
 a profiled time. A piece is admitted into a device's idle window when its predicted time fits
 what is left of the window; a piece that does not fit may still run if the time it would add to
 the foreground (its predicted overrun) fits the iteration's budget, cap x alone iteration time,
-shared by all devices. Predictions are the profile corrected online by measured/predicted, and
-the measured slowdown of each iteration tightens (halves) the usable part of windows and the
-budget when it exceeds the cap and relaxes them again when it does not.
+shared by all devices. Predictions are the profile corrected online by measured/predicted (a
+piece refused 8 times in a row has its correction moved halfway back to the profile, so a stale
+measurement cannot starve it), and the measured slowdown of each iteration tightens (halves)
+the usable part of windows and the budget when it exceeds the cap and relaxes them again when
+it does not.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dp_jax.errors import UserError
 DEFAULT_PIECE_MS = 0.5  # DeepPool's be_graph_split_ms: background tasklets of about 0.5 ms
 SMOOTHING = 0.5  # weight of the old value in the measured/predicted EWMA
 RELAX = 0.125  # usable fraction regained per iteration whose slowdown is within the cap
+STALE = 8  # refusals in a row after which a piece's correction moves back toward the profile
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,6 +92,7 @@ class Correction:
     self.profile_ms = np.asarray(pieces_ms, dtype=float)
     self.smoothing = smoothing
     self.ratio = np.full(len(self.profile_ms), np.nan)
+    self.refusals = np.zeros(len(self.profile_ms), dtype=np.int64)  # in a row, since measured
     self.overall = 1.0
     self.seen = 0
 
@@ -100,11 +104,23 @@ class Correction:
     if self.profile_ms[k] <= 0 or not math.isfinite(measured_ms) or measured_ms < 0:
       return
     r = measured_ms / self.profile_ms[k]
+    self.refusals[k] = 0
     old = self.ratio[k]
     self.ratio[k] = r if math.isnan(old) else self.smoothing * old + (1 - self.smoothing) * r
     self.overall = r if self.seen == 0 else self.smoothing * self.overall + (
         1 - self.smoothing) * r
     self.seen += 1
+
+  def refused(self, k: int) -> None:
+    """After STALE refusals in a row, move piece k's ratio (and the job-wide one) halfway to 1,
+    in log space: a piece refused on a stale, inflated measurement runs again, not starves."""
+    self.refusals[k] += 1
+    if self.refusals[k] < STALE:
+      return
+    self.refusals[k] = 0
+    if not math.isnan(self.ratio[k]):
+      self.ratio[k] = math.sqrt(self.ratio[k])
+    self.overall = math.sqrt(self.overall)
 
 
 class Admission:
@@ -154,6 +170,7 @@ class Admission:
     over = self.overrun_ms(k, left_ms)
     if over > self.budget_ms:
       self.refused += 1
+      self.correction.refused(k)
       return False
     self.budget_ms -= over
     self.charged_ms += over

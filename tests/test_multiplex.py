@@ -82,6 +82,16 @@ def test_online_correction_learns_measured_over_predicted():
   assert c.predicted_ms(2) == pytest.approx(12.0)  # unseen: the job-wide ratio
 
 
+def test_a_refused_piece_is_not_starved_by_a_stale_measurement():
+  policy = Admission([1.0], cap=0.0, alone_ms=100.0)
+  policy.observe(0, 50.0)  # one slow outlier
+  refusals = 0
+  while not policy.admit(0, 2.0):
+    refusals += 1
+    assert refusals < 40
+  assert refusals >= 8 and policy.predicted_ms(0) <= 2.0
+
+
 def test_slowdown_above_the_cap_tightens_admission_and_recovers():
   policy = Admission([1.0], cap=0.1, alone_ms=100.0)
   assert policy.admit(0, 1.0)
