@@ -79,7 +79,8 @@ def markdown(columns: list[str], rows: list[list]) -> str:
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--models", nargs="+", default=["vgg16", "wide_resnet101_2", "inception_v3"])
+  ap.add_argument("--models", nargs="+",
+                  default=["vgg16", "resnet50", "wide_resnet101_2", "inception_v3"])
   ap.add_argument("--devices", nargs="+", type=int, default=[8, 16, 32, 64])
   ap.add_argument("--batch", type=int, default=32)
   ap.add_argument("--sensitivity", action="store_true",
