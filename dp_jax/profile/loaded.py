@@ -1,0 +1,97 @@
+"""Layer times measured under the load a plan puts on the local devices (one copy per device).
+
+A layer of a stage on g devices at per-device batch b runs as g partitions at once, one per
+device. On CPU host devices that share cores, its time depends on how many devices are busy,
+so each (layer, b) is timed with g = B // b copies running at once on devices 0..g-1, each
+dispatched from its own thread (dp_jax.runtime.local_devices): the time of a round is the
+slowest copy's. With as many devices as cores, a layer on every device gets one core each and
+a layer on one device gets the whole machine, as it does when the runtime runs it. Rounds:
+`warmup`, then up to `repeats` timed rounds within `budget_s`; `statistic` (median or min)
+of the rounds. Cached like dp_jax.profile.measure, with g and the core count in the key.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import jax
+
+from dp_jax.errors import UserError
+from dp_jax.graph import LayerGraph
+from dp_jax.profile import cache
+from dp_jax.profile.measure import layer_programs, model_dtype, out_structs
+from dp_jax.profile.table import ProfileTable
+from dp_jax.runtime.local_devices import DeviceThreads, cpu_cores
+
+STATISTICS = {"median": statistics.median, "min": min}
+
+
+def round_ms(threads: DeviceThreads, calls: list[Callable[[], object]], repeats: int,
+             warmup: int, budget_s: float, statistic: str) -> float:
+  """The statistic of the wall ms of rounds that run every call at once, one per device."""
+  jobs = [(i, lambda c=c: jax.block_until_ready(c())) for i, c in enumerate(calls)]
+  for _ in range(warmup):
+    threads.run(jobs)
+  times: list[float] = []
+  while len(times) < repeats and (not times or sum(times) < budget_s):
+    t0 = time.perf_counter()
+    threads.run(jobs)
+    times.append(time.perf_counter() - t0)
+  return 1e3 * STATISTICS[statistic](times)
+
+
+def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable[int], *,
+                   cache_dir: str | Path = cache.DEFAULT_CACHE_DIR, repeats: int = 5,
+                   warmup: int = 2, budget_s: float = 1.0, statistic: str = "median",
+                   devices: list[jax.Device] | None = None) -> ProfileTable:
+  """Fwd/bwd ms of every layer at per-device batch B // g with g copies at once, g in counts."""
+  devices = devices or jax.devices()
+  counts = sorted({int(g) for g in counts})
+  if statistic not in STATISTICS:
+    raise UserError(f"statistic '{statistic}' is unknown (valid: {', '.join(STATISTICS)})")
+  bad = [g for g in counts if g < 1 or g > len(devices) or global_batch % g]
+  if bad or not counts:
+    raise UserError(f"device counts {bad or counts} must divide the batch {global_batch} and "
+                    f"be at most the {len(devices)} local devices")
+  specs = {s.name: s for s in model.layer_specs()}
+  structs = out_structs(model, graph)
+  x = model.input_spec(1)
+  dtype = model_dtype(model)
+  base = {"model": graph.model, "backend": jax.default_backend(),
+          "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
+          "cores": cpu_cores(), "statistic": statistic, "method": "loaded/1"}
+  layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in graph.names}
+  seen: dict[tuple, tuple[float, float]] = {}
+  with DeviceThreads(max(counts)) as threads:
+    for name in graph.names:
+      node = graph.node(name)
+      ins = [structs[p] for p in node.inputs] if node.inputs else [x]
+      shapes = [[list(s.shape[1:]), str(s.dtype)] for s in ins]
+      for g in counts:
+        b = global_batch // g
+        key = {**base, "layer": name, "batch": b, "concurrent": g, "kind": node.kind,
+               "in_shapes": shapes, "attrs": cache.attrs_hash(node.attrs),
+               "source": not node.inputs}
+        sig = (node.kind, key["attrs"], str(shapes), b, g, key["source"])
+        hit = cache.load(cache_dir, key) or seen.get(sig)
+        if hit is None:
+          progs = [layer_programs(specs[name].module, ins, b, source=not node.inputs, device=d)
+                   for d in devices[:g]]
+          fwd = round_ms(threads, [lambda p=p: p[0][0](*p[0][1]) for p in progs], repeats,
+                         warmup, budget_s, statistic)
+          bwd = round_ms(threads, [lambda p=p: p[1][0](*p[1][1]) for p in progs], repeats,
+                         warmup, budget_s, statistic)
+          hit = (fwd, bwd)
+          if not all(math.isfinite(v) for v in hit):
+            raise UserError(f"measured time of {name} at batch {b} is not finite")
+        cache.store(cache_dir, key, *hit)
+        seen[sig] = hit
+        layers[name][b] = hit
+  return ProfileTable(model=graph.model, device=devices[0].device_kind, dtype=dtype,
+                      source="measured", layers=layers,
+                      meta={**base, "repeats": repeats, "warmup": warmup, "budget_s": budget_s,
+                            "global_batch": global_batch, "counts": counts})
