@@ -78,23 +78,23 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
   return max(float(slope), 1e-12), float(icpt)
 
 
-def transfer_points(devices, repeats: int) -> list[tuple[int, float]]:
+def transfer_points(devices, repeats: int) -> list[list]:
   src, dst = devices[0], devices[1 % len(devices)]
   out = []
   for n in SIZES_BYTES:
     x = jax.device_put(np.ones(n // 4, np.float32), src)
-    out.append((n, median_ms(lambda x=x: jax.device_put(x, dst), repeats)))
+    out.append([n, median_ms(lambda x=x: jax.device_put(x, dst), repeats)])
   return out
 
 
-def allreduce_points(devices, repeats: int) -> list[tuple[int, float]]:
+def allreduce_points(devices, repeats: int) -> list[list]:
   g = len(devices)
   mesh = meshlib.stage_mesh(devices)
   total = jax.jit(lambda x: x.sum(0), out_shardings=meshlib.replicated(mesh))
   out = []
   for n in SIZES_BYTES:
     x = jax.device_put(np.ones((g, n // 4), np.float32), meshlib.batch_sharding(mesh))
-    out.append((n, median_ms(lambda x=x: total(x), repeats)))
+    out.append([n, median_ms(lambda x=x: total(x), repeats)])
   return out
 
 
