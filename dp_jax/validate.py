@@ -155,17 +155,8 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
   if vc.steps < 1 or vc.warmup < 0 or vc.plans < 0 or vc.group < 1:
     raise UserError("validate.steps and validate.group must be >= 1, validate.warmup and "
                     "validate.plans >= 0")
-  g = local_devices.honest_device_count(vc.num_devices)
-  if g > cfg.batch_size:
-    raise UserError(f"batch_size={cfg.batch_size} is smaller than the {g} devices; raise it")
-  have = local_devices.jax_host_devices()
-  if have is None:
-    local_devices.set_host_device_count(g)
-  elif have < g:
-    raise UserError(f"JAX already started with {have} host devices, fewer than {g}; run one "
-                    "validation per process")
-  import jax
-
+  # one host device per core (no effect once JAX has started, or on an accelerator)
+  local_devices.set_host_device_count(local_devices.honest_device_count(vc.num_devices))
   from dp_jax import agreement, workflow, zoo
   from dp_jax.planner import candidate_counts
   from dp_jax.planner.options import PlanOptions
@@ -175,8 +166,11 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
   from dp_jax.runtime.plans import layout_plan
   from dp_jax.runtime.stages import structure_graph
 
+  devices = local_devices.timing_devices(vc.num_devices)
+  g = len(devices)
+  if g > cfg.batch_size:
+    raise UserError(f"batch_size={cfg.batch_size} is smaller than the {g} devices; raise it")
   out_dir = Path(HydraConfig.get().runtime.output_dir)
-  devices = jax.devices()[:g]
   stat = workflow.enum_value(vc.statistic)
   cal, cal_path, fresh = load_or_calibrate(vc.cache_dir, devices, refresh=vc.refresh_calibration)
   print(f"calibration ({'measured now' if fresh else 'cached'}: {cal_path}): all-reduce "

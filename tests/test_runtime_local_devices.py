@@ -61,3 +61,9 @@ def test_busy_threads_names_the_threads_that_worked():
 
   busy = ld.busy_threads(spin)
   assert len(busy) == 1  # only the calling thread did the work
+
+
+def test_timing_devices_on_cpu_are_at_most_one_per_core():
+  devices = ld.timing_devices(1)
+  assert devices == jax.devices()[:1]
+  assert len(ld.timing_devices()) == min(ld.cpu_cores(), len(jax.devices()))

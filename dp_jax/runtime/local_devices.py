@@ -55,20 +55,6 @@ def set_host_device_count(n: int) -> None:
   os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}={n}".strip()
 
 
-def jax_host_devices() -> int | None:
-  """Host devices JAX already has (None if JAX has not started its CPU backend yet)."""
-  import sys
-
-  if "jax" not in sys.modules:
-    return None
-  import jax
-
-  try:
-    return len(jax.devices("cpu"))
-  except RuntimeError:
-    return None
-
-
 class DeviceThreads:
   """One dispatch thread per device: work submitted for device i runs on thread i, in order."""
 
@@ -147,3 +133,18 @@ def busy_threads(fn: Callable[[], Any], share: float = 0.1) -> list[str]:
   if total <= 0:
     return []
   return sorted(k.split("/")[0] for k, v in used.items() if v >= share * total)
+
+
+def timing_devices(requested: int | None = None) -> list:
+  """Devices to time on: one per core on the CPU backend, else the first `requested` (or all)."""
+  import jax
+
+  available = jax.devices()
+  if jax.default_backend() == "cpu":
+    g = honest_device_count(requested) if requested else min(cpu_cores(), len(available))
+  else:
+    g = requested or len(available)
+  if g > len(available):
+    raise UserError(f"{g} devices requested but JAX has {len(available)} "
+                    f"{jax.default_backend()} device(s); request at most {len(available)}")
+  return available[:g]
