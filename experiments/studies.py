@@ -8,7 +8,8 @@ import sys
 from dp_jax.errors import UserError
 from experiments.report import Study
 
-NAMES = ("strong_scaling", "amplification", "cluster_throughput", "network", "runtime")
+NAMES = ("strong_scaling", "amplification", "cluster_throughput", "network", "runtime",
+         "validation")
 
 
 def study(name: str) -> Study:
