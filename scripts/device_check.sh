@@ -6,7 +6,7 @@
 #    measured there, against the analytic model and DeepPool's A100 tables;
 # 3. python -m dp_jax.validate for vgg16 and GPT-2 on every device there (predicted vs measured);
 # 4. scripts/bench_runtime.py: the runtime's per-stage overhead there.
-# Everything goes to results/device/<device name>/ (or --out). --dry-run runs the same steps on
+# Everything goes to results/device/<device name>/ (or --out), each step's output to logs/. --dry-run runs the same steps on
 # the CPU at toy sizes into results/local/device_dry_run/ (what the tests run); --list only
 # prints the commands.
 set -euo pipefail
@@ -53,11 +53,18 @@ steps=(
 )
 echo "device: $name -> $out"
 if [ -n "$list" ]; then printf '%s\n' "${steps[@]}"; exit 0; fi
-mkdir -p "$out"
+mkdir -p "$out/logs"
 start=$(date +%s)
+i=0
 for s in "${steps[@]}"; do
+  i=$((i + 1))
   echo "== $s"
-  bash -c "$s" 2>&1 | grep -v -e "donated buffers" -e "See an explanation" -e "warnings.warn" | tail -20
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "step failed: $s" >&2; exit 1; }
+  if ! bash -c "$s" > "$out/logs/step$i.log" 2>&1; then
+    tail -20 "$out/logs/step$i.log" >&2
+    echo "step $i failed (log: $out/logs/step$i.log): $s" >&2
+    exit 1
+  fi
+  grep -v -e "donated buffers" -e "See an explanation" -e "warnings.warn" "$out/logs/step$i.log" \
+    | tail -8 || true
 done
 echo "device check done in $(( $(date +%s) - start )) s: $out"

@@ -21,16 +21,18 @@ def test_loaded_profile_covers_each_count_and_reads_its_cache(tmp_path, monkeypa
   p = loaded.loaded_profile(m, g, 8, [1, 2], cache_dir=tmp_path, repeats=1, warmup=1,
                             devices=devices)
   assert all(set(p.batches(n)) == {8, 4} for n in g.names)
-  assert all(t > 0 for n in g.names for b in (8, 4) for t in p.layers[n][b])
+  assert all(t >= 0 for n in g.names for b in (8, 4) for t in p.layers[n][b])
+  assert sum(sum(p.layers[n][8]) for n in g.names) > 0
   assert p.meta["counts"] == [1, 2] and p.meta["cores"] >= 1
+  assert set(p.meta["empty_round_ms"]) == {1, 2} and min(p.meta["empty_round_ms"].values()) > 0
 
   def no_timing(*a, **k):
     raise AssertionError("timed again despite the cache")
 
-  monkeypatch.setattr(loaded, "round_ms", no_timing)
+  monkeypatch.setattr(loaded, "layer_programs", no_timing)
   again = loaded.loaded_profile(m, g, 8, [1, 2], cache_dir=tmp_path, repeats=1, warmup=1,
                                 devices=devices)
-  assert again.layers == p.layers
+  assert {n: set(r) for n, r in again.layers.items()} == {n: set(r) for n, r in p.layers.items()}
 
 
 def test_round_ms_runs_every_call_each_round():

@@ -8,6 +8,11 @@ slowest copy's. With as many devices as cores, a layer on every device gets one 
 a layer on one device gets the whole machine, as it does when the runtime runs it. Rounds:
 `warmup`, then up to `repeats` timed rounds within `budget_s`; `statistic` (median or min)
 of the rounds. Cached like dp_jax.profile.measure, with g and the core count in the key.
+
+Each layer is its own program here, but the runtime runs a stage's layers as one program: so
+the time of an empty round (a trivial program per device, the same threads) is subtracted
+from every forward and backward time (floored at 0), and the runtime's dispatch is priced per
+stage call instead (dp_jax.planner.local_overhead). meta["empty_round_ms"] records it per g.
 """
 
 from __future__ import annotations
@@ -28,6 +33,14 @@ from dp_jax.profile.table import ProfileTable
 from dp_jax.runtime.local_devices import DeviceThreads, cpu_cores
 
 STATISTICS = {"median": statistics.median, "min": min}
+EMPTY_ROUNDS = 50
+
+
+def empty_round_ms(threads: DeviceThreads, devices: list[jax.Device], statistic: str) -> float:
+  """The statistic of the wall ms of a round of a trivial program on each of `devices`."""
+  f = jax.jit(lambda v: v + 1)
+  xs = [jax.device_put(jax.numpy.zeros((1,), jax.numpy.float32), d) for d in devices]
+  return round_ms(threads, [lambda x=x: f(x) for x in xs], EMPTY_ROUNDS, 5, 10.0, statistic)
 
 
 def round_ms(threads: DeviceThreads, calls: list[Callable[[], object]], repeats: int,
@@ -67,6 +80,7 @@ def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in graph.names}
   seen: dict[tuple, tuple[float, float]] = {}
   with DeviceThreads(max(counts)) as threads:
+    empty = {g: empty_round_ms(threads, devices[:g], statistic) for g in counts}
     for name in graph.names:
       node = graph.node(name)
       ins = [structs[p] for p in node.inputs] if node.inputs else [x]
@@ -90,8 +104,9 @@ def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable
             raise UserError(f"measured time of {name} at batch {b} is not finite")
         cache.store(cache_dir, key, *hit)
         seen[sig] = hit
-        layers[name][b] = hit
+        layers[name][b] = (max(hit[0] - empty[g], 0.0), max(hit[1] - empty[g], 0.0))
   return ProfileTable(model=graph.model, device=devices[0].device_kind, dtype=dtype,
                       source="measured", layers=layers,
                       meta={**base, "repeats": repeats, "warmup": warmup, "budget_s": budget_s,
-                            "global_batch": global_batch, "counts": counts})
+                            "global_batch": global_batch, "counts": counts,
+                            "empty_round_ms": empty})
