@@ -6,6 +6,7 @@ import json
 import pytest
 from apps import assert_one_line_error, run_app
 
+QUICK_PROFILE = ["validate.profile_repeats=1", "validate.profile_passes=1"]
 TINY = ["model=gpt2", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
         "model.seq_len=8", "model.vocab_size=64", "batch_size=8", "logger=disabled"]
 
@@ -13,7 +14,7 @@ TINY = ["model=gpt2", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
 @pytest.mark.slow
 def test_validate_writes_csv_metrics_and_scatter(tmp_path):
   result = run_app("validate", *TINY, "validate.plans=2", "validate.steps=2",
-                   "validate.warmup=1", "validate.num_devices=2", "validate.profile_repeats=1",
+                   "validate.warmup=1", "validate.num_devices=2", *QUICK_PROFILE,
                    "validate.amplification_limits=[1.5]", f"validate.cache_dir={tmp_path}/c",
                    cwd=tmp_path)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -37,7 +38,7 @@ def test_validate_writes_csv_metrics_and_scatter(tmp_path):
 
 def test_validate_one_device_one_plan_quick(tmp_path):
   result = run_app("validate", *TINY, "validate.plans=0", "validate.steps=1", "validate.warmup=1",
-                   "validate.num_devices=1", "validate.profile_repeats=1",
+                   "validate.num_devices=1", *QUICK_PROFILE,
                    "validate.amplification_limits=[]", f"validate.cache_dir={tmp_path}/c",
                    cwd=tmp_path)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -6,8 +6,10 @@ so each (layer, b) is timed with g = B // b copies running at once on devices 0.
 dispatched from its own thread (dp_jax.runtime.local_devices): the time of a round is the
 slowest copy's. With as many devices as cores, a layer on every device gets one core each and
 a layer on one device gets the whole machine, as it does when the runtime runs it. Rounds:
-`warmup`, then up to `repeats` timed rounds within `budget_s`; `statistic` (median or min)
-of the rounds. Cached like dp_jax.profile.measure, with g and the core count in the key.
+`warmup`, then `passes` passes over all layers, each up to `repeats` timed rounds within
+`budget_s` (passes spread a layer's samples over time, so a burst of load from other
+processes hits few of them); `statistic` (default min: contention only adds time) of all.
+Cached like dp_jax.profile.measure, with g and the core count in the key.
 
 Each layer is its own program here, but the runtime runs a stage's layers as one program: so
 the time of an empty round (a trivial program per device, the same threads) is subtracted
@@ -43,24 +45,30 @@ def empty_round_ms(threads: DeviceThreads, devices: list[jax.Device], statistic:
   return round_ms(threads, [lambda x=x: f(x) for x in xs], EMPTY_ROUNDS, 5, 10.0, statistic)
 
 
-def round_ms(threads: DeviceThreads, calls: list[Callable[[], object]], repeats: int,
-             warmup: int, budget_s: float, statistic: str) -> float:
-  """The statistic of the wall ms of rounds that run every call at once, one per device."""
+def round_samples(threads: DeviceThreads, calls: list[Callable[[], object]], repeats: int,
+                  warmup: int, budget_s: float) -> list[float]:
+  """Wall ms of up to `repeats` rounds (within budget_s) that run every call at once."""
   jobs = [(i, lambda c=c: jax.block_until_ready(c())) for i, c in enumerate(calls)]
   for _ in range(warmup):
     threads.run(jobs)
   times: list[float] = []
-  while len(times) < repeats and (not times or sum(times) < budget_s):
+  while len(times) < repeats and (not times or sum(times) < budget_s * 1e3):
     t0 = time.perf_counter()
     threads.run(jobs)
-    times.append(time.perf_counter() - t0)
-  return 1e3 * STATISTICS[statistic](times)
+    times.append((time.perf_counter() - t0) * 1e3)
+  return times
+
+
+def round_ms(threads: DeviceThreads, calls: list[Callable[[], object]], repeats: int,
+             warmup: int, budget_s: float, statistic: str) -> float:
+  """The statistic of the wall ms of rounds that run every call at once, one per device."""
+  return STATISTICS[statistic](round_samples(threads, calls, repeats, warmup, budget_s))
 
 
 def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable[int], *,
                    cache_dir: str | Path = cache.DEFAULT_CACHE_DIR, repeats: int = 5,
-                   warmup: int = 2, budget_s: float = 1.0, statistic: str = "median",
-                   devices: list[jax.Device] | None = None) -> ProfileTable:
+                   warmup: int = 2, budget_s: float = 1.0, statistic: str = "min",
+                   passes: int = 3, devices: list[jax.Device] | None = None) -> ProfileTable:
   """Fwd/bwd ms of every layer at per-device batch B // g with g copies at once, g in counts."""
   devices = devices or jax.devices()
   counts = sorted({int(g) for g in counts})
@@ -76,37 +84,58 @@ def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable
   dtype = model_dtype(model)
   base = {"model": graph.model, "backend": jax.default_backend(),
           "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
-          "cores": cpu_cores(), "statistic": statistic, "method": "loaded/1"}
+          "cores": cpu_cores(), "statistic": statistic, "passes": passes,
+          "method": "loaded/2"}
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in graph.names}
-  seen: dict[tuple, tuple[float, float]] = {}
+  todo: dict[tuple, dict] = {}  # signature -> what to time, its cache keys, its samples
+  found: dict[tuple[str, int], tuple] = {}
+  for name in graph.names:
+    node = graph.node(name)
+    ins = [structs[p] for p in node.inputs] if node.inputs else [x]
+    shapes = [[list(s.shape[1:]), str(s.dtype)] for s in ins]
+    for g in counts:
+      b = global_batch // g
+      key = {**base, "layer": name, "batch": b, "concurrent": g, "kind": node.kind,
+             "in_shapes": shapes, "attrs": cache.attrs_hash(node.attrs),
+             "source": not node.inputs}
+      sig = (node.kind, key["attrs"], str(shapes), b, g, key["source"])
+      found[(name, g)] = sig
+      hit = cache.load(cache_dir, key)
+      if sig in todo:
+        todo[sig]["keys"].append(key)
+      elif hit is None:
+        todo[sig] = {"layer": name, "ins": ins, "g": g, "keys": [key], "fwd": [], "bwd": []}
+      else:
+        todo[sig] = {"hit": hit, "keys": [key]}
   with DeviceThreads(max(counts)) as threads:
     empty = {g: empty_round_ms(threads, devices[:g], statistic) for g in counts}
-    for name in graph.names:
-      node = graph.node(name)
-      ins = [structs[p] for p in node.inputs] if node.inputs else [x]
-      shapes = [[list(s.shape[1:]), str(s.dtype)] for s in ins]
-      for g in counts:
-        b = global_batch // g
-        key = {**base, "layer": name, "batch": b, "concurrent": g, "kind": node.kind,
-               "in_shapes": shapes, "attrs": cache.attrs_hash(node.attrs),
-               "source": not node.inputs}
-        sig = (node.kind, key["attrs"], str(shapes), b, g, key["source"])
-        hit = cache.load(cache_dir, key) or seen.get(sig)
-        if hit is None:
-          progs = [layer_programs(specs[name].module, ins, b, source=not node.inputs, device=d)
-                   for d in devices[:g]]
-          fwd = round_ms(threads, [lambda p=p: p[0][0](*p[0][1]) for p in progs], repeats,
-                         warmup, budget_s, statistic)
-          bwd = round_ms(threads, [lambda p=p: p[1][0](*p[1][1]) for p in progs], repeats,
-                         warmup, budget_s, statistic)
-          hit = (fwd, bwd)
-          if not all(math.isfinite(v) for v in hit):
-            raise UserError(f"measured time of {name} at batch {b} is not finite")
-        cache.store(cache_dir, key, *hit)
-        seen[sig] = hit
-        layers[name][b] = (max(hit[0] - empty[g], 0.0), max(hit[1] - empty[g], 0.0))
+    work = [t for t in todo.values() if "hit" not in t]
+    for t in work:
+      b = global_batch // t["g"]
+      progs = [layer_programs(specs[t["layer"]].module, t["ins"], b,
+                              source=not graph.node(t["layer"]).inputs, device=d)
+               for d in devices[:t["g"]]]
+      t["calls"] = ([lambda p=p: p[0][0](*p[0][1]) for p in progs],
+                    [lambda p=p: p[1][0](*p[1][1]) for p in progs])
+    for i in range(passes):  # passes over every layer spread its samples over time
+      for t in work:
+        for direction, calls in zip(("fwd", "bwd"), t["calls"], strict=True):
+          t[direction] += round_samples(threads, calls, repeats, warmup if i == 0 else 0,
+                                        budget_s)
+  for t in todo.values():
+    if "hit" not in t:
+      t["hit"] = (STATISTICS[statistic](t["fwd"]), STATISTICS[statistic](t["bwd"]))
+      t.pop("calls")
+    for key in t["keys"]:
+      cache.store(cache_dir, key, *t["hit"])
+  for (name, g), sig in found.items():
+    f, w = todo[sig]["hit"]
+    if not (math.isfinite(f) and math.isfinite(w)):
+      raise UserError(f"measured time of {name} at batch {global_batch // g} is not finite")
+    layers[name][global_batch // g] = (max(f - empty[g], 0.0), max(w - empty[g], 0.0))
   return ProfileTable(model=graph.model, device=devices[0].device_kind, dtype=dtype,
                       source="measured", layers=layers,
-                      meta={**base, "repeats": repeats, "warmup": warmup, "budget_s": budget_s,
+                      meta={**base, "repeats": repeats, "passes": passes, "warmup": warmup,
+                            "budget_s": budget_s,
                             "global_batch": global_batch, "counts": counts,
                             "empty_round_ms": empty})
