@@ -42,7 +42,7 @@ class Statistic(str, Enum):
 class ValidationConfig:
   """Which plans, how long each runs, and how times are summarised."""
 
-  plans: int = 9  # random valid plans from the planner's space
+  plans: int = 11  # random valid plans from the planner's space
   amplification_limits: list[float] = field(default_factory=lambda: [1.5, 2.0, math.inf])
   num_devices: int | None = None  # None: one device per core
   steps: int = 5  # timed steps per plan
