@@ -109,7 +109,7 @@ def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int, cal) ->
                      num_devices=g, **opts)
   params = {n.name: n.params for n in graph.nodes}
   over = overhead_ms([s.layers for s in ev.stages], params, dispatch_us=cal.dispatch_us,
-                     update_ns_per_param=cal.update_ns_per_param)
+                     stage_us=cal.stage_us, update_ns_per_param=cal.update_ns_per_param)
   return {"predicted_ms": ev.iteration_ms + over, "stages": len(ev.stages),
           "compute_ms": sum(s.compute_ms for s in ev.stages),
           "sync_ms": sum(s.sync_ms for s in ev.stages),
@@ -176,7 +176,8 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
   cal, cal_path, fresh = load_or_calibrate(vc.cache_dir, devices, refresh=vc.refresh_calibration)
   print(f"calibration ({'measured now' if fresh else 'cached'}: {cal_path}): all-reduce "
         f"{cal.allreduce_GBps:.2f} GB/s, transfer latency {cal.transfer_latency_us:.0f} us, "
-        f"dispatch {cal.dispatch_us:.0f} us/call, update {cal.update_ns_per_param:.2f} ns/param")
+        f"dispatch {cal.dispatch_us:.0f} us, {cal.stage_us:.0f} us per added stage, "
+        f"update {cal.update_ns_per_param:.2f} ns/param")
   cluster = cal.cluster(workflow.cluster_spec(cfg.cluster))
   graph = zoo.graph_of(cfg.model, seed=cfg.seed)
   model = zoo.build(cfg.model, seed=cfg.seed)

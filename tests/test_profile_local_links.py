@@ -21,6 +21,7 @@ def test_fit_line_never_returns_a_negative_latency():
 
 def test_calibrate_measures_positive_quantities_and_is_cached(tmp_path, monkeypatch):
   monkeypatch.setattr(local_links, "SIZES_BYTES", (4 << 10, 64 << 10, 512 << 10))
+  monkeypatch.setattr(local_links, "stage_us", lambda devices, steps: 321.0)  # tested below
   devices = jax.devices()[:2]
   cal, path, fresh = local_links.load_or_calibrate(tmp_path, devices, repeats=2)
   assert fresh and path.is_file()
@@ -32,3 +33,9 @@ def test_calibrate_measures_positive_quantities_and_is_cached(tmp_path, monkeypa
   spec = cal.cluster(cluster("a100_nvlink_8"))
   assert spec.devices_per_node == 2 and spec.intra_node_bandwidth_GBps == cal.allreduce_GBps
   assert spec.intra_node_latency_us == cal.transfer_latency_us
+
+
+@pytest.mark.slow
+def test_stage_us_compares_one_stage_with_one_per_layer():
+  us = local_links.stage_us(jax.devices()[:2], steps=2)
+  assert isinstance(us, float) and us >= 0

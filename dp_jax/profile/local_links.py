@@ -6,7 +6,12 @@
 - dispatch: one call of a trivial jitted program on the G-device mesh, waited for (what every
   stage call of the runtime pays besides its compute);
 - update: an optax SGD-momentum update of float32 params replicated on the G-device mesh, per
-  parameter (the per-layer profile times forward and backward only).
+  parameter (the per-layer profile times forward and backward only);
+- stage: what one more stage costs the runtime, measured in place: a toy GPT-2 (4 layers,
+  width 8) trained by the runtime as one stage and as one stage per layer, all on the same G
+  devices (nothing moves), steps interleaved: (t_4 - t_1) / 3 (host dispatch of its programs,
+  thread hand-offs, cotangent plumbing; under load from other processes each hand-off waits
+  for a core, so this grows with the load where the trivial-call `dispatch` does not).
 Each is the median of `repeats` after a warm-up; stored as JSON next to the profile cache.
 """
 
@@ -28,7 +33,7 @@ from dp_jax.cluster import ClusterSpec
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.local_devices import cpu_cores
 
-CALIBRATION_SCHEMA = "dp_jax.local_calibration/1"
+CALIBRATION_SCHEMA = "dp_jax.local_calibration/2"
 SIZES_BYTES = (4 << 10, 256 << 10, 2 << 20, 8 << 20, 32 << 20)
 
 
@@ -43,6 +48,7 @@ class LocalCalibration:
   allreduce_GBps: float
   allreduce_latency_us: float
   dispatch_us: float
+  stage_us: float
   update_ns_per_param: float
   points: dict  # the raw (bytes, ms) medians behind each fit
 
@@ -120,6 +126,37 @@ def update_ns_per_param(devices, repeats: int, params: int = 4 << 20) -> float:
   return 1e6 * median_ms(lambda: f(p, state, p), repeats) / params
 
 
+def stage_us(devices, steps: int = 15) -> float:
+  """Runtime cost of one more stage: toy model as 1 stage vs one stage per layer, same devices."""
+  from dp_jax.models.registry import build_model
+  from dp_jax.runtime.plan_timing import stepper
+  from dp_jax.runtime.plans import layout_plan
+  from dp_jax.runtime.stages import structure_graph
+
+  def toy():
+    return build_model("gpt2_small", n_layer=1, d_model=8, n_head=1, seq_len=4, vocab_size=16)
+
+  g, graph = len(devices), structure_graph(toy(), "gpt2_small")
+  opt = optax.sgd(0.01, momentum=0.9)
+  runs = []
+  for k in (1, len(graph.names)):
+    stage = {n: i * k // len(graph.names) for i, n in enumerate(graph.names)}
+    plan = layout_plan(graph, {n: range(stage[n] * g, stage[n] * g + g) for n in graph.names},
+                       global_batch=g, num_devices=k * g)
+    runs.append(stepper(toy(), graph, plan, list(devices) * k, opt))
+  times: list[list[float]] = [[], []]
+  for one, _ in runs:
+    one()
+    one()
+  for _ in range(steps):
+    for t, (one, _) in zip(times, runs, strict=True):
+      t0 = time.perf_counter()
+      one()
+      t.append((time.perf_counter() - t0) * 1e6)
+  (_, s1), (_, sk) = runs
+  return max(statistics.median(times[1]) - statistics.median(times[0]), 0.0) / (sk - s1)
+
+
 def calibrate(devices=None, repeats: int = 7) -> LocalCalibration:
   """Measure the local links, dispatch and update on `devices` (default: all local devices)."""
   devices = list(devices or jax.devices())
@@ -136,7 +173,7 @@ def calibrate(devices=None, repeats: int = 7) -> LocalCalibration:
   return LocalCalibration(
       num_devices=g, cores=cpu_cores(), transfer_GBps=transfer_bw,
       transfer_latency_us=transfer_lat, allreduce_GBps=ar_bw, allreduce_latency_us=ar_lat,
-      dispatch_us=dispatch_us(devices, 4 * repeats),
+      dispatch_us=dispatch_us(devices, 4 * repeats), stage_us=stage_us(devices, 2 * repeats),
       update_ns_per_param=update_ns_per_param(devices, repeats),
       points={"transfer_bytes_ms": tp, "allreduce_bytes_ms": ap})
 
