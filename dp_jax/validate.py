@@ -48,7 +48,7 @@ class ValidationConfig:
   steps: int = 5  # timed steps per plan
   warmup: int = 2  # untimed steps per plan (the first compiles)
   group: int = 4  # plans held and interleaved at once
-  statistic: Statistic = Statistic.median  # of a plan's timed steps, for the headline errors
+  statistic: Statistic = Statistic.median  # of a layer's rounds and of a plan's timed steps
   max_segments: int = 6  # a random plan cuts the layers into at most this many runs
   profile_repeats: int = 5  # timed rounds per layer, count and pass
   profile_passes: int = 3  # passes over all layers (the min over all their rounds is kept)
@@ -158,6 +158,8 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
                     "validate.plans >= 0")
   # one host device per core (no effect once JAX has started, or on an accelerator)
   local_devices.set_host_device_count(local_devices.honest_device_count(vc.num_devices))
+  import jax
+
   from dp_jax import agreement, workflow, zoo
   from dp_jax.planner import candidate_counts
   from dp_jax.planner.options import PlanOptions
@@ -167,6 +169,8 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
   from dp_jax.runtime.plans import layout_plan
   from dp_jax.runtime.stages import structure_graph
 
+  if not jax.config.jax_compilation_cache_dir:  # plans share stages: compile each one once
+    jax.config.update("jax_compilation_cache_dir", str(Path(vc.cache_dir) / "xla"))
   devices = local_devices.timing_devices(vc.num_devices)
   g = len(devices)
   if g > cfg.batch_size:
@@ -186,7 +190,7 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
                                             cfg.planner.device_counts)))
   profile = loaded_profile(model, graph, cfg.batch_size, counts, cache_dir=vc.cache_dir,
                            repeats=vc.profile_repeats, passes=vc.profile_passes,
-                           statistic="min", devices=devices)
+                           statistic=stat, devices=devices)
   profile.save(out_dir / "profile.json")
   plans = plan_set(graph, profile, cluster, cfg, g)
   rows = []
