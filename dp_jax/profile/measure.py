@@ -71,10 +71,9 @@ def _inputs(structs: Sequence[jax.ShapeDtypeStruct], batch: int, seed: int = 0) 
   return out
 
 
-def time_layer(module: nnx.Module, in_structs: Sequence[jax.ShapeDtypeStruct], batch: int,
-               *, source: bool, repeats: int, warmup: int,
-               budget_s: float = DEFAULT_BUDGET_S) -> tuple[float, float]:
-  """(forward ms, backward ms) of one layer at one per-device batch, medians of `repeats`."""
+def layer_programs(module: nnx.Module, in_structs: Sequence[jax.ShapeDtypeStruct], batch: int,
+                   *, source: bool, device: jax.Device | None = None) -> tuple[tuple, tuple]:
+  """((fwd, fwd_args), (bwd, bwd_args)): a layer's jitted forward and VJP, inputs on `device`."""
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   xs = _inputs(in_structs, batch)
   diff = [not source and jnp.issubdtype(x.dtype, jnp.floating) for x in xs]
@@ -89,14 +88,24 @@ def time_layer(module: nnx.Module, in_structs: Sequence[jax.ShapeDtypeStruct], b
     return jax.vjp(f, p, r, *[x for x, use in zip(args, diff, strict=True) if use])
 
   args = (params, rest, *xs)
-  fwd_ms = _median_ms(jax.jit(apply), args, repeats, warmup, budget_s)
+  if device is not None:
+    args = jax.device_put(args, device)
   out, vjp_fn = jax.jit(with_vjp)(*args)
   bwd = jax.jit(lambda v, g: v(g))
-  bwd_ms = _median_ms(bwd, (vjp_fn, jnp.ones_like(out)), repeats, warmup, budget_s)
+  return (jax.jit(apply), args), (bwd, (vjp_fn, jnp.ones_like(out)))
+
+
+def time_layer(module: nnx.Module, in_structs: Sequence[jax.ShapeDtypeStruct], batch: int,
+               *, source: bool, repeats: int, warmup: int,
+               budget_s: float = DEFAULT_BUDGET_S) -> tuple[float, float]:
+  """(forward ms, backward ms) of one layer at one per-device batch, medians of `repeats`."""
+  (fwd, fwd_args), (bwd, bwd_args) = layer_programs(module, in_structs, batch, source=source)
+  fwd_ms = _median_ms(fwd, fwd_args, repeats, warmup, budget_s)
+  bwd_ms = _median_ms(bwd, bwd_args, repeats, warmup, budget_s)
   return fwd_ms, bwd_ms
 
 
-def _out_structs(model, graph: LayerGraph) -> dict[str, jax.ShapeDtypeStruct]:
+def out_structs(model, graph: LayerGraph) -> dict[str, jax.ShapeDtypeStruct]:
   """Each layer's output at batch 1 (shape and dtype), by abstract evaluation."""
   structs: dict[str, jax.ShapeDtypeStruct] = {}
   x = model.input_spec(1)
@@ -112,7 +121,7 @@ def _out_structs(model, graph: LayerGraph) -> dict[str, jax.ShapeDtypeStruct]:
   return structs
 
 
-def _model_dtype(model) -> str:
+def model_dtype(model) -> str:
   leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
   return str(leaves[0].dtype) if leaves else "float32"
 
@@ -131,10 +140,10 @@ def measure_profile(model, graph: LayerGraph, batches: int | Iterable[int], *,
   if repeats < 1 or warmup < 0:
     raise UserError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
   specs = {s.name: s for s in model.layer_specs()}
-  structs = _out_structs(model, graph)
+  structs = out_structs(model, graph)
   x = model.input_spec(1)
   dev = jax.devices()[0]
-  dtype = _model_dtype(model)
+  dtype = model_dtype(model)
   base = {"model": graph.model, "backend": jax.default_backend(), "device_kind": dev.device_kind,
           "dtype": dtype, "jax": jax.__version__}
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in graph.names}

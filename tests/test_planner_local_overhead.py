@@ -1,0 +1,15 @@
+"""The local runtime overhead term: one dispatch, a cost per added stage, the update."""
+
+import pytest
+
+from dp_jax.planner.local_overhead import overhead_ms
+
+
+def test_overhead_adds_dispatch_stages_and_update_per_param():
+  params = {"a": 1000, "b": 0, "c": 3_000_000}
+  kw = dict(dispatch_us=100, stage_us=700, update_ns_per_param=2)
+  one = overhead_ms([["a", "b", "c"]], params, **kw)
+  three = overhead_ms([["a"], ["b"], ["c"]], params, **kw)
+  assert one == pytest.approx(0.1 + 3_001_000 * 2e-6)
+  assert three - one == pytest.approx(2 * 0.7)  # two stages more
+  assert overhead_ms([], params, **kw) == pytest.approx(0.1)
