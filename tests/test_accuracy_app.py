@@ -67,7 +67,7 @@ def test_a_device_count_without_a_plan_is_recorded_not_raised():
       "model": {"name": "vgg16"}, "cluster": OmegaConf.load(conf / "cluster" / "dgx_a100.yaml"),
       "planner": OmegaConf.load(conf / "planner" / "burst.yaml"),
       "profile": OmegaConf.load(conf / "profile" / "analytic.yaml"),
-      "batch_size": 512, "accuracy": {"devices": [1, 64]}})
+      "batch_size": 2048, "accuracy": {"devices": [1, 64]}})
   first, last = predicted_steps_ms(cfg)
-  assert first["burst_ms"] is None and "40 GB" in first["infeasible"]  # 512 images on one A100
+  assert first["burst_ms"] is None and "40 GB" in first["infeasible"]  # 2048 images on one A100
   assert last["burst_ms"] > 0

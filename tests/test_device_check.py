@@ -33,6 +33,7 @@ def test_bad_option_is_rejected():
   assert r.returncode == 2 and "usage" in r.stderr
 
 
+@pytest.mark.slow
 def test_device_compare_measures_and_compares_a_tiny_model(tmp_path):
   r = subprocess.run([sys.executable, str(REPO / "scripts" / "device_compare.py"), "--out",
                       str(tmp_path), "--models", "gpt2_small", "--tiny", "--max-batch", "2",

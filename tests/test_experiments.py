@@ -80,6 +80,7 @@ def test_quick_study_sweeps_and_aggregates(study, sweeps, tmp_path):
   assert list((job / "wandb").glob("offline-run-*"))
 
 
+@pytest.mark.slow
 def test_runtime_study_measures_both_plans(tmp_path):
   paths = aggregate("runtime", sweep(tmp_path, "runtime", "logger=disabled"), tmp_path / "out")
   rows = {r["plan"]: r for r in read_csv(paths["csv"])}

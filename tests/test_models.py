@@ -41,7 +41,8 @@ def module_at(model: nnx.Module, name: str):
   return m
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "inception_v3"
+                                  else n for n in sorted(SMALL)])
 def test_graph_forward_equals_natural_forward(name):
   model = small(name)
   x = example_input(model)

@@ -74,6 +74,7 @@ def test_other_processes_log_to_their_own_file_and_leave_no_hydra_folder(tmp_pat
         root.addHandler(h)
 
 
+@pytest.mark.slow
 def test_a_lone_process_says_once_that_it_waits_then_exits_non_zero(tmp_path):
   """Process 0 of 2 started alone: one line naming the coordinator, then a bounded failure."""
   address = f"localhost:{free_port()}"

@@ -104,6 +104,7 @@ def test_batch_norm_models_match_one_device(name):
     _exact(name, name, jnp.float64, 8, 1e-9, 1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
 def test_per_device_batch_norm_matches_one_device_with_the_same_statistics_groups():
   # batch_norm=local: each device normalizes its own samples. One device computing each
