@@ -209,7 +209,7 @@ def local_run(cfg: Any, cluster, num_devices: int, out_dir: Path, run: Run
       "plan_stages": (len(stages) or None, "predicted"),
       "burst_iteration_ms": (plan.predicted["iteration_ms"], "predicted"),
       "data_parallel_iteration_ms": (plan.predicted["data_parallel_iteration_ms"], "predicted"),
-      **{k: (m[k], "simulated") for k in SIMULATED_KEYS if k in m}}
+      **{f"simulated_{k}": (m[k], "simulated") for k in SIMULATED_KEYS if k in m}}
   plots = {"devices_per_layer": str(chart), "gantt": sim["gantt"]}
   if cfg.train.enabled:
     from dp_jax.train import pipeline_alone_steps

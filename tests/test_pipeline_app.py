@@ -19,7 +19,7 @@ def test_the_main_job_reports_the_a100_setting_and_a_measured_local_run(tmp_path
   assert row["burst ms (predicted)"] > 0 and row["data-parallel ms (predicted)"] > 0
   local = summary["local"]
   assert local["burst_iteration_ms"]["kind"] == "predicted"
-  assert local["alone_iteration_ms"]["kind"] == "simulated"
+  assert local["simulated_alone_iteration_ms"]["kind"] == "simulated"
   assert local["train_steps"] == {"value": 2, "kind": "measured"}
   assert {v["kind"] for v in local.values()} <= {"config", "predicted", "simulated", "measured"}
   assert "burst vs data parallelism" in result.stdout and "measured" in result.stdout

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,10 @@ from dp_jax.runtime.functional import LayerDef, apply_layer
 from dp_jax.runtime.loss import cross_entropy
 from dp_jax.runtime.plan_check import CheckedPlan
 from dp_jax.runtime.stages import INPUT, Stage, group_stages
+
+# A stage's forward/backward programs donate buffers XLA cannot always reuse (a layer's output
+# of another shape): a performance note, not a fault, printed at every first compile.
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 TrainState = dict[str, dict[str, Any]]  # {"params"|"stats"|"opt": {layer: ...}}
 
