@@ -155,12 +155,18 @@ def main(study: Study, argv: Sequence[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   paths = write(study, rows, prov, args.out)
+  print_written(study, rows, prov, args.sweep_dir, paths)
+  return 0
+
+
+def print_written(study, rows: list[Row], prov: dict[str, Any], sweep_dir: Any,
+                  paths: dict[str, Any]) -> None:
+  """The study's cell counts, its failed cells and the files it wrote."""
   print(f"{study.name}: {prov['cells']} cells, {prov['ok']} ok, {prov['failed']} failed "
-        f"(sweep {args.sweep_dir}, {prov['sweep_wall_s']} s)")
+        f"(sweep {sweep_dir}, {prov['sweep_wall_s']} s)")
   for r in rows:
     if r.get("status") != "ok":
       print(f"  failed cell {r['job']} ({r['cell']}): {r.get('error')}")
   for kind, path in paths.items():
     print(f"{kind}: {path}")
-  return 0
 

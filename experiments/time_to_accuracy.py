@@ -316,13 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for m, f in fits(rows).items()})
   paths["fit"] = fit_path
   track_fit(Path(args.sweep_dir), raw)
-  print(f"{STUDY.name}: {prov['cells']} cells, {prov['ok']} ok, {prov['failed']} failed "
-        f"(sweep {args.sweep_dir}, {prov['sweep_wall_s']} s)")
-  for r in rows:
-    if r.get("status") != "ok":
-      print(f"  failed cell {r['job']} ({r['cell']}): {r.get('error')}")
-  for kind, path in paths.items():
-    print(f"{kind}: {path}")
+  report.print_written(STUDY, rows, prov, args.sweep_dir, paths)
   return 0
 
 

@@ -1,5 +1,6 @@
 """Run a dp_jax Hydra app in a subprocess, as a user would, and read what it wrote."""
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -29,3 +30,11 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
   for f in fragments:
     assert f in errors[0], errors[0]
   return errors[0]
+
+
+def digest(folder: Path) -> str:
+  """A hash of every file's relative path and bytes under `folder`."""
+  h = hashlib.sha256()
+  for f in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+    h.update(str(f.relative_to(folder)).encode() + f.read_bytes())
+  return h.hexdigest()

@@ -1,16 +1,7 @@
 """Hydra apps: sweeps end with a summary and fail when a cell failed; refusals write nothing."""
 
-import hashlib
-
-from apps import assert_one_line_error, run_app
+from apps import assert_one_line_error, digest, run_app
 from test_plan_app import write_graph_and_profile
-
-
-def digest(folder):
-  h = hashlib.sha256()
-  for f in sorted(p for p in folder.rglob("*") if p.is_file()):
-    h.update(str(f.relative_to(folder)).encode() + f.read_bytes())
-  return h.hexdigest()
 
 
 def plan_args(tmp_path):

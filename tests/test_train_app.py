@@ -1,6 +1,5 @@
 """python -m dp_jax.train as a user runs it: SIGKILL + resume, outputs, one-line bad input."""
 
-import hashlib
 import json
 import os
 import shutil
@@ -12,7 +11,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from apps import REPO, assert_one_line_error, run_app
+from apps import REPO, assert_one_line_error, digest, run_app
 
 TINY = ["model=gpt2", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
         "model.seq_len=16", "model.vocab_size=64", "runtime.num_devices=8",
@@ -60,13 +59,6 @@ def final_state(run_dir, step=8):
 
 def metrics(run_dir, key):
   return [json.loads(x)[key] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def digest(path):
-  h = hashlib.sha256()
-  for f in sorted(p for p in path.rglob("*") if p.is_file()):
-    h.update(str(f.relative_to(path)).encode() + f.read_bytes())
-  return h.hexdigest()
 
 
 def test_finished_run_writes_its_outputs(finished):
