@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dp_jax.models.base import ImageModel, LayerSpec, chain
+from dp_jax.models.base import ImageModel, LayerSpec, chain, run_layers
 from dp_jax.models.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
 
 MIN_IMAGE_SIZE = 4  # the conv net's two 2x2 pools
@@ -20,20 +20,27 @@ class DigitsModel(ImageModel):
   def input_spec(self, batch: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((batch, self.image_size, self.image_size, 1), jnp.float32)
 
+  LAYERS: tuple[str, ...] = ()  # attribute names of the layers, in order (a chain)
+
+  def _sizes(self, image_size: int, num_classes: int) -> None:
+    self.image_size, self.num_classes = image_size, num_classes
+    self.config = {"image_size": image_size, "num_classes": num_classes}
+
   def __call__(self, x_BxHxWx1):
-    x = x_BxHxWx1
-    for s in self.layer_specs():
-      x = s.module(x)
-    return x
+    return run_layers(self, x_BxHxWx1)
+
+  def layer_specs(self) -> list[LayerSpec]:
+    return chain([(n, getattr(self, n)) for n in self.LAYERS])
 
 
 class DigitsCNN(DigitsModel):
   """conv 3x3 16 -> pool -> conv 3x3 32 -> pool -> flatten -> linear 64 -> relu -> linear."""
 
+  LAYERS = ("conv1", "pool1", "conv2", "pool2", "flatten", "fc1", "relu", "fc2")
+
   def __init__(self, *, image_size: int = 8, num_classes: int = 10, dtype: Any = jnp.float32,
                rngs: nnx.Rngs):
-    self.image_size, self.num_classes = image_size, num_classes
-    self.config = {"image_size": image_size, "num_classes": num_classes}
+    self._sizes(image_size, num_classes)
     kw = dict(dtype=dtype, rngs=rngs)
     side = image_size // 4
     self.conv1 = Conv2d(1, 16, 3, padding=1, activation="relu", **kw)
@@ -45,18 +52,15 @@ class DigitsCNN(DigitsModel):
     self.relu = ReLU()
     self.fc2 = Linear(64, num_classes, **kw)
 
-  def layer_specs(self) -> list[LayerSpec]:
-    names = ("conv1", "pool1", "conv2", "pool2", "flatten", "fc1", "relu", "fc2")
-    return chain([(n, getattr(self, n)) for n in names])
-
 
 class DigitsMLP(DigitsModel):
   """flatten -> linear 128 -> relu -> linear 128 -> relu -> linear."""
 
+  LAYERS = ("flatten", "fc1", "relu1", "fc2", "relu2", "fc3")
+
   def __init__(self, *, image_size: int = 8, num_classes: int = 10, dtype: Any = jnp.float32,
                rngs: nnx.Rngs):
-    self.image_size, self.num_classes = image_size, num_classes
-    self.config = {"image_size": image_size, "num_classes": num_classes}
+    self._sizes(image_size, num_classes)
     kw = dict(dtype=dtype, rngs=rngs)
     self.flatten = Flatten()
     self.fc1 = Linear(image_size * image_size, 128, **kw)
@@ -64,7 +68,3 @@ class DigitsMLP(DigitsModel):
     self.fc2 = Linear(128, 128, **kw)
     self.relu2 = ReLU()
     self.fc3 = Linear(128, num_classes, **kw)
-
-  def layer_specs(self) -> list[LayerSpec]:
-    names = ("flatten", "fc1", "relu1", "fc2", "relu2", "fc3")
-    return chain([(n, getattr(self, n)) for n in names])
