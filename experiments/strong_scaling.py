@@ -7,7 +7,9 @@
 
 Plan app, analytic roofline profiles (bfloat16) of each cluster's device: vgg16, resnet50,
 inception_v3, wide_resnet101_2 and gpt2 (GPT-2 small, B sequences of 1024 tokens: B = 32 is
-32,768 tokens, which fits one 40 GB A100 in the planner's memory model) on dgx_a100, dgx_h100 and
+32,768 tokens; on one 40 GB A100 that needs 53 GB in the memory model, which counts the attention
+probabilities XLA saves for backward, so the two G=1, B=32 gpt2 cells on dgx_a100 fail with that
+one-line error, listed below) on dgx_a100, dgx_h100 and
 dgx_h200 (8 GPUs per NVLink node, one InfiniBand NIC per GPU), amplification limit 2 (DeepPool's
 setting) and inf (the fastest plan), every (G, B) of conf/experiment/shape/ in the grid:
 B = 16 with G = 1..16, B = 32 with G = 1..32 (strong scaling: with sample splitting G > B leaves
