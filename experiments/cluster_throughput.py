@@ -105,13 +105,6 @@ def _limit(r: Row) -> float:
   return math.inf if a is None else a
 
 
-def _matched(r: Row) -> str:
-  d = r.get("matched_data_parallel_devices")
-  if d is None:
-    return "none as fast"
-  return f"{times(r['cluster_throughput_vs_matched_data_parallel'])} @{d}"
-
-
 def headline(rows: list[Row]) -> str:
   """Per cluster at A=2: cluster / DP alone, / fastest DP + BG, / matched DP + BG (its d)."""
   parts = []
@@ -125,7 +118,7 @@ def headline(rows: list[Row]) -> str:
                      sub, row_key="model", cols=cols, row_header="model",
                      value=lambda r: f"{times(r['cluster_throughput_vs_data_parallel'])}; "
                                      f"{times(r['cluster_throughput_vs_best_data_parallel'])}; "
-                                     f"{_matched(r)}"))
+                                     f"{simulated.matched_label(r)}"))
   return "\n".join(parts)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.fields import PLAN_IDENTITY, pick, plan_identity, ratio, unlimited
+from experiments.fields import PLAN_IDENTITY, pick, plan_identity, ratio, times, unlimited
 from experiments.report import Row
 
 IDENTITY = (*PLAN_IDENTITY, "background", "background_batch", "slowdown_cap")
@@ -60,3 +60,11 @@ def ratio_style(label: str) -> dict:
             "foreground speed-up vs best DP": "tab:purple",
             "cluster / (best DP + BG)": "tab:green", "cluster / (matched DP + BG)": "tab:red"}
   return {"color": colors[label]}
+
+
+def matched_label(r: Row) -> str:
+  """Cluster throughput / (matched DP + BG) and that DP's device count, or 'none as fast'."""
+  d = r.get("matched_data_parallel_devices")
+  if d is None:
+    return "none as fast"
+  return f"{times(r['cluster_throughput_vs_matched_data_parallel'])} @{d}"
