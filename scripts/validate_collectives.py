@@ -50,6 +50,15 @@ MEASUREMENTS = (
 )
 
 
+# Small-message all-reduces: the time is the latency term alone.
+LATENCY_MEASUREMENTS = (
+    Measurement("NVIDIA/nccl issue 583", "1 node, 2 A100-SXM4-40GB, NVLink (32 B, out-of-place)",
+                1, 2, 0, 32, 32 / 10.14e-6 / 1e9, "intra_node_latency_us"),
+    Measurement("NVIDIA/nccl-tests issue 150", "2 nodes x 1 A100-80GB, InfiniBand HDR "
+                "(8 B, out-of-place)", 2, 1, 1, 8, 8 / 19.90e-6 / 1e9, "inter_node_latency_us"),
+)
+
+
 def base_cluster() -> ClusterSpec:
   return load_cluster(yaml.safe_load((REPO / "conf/cluster/dgx_a100.yaml").read_text()))
 
@@ -69,9 +78,22 @@ def compare(m: Measurement, base: ClusterSpec) -> dict[str, float]:
           "flat_busbw_ratio": float(bus_bandwidth_GBps(flat, 0, n)) / m.busbw_GBps}
 
 
+def latency_us(m: Measurement, base: ClusterSpec) -> tuple[float, float]:
+  """(model, measured) time of one small all-reduce in microseconds (busbw field: algbw)."""
+  spec = replace(base, num_nodes=m.nodes, devices_per_node=m.gpus_per_node,
+                 nics_per_node=max(m.nics_per_node, 1))
+  n = m.nodes * m.gpus_per_node
+  return float(allreduce_ms(spec, m.size_bytes, 0, n)) * 1e3, m.size_bytes / m.busbw_GBps / 1e3
+
+
 def table() -> list[tuple[Measurement, dict[str, float]]]:
   base = base_cluster()
   return [(m, compare(m, base)) for m in MEASUREMENTS]
+
+
+def latency_table() -> list[tuple[Measurement, float, float]]:
+  base = base_cluster()
+  return [(m, *latency_us(m, base)) for m in LATENCY_MEASUREMENTS]
 
 
 def main() -> int:
@@ -83,7 +105,14 @@ def main() -> int:
     print(f"| {m.source} | {m.setup} | {m.size_bytes / 2**20:g} MiB | {m.busbw_GBps:g} | "
           f"{r['model_busbw']:.1f} | {r['busbw_ratio']:.3f} | {r['time_ratio']:.3f} | "
           f"{r['flat_busbw_ratio']:.3f} | {m.used_for} |")
-  worst = max(abs(r["time_ratio"] - 1) for _, r in rows)
+  print("\n| source | setup | measured us | model us | model / measured | parameter it set |")
+  print("| --- | --- | --- | --- | --- | --- |")
+  lat = latency_table()
+  for m, model_us, measured_us in lat:
+    print(f"| {m.source} | {m.setup} | {measured_us:.2f} | {model_us:.2f} | "
+          f"{model_us / measured_us:.3f} | {m.used_for} |")
+  worst = max([abs(r["time_ratio"] - 1) for _, r in rows]
+              + [abs(model / measured - 1) for _, model, measured in lat])
   print(f"\nworst time error {worst:.1%} (tolerance {TOLERANCE:.0%})")
   return 0 if worst <= TOLERANCE else 1
 

@@ -36,3 +36,10 @@ def test_main_prints_the_ratios(script, capsys):
   assert script.main() == 0
   out = capsys.readouterr().out
   assert "model / measured (time)" in out and "worst time error" in out
+
+
+def test_small_message_latency_within_tolerance_of_cited_measurements(script):
+  rows = script.latency_table()
+  assert {m.used_for for m, _, _ in rows} == {"intra_node_latency_us", "inter_node_latency_us"}
+  for m, model_us, measured_us in rows:
+    assert model_us / measured_us == pytest.approx(1, abs=script.TOLERANCE), m.source
