@@ -1,6 +1,7 @@
 """A worker of the multi-process tests: joins jax.distributed, runs one case, process 0 saves.
 
 python mp_worker.py transfer|train <out.npz>
+python mp_worker.py loop - <heartbeat_timeout_s>   (all-reduces until a peer dies)
 """
 
 from __future__ import annotations
@@ -74,6 +75,28 @@ def train_case() -> dict[str, np.ndarray]:
   return out
 
 
+def loop_case() -> None:
+  """All-reduce across both processes until a peer dies; errors end as one line, like the apps."""
+  import time
+
+  import jax
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  total = jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, PartitionSpec()))
+  x = jax.make_array_from_callback((len(jax.devices()),), NamedSharding(mesh, PartitionSpec("d")),
+                                   lambda i: np.ones(1, np.float32))
+  total(x).block_until_ready()
+  print(f"process {jax.process_index()} ready", flush=True)
+  try:
+    while True:
+      total(x).block_until_ready()
+      time.sleep(0.05)
+  except Exception as e:  # noqa: BLE001 - as dp_jax.cli does
+    print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _host(a: np.ndarray, sharding):
   import jax
 
@@ -82,6 +105,9 @@ def _host(a: np.ndarray, sharding):
 
 def main() -> None:
   case, path = sys.argv[1], sys.argv[2]
+  if case == "loop":
+    distributed.initialize(distributed.DistributedConfig(heartbeat_timeout_s=int(sys.argv[3])))
+    return loop_case()
   distributed.initialize()
   import jax
 

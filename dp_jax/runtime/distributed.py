@@ -8,7 +8,8 @@ command; plan device indices refer to jax.devices() across all processes (proces
 
 Failure handling: a process that stops sending heartbeats for heartbeat_timeout_s is declared
 dead by the coordinator and every other process exits non-zero; JAX's preemption service is
-off, so SIGTERM ends a process at once (its peers follow within the heartbeat timeout).
+off, so SIGTERM ends a process at once (its peers follow within the heartbeat timeout). JAX
+aborts the survivors with a multi-line report; fatal_filter turns it into one `error:` line.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dp_jax.errors import UserError
+from dp_jax.runtime import fatal_filter
 
 log = logging.getLogger(__name__)
 AUTO = "auto"  # coordinator_address: let jax.distributed read the cluster's environment
@@ -87,6 +89,7 @@ def initialize(cfg: DistributedConfig | None = None, *, num_devices: int | None 
   jax.config.update("jax_enable_preemption_service", False)  # SIGTERM ends the process
   auto = c.coordinator_address == AUTO
   who = f"process {c.process_id} of {c.num_processes}" if not auto else "this process"
+  fatal_filter.install(who, c.heartbeat_timeout_s, c.coordinator_address)
   notice = threading.Timer(WAIT_NOTICE_S, _say, (
       f"{who}: waiting for the other processes at coordinator {c.coordinator_address} "
       f"(up to {c.initialization_timeout_s} s)",))
@@ -107,6 +110,8 @@ def initialize(cfg: DistributedConfig | None = None, *, num_devices: int | None 
                     "raise runtime.distributed.initialization_timeout_s") from None
   finally:
     notice.cancel()
+  if auto:
+    fatal_filter.set_identity(f"process {jax.process_index()} of {jax.process_count()}")
   return True
 
 
