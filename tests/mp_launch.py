@@ -81,7 +81,7 @@ def wait_for_output(log_dir: Path, texts: list[str], procs: list[subprocess.Pope
   """Wait until process i's output holds texts[i]; fail if one exits or time runs out."""
   deadline = time.monotonic() + timeout
   paths = [Path(log_dir) / f"process_{i}.log" for i in range(len(texts))]
-  while not all(t in p.read_text() for t, p in zip(texts, paths)):
+  while not all(t in p.read_text() for t, p in zip(texts, paths, strict=True)):
     if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
       raise AssertionError(f"the processes did not start\n{logs(log_dir, len(procs))}")
     time.sleep(0.2)

@@ -42,6 +42,21 @@ def transfer_case() -> dict[str, np.ndarray]:
   return out
 
 
+def agreement_case() -> dict[str, np.ndarray]:
+  """Each process plans differently; every process runs process 0's plan (train.py)."""
+  import jax
+
+  from dp_jax.train import same_plan_everywhere
+
+  rank = jax.process_index()
+  mine = {"stages": [{"devices": list(range(rank + 1))}], "planned_by": rank}
+  plan, batch = same_plan_everywhere(mine, 8 + rank)
+  expected = {"stages": [{"devices": [0]}], "planned_by": 0}
+  assert (plan, batch) == (expected, 8), f"process {rank} got {plan}, {batch}"
+  assert str(distributed.shared_dir(f"/tmp/run_of_{rank}")) == "/tmp/run_of_0"
+  return {"agreed_batch": np.array(batch)}
+
+
 def train_case() -> dict[str, np.ndarray]:
   """Tiny GPT-2 under the 8 / 4 / 1 device plan of test_multiprocess for 3 steps."""
   import jax
@@ -112,6 +127,8 @@ def main() -> None:
   import jax
 
   out = {"transfer": transfer_case, "train": train_case}[case]()
+  if case == "transfer":
+    out.update(agreement_case())  # a few more collectives on the same two processes
   if jax.process_index() == 0:
     np.savez(path, **out)
   print(f"process {jax.process_index()} done", flush=True)

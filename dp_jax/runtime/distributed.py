@@ -14,6 +14,7 @@ aborts the survivors with a multi-line report; fatal_filter turns it into one `e
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dp_jax.errors import UserError
 from dp_jax.runtime import fatal_filter
@@ -28,7 +30,6 @@ from dp_jax.runtime import fatal_filter
 log = logging.getLogger(__name__)
 AUTO = "auto"  # coordinator_address: let jax.distributed read the cluster's environment
 WAIT_NOTICE_S = 3.0  # say that we wait for the peers once joining takes longer than this
-PATH_BYTES = 4096
 
 
 @dataclass
@@ -126,21 +127,38 @@ def process_index() -> int:
 
 def shared_dir(local: str | Path) -> Path:
   """Process 0's folder, sent to every process (one run folder per job, whatever the clocks)."""
+  local = Path(local).resolve()
+  return Path(_from_process_0_bytes(str(local).encode()).decode())
+
+
+def from_process_0(value: Any) -> Any:
+  """Process 0's value of a JSON object, on every process (value itself in one process).
+
+  For what each process computes for itself but all must share (the plan: a measured
+  profile, or a plan file that differs between hosts, would otherwise split the job).
+  """
+  if not _several():
+    return value
+  return json.loads(_from_process_0_bytes(json.dumps(value).encode()))
+
+
+def _several() -> bool:
   import jax
 
-  local = Path(local).resolve()
-  if not jax.distributed.is_initialized() or jax.process_count() == 1:
-    return local
+  return jax.distributed.is_initialized() and jax.process_count() > 1
+
+
+def _from_process_0_bytes(raw: bytes) -> bytes:
+  if not _several():
+    return raw
   import numpy as np
   from jax.experimental import multihost_utils
 
-  raw = str(local).encode()
-  if len(raw) > PATH_BYTES:
-    raise UserError(f"output folder path is longer than {PATH_BYTES} bytes; use a shorter one")
-  buf = np.zeros(PATH_BYTES, np.uint8)
-  buf[:len(raw)] = np.frombuffer(raw, np.uint8)
-  got = np.asarray(multihost_utils.broadcast_one_to_all(buf))
-  return Path(bytes(got[got != 0].astype(np.uint8)).decode())
+  size_1 = multihost_utils.broadcast_one_to_all(np.array([len(raw)], np.int32))
+  size = int(np.asarray(size_1)[0])
+  buf = np.zeros(size, np.uint8)
+  buf[:min(size, len(raw))] = np.frombuffer(raw, np.uint8)[:size]
+  return np.asarray(multihost_utils.broadcast_one_to_all(buf)).astype(np.uint8).tobytes()
 
 
 def log_to_own_file(run_dir: str | Path, rank: int, *, hydra_dir: str | Path) -> Path:
