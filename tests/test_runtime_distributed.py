@@ -99,6 +99,10 @@ def test_a_lone_process_says_once_that_it_waits_then_exits_non_zero(tmp_path):
   assert result.returncode != 0
   waits = [ln for ln in result.stderr.splitlines() if "waiting for the other processes" in ln]
   assert len(waits) == 1 and address in waits[0], result.stderr
+  assert not any(text in result.stderr for text in JAX_REPORT), result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: process 0 of 2: the other processes did not join coordinator {address} in time; "
+      "start every process, or raise runtime.distributed.initialization_timeout_s")
   assert time.monotonic() - start < 90
   assert not (tmp_path / "run" / "config.json").exists(), "nothing is written before joining"
 

@@ -52,6 +52,17 @@ external/xla+/xla/pjrt/distributed/coordination/coordination_service_error_util.
 
 """
 
+NOBODY_JOINED = b"""\
+F1130 11:08:10.659082    7822 client.h:86] Terminating process because the JAX distributed service detected fatal errors. This most likely indicates that another task died; see the other task logs for more details. Disable Python buffering, i.e. `python -u`, to be sure to see all the previous output. absl::Status: DEADLINE_EXCEEDED: Deadline Exceeded
+
+RPC: /xla.coordination.CoordinationService/RegisterTask
+=== Source Location Trace: ===
+external/xla+/xla/pjrt/distributed/coordination/coordination_service_error_util.cc:64
+
+*** Check failure stack trace: ***
+    @     0x7fd54ded022e  xla::CoordinationServiceAgent::Connect()
+"""
+
 HINT = "rerun the same command to resume from the last checkpoint"
 
 
@@ -79,6 +90,13 @@ def test_a_dead_coordinator_report_names_its_address():
       "loss 0.5",
       "error: process 1 of 2: the coordinator (process 0 at localhost:1234) stopped answering: "
       f"it died, or the network failed; {HINT}"]
+
+
+def test_peers_that_never_joined_get_their_own_advice():
+  out = _run([b"process 0 of 2: waiting for the other processes\n", NOBODY_JOINED])
+  assert out.splitlines()[1] == (
+      "error: process 0 of 2: the other processes did not join coordinator localhost:1234 in "
+      "time; start every process, or raise runtime.distributed.initialization_timeout_s")
 
 
 def test_the_line_is_shown_as_soon_as_the_report_is_complete():

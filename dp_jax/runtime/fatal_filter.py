@@ -32,20 +32,27 @@ RESUME_HINT = "rerun the same command to resume from the last checkpoint"
 
 
 def summarize(report: str, heartbeat_s: float, coordinator: str) -> str:
-  """What JAX's fatal report says happened, in a few words."""
+  """What JAX's fatal report says happened, and what to do, in a few words."""
   status = report.split("absl::Status:", 1)[-1]
+  rpc = re.search(r"RPC: \S*/(\w+)", status)
   for end in ("RPC:", "=== Source Location Trace", "*** Check failure"):
     status = status.split(end, 1)[0]
+  at = f" {coordinator}" if coordinator and coordinator != "auto" else ""
+  if rpc and rpc.group(1) == "RegisterTask":
+    return (f"the other processes did not join coordinator{at} in time; start every process, "
+            "or raise runtime.distributed.initialization_timeout_s")
   if "stopped sending heartbeats" in status:
     ids = re.findall(r"^\s*(?:/job:[^/\s]+/replica:\d+/task:)?(\d+)\s*$",
                      status.split("heartbeats", 1)[1], re.M)
     who = f"process {ids[0]}" if len(ids) == 1 else f"processes {', '.join(ids) or '?'}"
-    return f"{who} stopped sending heartbeats (heartbeat timeout {heartbeat_s:g} s)"
-  if "Failed to send RPC to coordination service" in status or "leader task" in status:
-    at = f" at {coordinator}" if coordinator and coordinator != "auto" else ""
-    return f"the coordinator (process 0{at}) stopped answering: it died, or the network failed"
-  first = next((ln.strip() for ln in status.splitlines() if ln.strip()), "no details")
-  return f"the JAX distributed service stopped this process: {first[:200]}"
+    reason = f"{who} stopped sending heartbeats (heartbeat timeout {heartbeat_s:g} s)"
+  elif "Failed to send RPC to coordination service" in status or "leader task" in status:
+    where = f" at{at}" if at else ""
+    reason = f"the coordinator (process 0{where}) stopped answering: it died, or the network failed"
+  else:
+    first = next((ln.strip() for ln in status.splitlines() if ln.strip()), "no details")
+    reason = f"the JAX distributed service stopped this process: {first[:200]}"
+  return f"{reason}; {RESUME_HINT}"
 
 
 class Condenser:
@@ -121,12 +128,13 @@ class Condenser:
 
   def _say(self) -> bytes:
     self.said = True
-    reason = summarize(self.report.decode(errors="replace"), self.heartbeat_s, self.coordinator)
+    reason, _, hint = summarize(self.report.decode(errors="replace"), self.heartbeat_s,
+                                self.coordinator).partition("; ")
     line = f"error: {self.who}: {reason}"
     if self.own_errors:
       first = self.own_errors[0].decode(errors="replace")[len(OWN_ERROR):].strip()
       line += f" (this process had failed just before: {first[:300]})"
-    return f"{line}; {RESUME_HINT}\n".encode()
+    return f"{line}; {hint}\n".encode()
 
 
 # --- the filter process ---------------------------------------------------------------------
@@ -179,16 +187,21 @@ def install(who: str, heartbeat_s: float, coordinator: str) -> bool:
     return True
   try:
     sys.stderr.flush()
+    saved = os.dup(2)
     read_fd, write_fd = os.pipe()
+  except OSError:  # no stderr to filter
+    return False
+  try:
     proc = subprocess.Popen(
         [sys.executable, "-I", "-S", os.path.abspath(__file__), who, str(heartbeat_s),
          coordinator, str(os.getpid())], stdin=read_fd, close_fds=True)
-    os.close(read_fd)
-    saved = os.dup(2)
-    os.dup2(write_fd, 2)
-    os.close(write_fd)
   except OSError:
+    for fd in (saved, read_fd, write_fd):
+      os.close(fd)
     return False
+  os.close(read_fd)
+  os.dup2(write_fd, 2)
+  os.close(write_fd)
   _filter.update(proc=proc, saved_fd=saved)
   atexit.register(_finish)  # before jax's own exit hooks are registered, so it runs after them
   return True
