@@ -203,7 +203,8 @@ def same_plan_everywhere(plan: dict[str, Any], batch: int) -> tuple[dict[str, An
   """Process 0's (plan, batch) on every process of a multi-process job (unchanged in one).
 
   Each process plans for itself; a measured profile or a plan file that differs between hosts
-  could give another plan, so process 0's is the one every process runs.
+  could give another plan, so process 0's is the one every process runs. A process whose own
+  plan differed (beyond planner_seconds, the planner's wall time) says so in its log.
   """
   from dp_jax.runtime import distributed
 
@@ -211,8 +212,13 @@ def same_plan_everywhere(plan: dict[str, Any], batch: int) -> tuple[dict[str, An
   agreed = distributed.from_process_0(mine)
   if agreed == mine:
     return plan, batch
-  log.warning("process %d planned differently from process 0 (a measured profile, or another "
-              "plan file?); it runs process 0's plan", distributed.process_index())
+
+  def what_runs(p: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in p["plan"].items() if k != "planner_seconds"} | {"b": p["batch"]}
+
+  if what_runs(agreed) != what_runs(mine):
+    log.warning("process %d planned differently from process 0 (a measured profile, or another "
+                "plan file?); it runs process 0's plan", distributed.process_index())
   return agreed["plan"], agreed["batch"]
 
 

@@ -44,15 +44,25 @@ def transfer_case() -> dict[str, np.ndarray]:
 
 def agreement_case() -> dict[str, np.ndarray]:
   """Each process plans differently; every process runs process 0's plan (train.py)."""
+  import logging
+
   import jax
 
   from dp_jax.train import same_plan_everywhere
 
   rank = jax.process_index()
+  warnings = []
+  handler = logging.Handler()
+  handler.emit = warnings.append
+  logging.getLogger("dp_jax.train").addHandler(handler)
   mine = {"stages": [{"devices": list(range(rank + 1))}], "planned_by": rank}
   plan, batch = same_plan_everywhere(mine, 8 + rank)
   expected = {"stages": [{"devices": [0]}], "planned_by": 0}
   assert (plan, batch) == (expected, 8), f"process {rank} got {plan}, {batch}"
+  assert len(warnings) == rank, "process 1 says that its own plan differed"
+  timed = {"stages": [], "planner_seconds": 0.01 * (rank + 1)}
+  assert same_plan_everywhere(timed, 8) == ({"stages": [], "planner_seconds": 0.01}, 8)
+  assert len(warnings) == rank, "the planner's wall time alone is no difference"
   assert str(distributed.shared_dir(f"/tmp/run_of_{rank}")) == "/tmp/run_of_0"
   return {"agreed_batch": np.array(batch)}
 
