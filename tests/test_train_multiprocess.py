@@ -15,6 +15,7 @@ from mp_launch import logs, start, wait
 from test_train_app import TINY, burst_plan_file
 
 HEARTBEAT_S = 10
+ABORT_S = 5  # within the heartbeat timeout, plus the abort itself on a loaded machine
 JAX_REPORT = ("Terminating process", "absl::Status", "Check failure", "coordination_service",
               "Fatal Python error", "Traceback")
 STEPS = ["steps=8", "runtime.checkpoint_every=2"]
@@ -42,7 +43,7 @@ def test_kill_one_process_the_other_exits_and_a_resume_matches(tmp_path):
   survivor = procs[0].wait(timeout=HEARTBEAT_S + 60)
   took = time.monotonic() - killed
   assert survivor != 0
-  assert took < HEARTBEAT_S + 15, f"process 0 needed {took:.1f} s to notice"
+  assert took < HEARTBEAT_S + ABORT_S, f"process 0 needed {took:.1f} s to notice"
   wait(procs, 10)
   err = (tmp_path / "process_0.err").read_text()
   assert not any(text in err for text in JAX_REPORT), err
