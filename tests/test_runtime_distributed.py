@@ -150,7 +150,7 @@ def test_explicit_settings_split_the_cpu_devices_evenly(no_env, monkeypatch):
 @pytest.mark.parametrize("victim, sig, reason", [
     (1, signal.SIGKILL, r"process 1 stopped sending heartbeats \(heartbeat timeout 4 s\)"),
     (0, signal.SIGTERM, r"the coordinator \(process 0 at localhost:\d+\) stopped answering"),
-])
+], ids=["kill -9 process 1", "SIGTERM the coordinator"])
 def test_a_dead_peer_ends_the_survivor_with_one_line(tmp_path, victim, sig, reason):
   """The survivor exits non-zero within the heartbeat timeout; its stderr ends in one line."""
   procs = start([MP_WORKER, "loop", "-", str(HEARTBEAT_S)], 2, 2, tmp_path, stderr_apart=True)
