@@ -199,6 +199,29 @@ def resolve_plan(cfg: Any, model, graph, g: int) -> tuple[dict[str, Any], int]:
   return plan, batch
 
 
+def same_plan_everywhere(plan: dict[str, Any], batch: int) -> tuple[dict[str, Any], int]:
+  """Process 0's (plan, batch) on every process of a multi-process job (unchanged in one).
+
+  Each process plans for itself; a measured profile or a plan file that differs between hosts
+  could give another plan, so process 0's is the one every process runs. A process whose own
+  plan differed (beyond planner_seconds, the planner's wall time) says so in its log.
+  """
+  from dp_jax.runtime import distributed
+
+  mine = json.loads(json.dumps({"plan": plan, "batch": batch}))
+  agreed = distributed.from_process_0(mine)
+  if agreed == mine:
+    return plan, batch
+
+  def what_runs(p: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in p["plan"].items() if k != "planner_seconds"} | {"b": p["batch"]}
+
+  if what_runs(agreed) != what_runs(mine):
+    log.warning("process %d planned differently from process 0 (a measured profile, or another "
+                "plan file?); it runs process 0's plan", distributed.process_index())
+  return agreed["plan"], agreed["batch"]
+
+
 def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   """Plan (or load) a plan, train under it, write metrics, timeline and checkpoints."""
   set_host_device_count(cfg.runtime.num_devices)
@@ -219,6 +242,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   model = zoo.build(cfg.model, seed=cfg.seed)
   graph = structure_graph(model, cfg.model.name)
   plan, batch = resolve_plan(cfg, model, graph, len(devices))  # before any checkpoint
+  plan, batch = same_plan_everywhere(plan, batch)
 
   def start_writing() -> None:  # the checkpoint folder fits this job: files may be written now
     run.begin()

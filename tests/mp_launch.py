@@ -32,14 +32,18 @@ def worker_env(process_id: int, num_processes: int, port: int, devices_per_proce
 
 
 def start(args: list[str], num_processes: int, devices_per_process: int, log_dir: Path,
-          extra_env: dict | None = None) -> list[subprocess.Popen]:
-  """Start `python args...` once per process; each writes log_dir/process_<i>.log."""
+          extra_env: dict | None = None, *, stderr_apart: bool = False) -> list[subprocess.Popen]:
+  """Start `python args...` once per process; each writes log_dir/process_<i>.log.
+
+  stderr_apart: stderr goes to log_dir/process_<i>.err instead.
+  """
   port = free_port()
   procs = []
   for i in range(num_processes):
     log = (Path(log_dir) / f"process_{i}.log").open("w")
+    err = (Path(log_dir) / f"process_{i}.err").open("w") if stderr_apart else subprocess.STDOUT
     procs.append(subprocess.Popen(
-        [sys.executable, *args], cwd=log_dir, stdout=log, stderr=subprocess.STDOUT,
+        [sys.executable, *args], cwd=log_dir, stdout=log, stderr=err,
         env=worker_env(i, num_processes, port, devices_per_process, extra_env)))
   return procs
 
@@ -62,5 +66,22 @@ def wait(procs: list[subprocess.Popen], timeout: float, grace: float = 30.0) -> 
 
 
 def logs(log_dir: Path, num_processes: int) -> str:
-  return "\n".join(f"--- process {i}\n" + (Path(log_dir) / f"process_{i}.log").read_text()[-4000:]
-                   for i in range(num_processes))
+  """The tail of every process's output (and of its stderr file, if apart)."""
+  out = []
+  for i in range(num_processes):
+    for suffix in ("log", "err"):
+      path = Path(log_dir) / f"process_{i}.{suffix}"
+      if path.exists():
+        out.append(f"--- process {i} ({suffix})\n" + path.read_text()[-4000:])
+  return "\n".join(out)
+
+
+def wait_for_output(log_dir: Path, texts: list[str], procs: list[subprocess.Popen],
+                    timeout: float) -> None:
+  """Wait until process i's output holds texts[i]; fail if one exits or time runs out."""
+  deadline = time.monotonic() + timeout
+  paths = [Path(log_dir) / f"process_{i}.log" for i in range(len(texts))]
+  while not all(t in p.read_text() for t, p in zip(texts, paths, strict=True)):
+    if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+      raise AssertionError(f"the processes did not start\n{logs(log_dir, len(procs))}")
+    time.sleep(0.2)

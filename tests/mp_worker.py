@@ -1,6 +1,7 @@
 """A worker of the multi-process tests: joins jax.distributed, runs one case, process 0 saves.
 
 python mp_worker.py transfer|train <out.npz>
+python mp_worker.py loop - <heartbeat_timeout_s>   (all-reduces until a peer dies)
 """
 
 from __future__ import annotations
@@ -41,6 +42,31 @@ def transfer_case() -> dict[str, np.ndarray]:
   return out
 
 
+def agreement_case() -> dict[str, np.ndarray]:
+  """Each process plans differently; every process runs process 0's plan (train.py)."""
+  import logging
+
+  import jax
+
+  from dp_jax.train import same_plan_everywhere
+
+  rank = jax.process_index()
+  warnings = []
+  handler = logging.Handler()
+  handler.emit = warnings.append
+  logging.getLogger("dp_jax.train").addHandler(handler)
+  mine = {"stages": [{"devices": list(range(rank + 1))}], "planned_by": rank}
+  plan, batch = same_plan_everywhere(mine, 8 + rank)
+  expected = {"stages": [{"devices": [0]}], "planned_by": 0}
+  assert (plan, batch) == (expected, 8), f"process {rank} got {plan}, {batch}"
+  assert len(warnings) == rank, "process 1 says that its own plan differed"
+  timed = {"stages": [], "planner_seconds": 0.01 * (rank + 1)}
+  assert same_plan_everywhere(timed, 8) == ({"stages": [], "planner_seconds": 0.01}, 8)
+  assert len(warnings) == rank, "the planner's wall time alone is no difference"
+  assert str(distributed.shared_dir(f"/tmp/run_of_{rank}")) == "/tmp/run_of_0"
+  return {"agreed_batch": np.array(batch)}
+
+
 def train_case() -> dict[str, np.ndarray]:
   """Tiny GPT-2 under the 8 / 4 / 1 device plan of test_multiprocess for 3 steps."""
   import jax
@@ -74,6 +100,28 @@ def train_case() -> dict[str, np.ndarray]:
   return out
 
 
+def loop_case() -> None:
+  """All-reduce across both processes until a peer dies; errors end as one line, like the apps."""
+  import time
+
+  import jax
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  total = jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, PartitionSpec()))
+  x = jax.make_array_from_callback((len(jax.devices()),), NamedSharding(mesh, PartitionSpec("d")),
+                                   lambda i: np.ones(1, np.float32))
+  total(x).block_until_ready()
+  print(f"process {jax.process_index()} ready", flush=True)
+  try:
+    while True:
+      total(x).block_until_ready()
+      time.sleep(0.05)
+  except Exception as e:  # noqa: BLE001 - as dp_jax.cli does
+    print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _host(a: np.ndarray, sharding):
   import jax
 
@@ -82,10 +130,15 @@ def _host(a: np.ndarray, sharding):
 
 def main() -> None:
   case, path = sys.argv[1], sys.argv[2]
+  if case == "loop":
+    distributed.initialize(distributed.DistributedConfig(heartbeat_timeout_s=int(sys.argv[3])))
+    return loop_case()
   distributed.initialize()
   import jax
 
   out = {"transfer": transfer_case, "train": train_case}[case]()
+  if case == "transfer":
+    out.update(agreement_case())  # a few more collectives on the same two processes
   if jax.process_index() == 0:
     np.savez(path, **out)
   print(f"process {jax.process_index()} done", flush=True)

@@ -16,6 +16,7 @@ from mp_layouts import train_multiprocess_layout
 from runtime_helpers import batches, make_model, run_plan, sgd
 
 MP_WORKER = str(Path(__file__).with_name("mp_worker.py"))
+LOSS_RTOL, PARAM_ATOL = 1e-5, 1e-6  # test_runtime_exact.py's tolerances for this GPT-2
 
 
 @pytest.mark.slow
@@ -27,9 +28,9 @@ def test_burst_plan_across_two_processes_matches_one_process(tmp_path):
   losses, program, state = run_plan(model, "gpt2", train_multiprocess_layout,
                                     batches(model, 8, 3), sgd())
   assert sorted({len(s.stage.devices) for s in program.stages}) == [1, 4, 8]
-  np.testing.assert_allclose(out["losses"], losses, rtol=1e-5)
+  np.testing.assert_allclose(out["losses"], losses, rtol=LOSS_RTOL)
   assert losses[0] != losses[-1], "the model should train"
   for layer, params in state["params"].items():
     for key, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
       np.testing.assert_allclose(out[f"{layer}{jax.tree_util.keystr(key)}"], np.asarray(leaf),
-                                 atol=5e-5, err_msg=layer)
+                                 rtol=0, atol=PARAM_ATOL, err_msg=layer)

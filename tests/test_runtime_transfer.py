@@ -22,12 +22,16 @@ def test_move_in_one_process_is_device_put():
 
 
 def test_moves_across_two_processes_deliver_the_same_values(tmp_path):
-  """Batch and replicated moves between device sets on one process, the other, and both."""
+  """Batch and replicated moves between device sets on one process, the other, and both.
+
+  The same workers also check that every process runs process 0's plan (train.py).
+  """
   procs = start([MP_WORKER, "transfer", str(tmp_path / "out.npz")], 2, 4, tmp_path)
   codes = wait(procs, timeout=240)
   assert codes == [0, 0], logs(tmp_path, 2)
-  out = np.load(tmp_path / "out.npz")
+  out = dict(np.load(tmp_path / "out.npz"))
+  assert out.pop("agreed_batch") == 8, "process 0's plan and batch (each process asserts it)"
   expected = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
-  assert len(out.files) == 6
-  for key in out.files:
-    np.testing.assert_array_equal(out[key], expected, err_msg=key)
+  assert len(out) == 6
+  for key, value in out.items():
+    np.testing.assert_array_equal(value, expected, err_msg=key)

@@ -8,11 +8,13 @@ command; plan device indices refer to jax.devices() across all processes (proces
 
 Failure handling: a process that stops sending heartbeats for heartbeat_timeout_s is declared
 dead by the coordinator and every other process exits non-zero; JAX's preemption service is
-off, so SIGTERM ends a process at once (its peers follow within the heartbeat timeout).
+off, so SIGTERM ends a process at once (its peers follow within the heartbeat timeout). JAX
+aborts the survivors with a multi-line report; fatal_filter turns it into one `error:` line.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -20,13 +22,14 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dp_jax.errors import UserError
+from dp_jax.runtime import fatal_filter
 
 log = logging.getLogger(__name__)
 AUTO = "auto"  # coordinator_address: let jax.distributed read the cluster's environment
 WAIT_NOTICE_S = 3.0  # say that we wait for the peers once joining takes longer than this
-PATH_BYTES = 4096
 
 
 @dataclass
@@ -87,6 +90,7 @@ def initialize(cfg: DistributedConfig | None = None, *, num_devices: int | None 
   jax.config.update("jax_enable_preemption_service", False)  # SIGTERM ends the process
   auto = c.coordinator_address == AUTO
   who = f"process {c.process_id} of {c.num_processes}" if not auto else "this process"
+  fatal_filter.install(who, c.heartbeat_timeout_s, c.coordinator_address)
   notice = threading.Timer(WAIT_NOTICE_S, _say, (
       f"{who}: waiting for the other processes at coordinator {c.coordinator_address} "
       f"(up to {c.initialization_timeout_s} s)",))
@@ -107,6 +111,8 @@ def initialize(cfg: DistributedConfig | None = None, *, num_devices: int | None 
                     "raise runtime.distributed.initialization_timeout_s") from None
   finally:
     notice.cancel()
+  if auto:
+    fatal_filter.set_identity(f"process {jax.process_index()} of {jax.process_count()}")
   return True
 
 
@@ -121,21 +127,38 @@ def process_index() -> int:
 
 def shared_dir(local: str | Path) -> Path:
   """Process 0's folder, sent to every process (one run folder per job, whatever the clocks)."""
+  local = Path(local).resolve()
+  return Path(_from_process_0_bytes(str(local).encode()).decode())
+
+
+def from_process_0(value: Any) -> Any:
+  """Process 0's value of a JSON object, on every process (value itself in one process).
+
+  For what each process computes for itself but all must share (the plan: a measured
+  profile, or a plan file that differs between hosts, would otherwise split the job).
+  """
+  if not _several():
+    return value
+  return json.loads(_from_process_0_bytes(json.dumps(value).encode()))
+
+
+def _several() -> bool:
   import jax
 
-  local = Path(local).resolve()
-  if not jax.distributed.is_initialized() or jax.process_count() == 1:
-    return local
+  return jax.distributed.is_initialized() and jax.process_count() > 1
+
+
+def _from_process_0_bytes(raw: bytes) -> bytes:
+  if not _several():
+    return raw
   import numpy as np
   from jax.experimental import multihost_utils
 
-  raw = str(local).encode()
-  if len(raw) > PATH_BYTES:
-    raise UserError(f"output folder path is longer than {PATH_BYTES} bytes; use a shorter one")
-  buf = np.zeros(PATH_BYTES, np.uint8)
-  buf[:len(raw)] = np.frombuffer(raw, np.uint8)
-  got = np.asarray(multihost_utils.broadcast_one_to_all(buf))
-  return Path(bytes(got[got != 0].astype(np.uint8)).decode())
+  size_1 = multihost_utils.broadcast_one_to_all(np.array([len(raw)], np.int32))
+  size = int(np.asarray(size_1)[0])
+  buf = np.zeros(size, np.uint8)
+  buf[:min(size, len(raw))] = np.frombuffer(raw, np.uint8)[:size]
+  return np.asarray(multihost_utils.broadcast_one_to_all(buf)).astype(np.uint8).tobytes()
 
 
 def log_to_own_file(run_dir: str | Path, rank: int, *, hydra_dir: str | Path) -> Path:
