@@ -263,7 +263,7 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
       sols.append(sol)
       serial = serial + sol.exit
       lanes.append(_lane(t, branch, fork_row))
-  if len(lanes) >= 2 and not pinned:
+  if lanes and not pinned:
     every = np.arange(len(t.counts))
     # lanes only matter where they beat serial (a hair of slack against rounding)
     bound = (serial - identities * enter) * (1 + 1e-9) + 1e-12
@@ -274,78 +274,193 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
   return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, sols, lanes)
 
 
+# Work caps (array cells a block's lane search touches) that pick its tier (module docstring).
+EXACT_CELLS = 2e7
+GROUP_CELLS = 2e7
+
+
+@dataclass
+class _Group:
+  """Branches `members` run one after another on one lane at one count."""
+
+  members: tuple
+  fwd: np.ndarray  # (K, C) sum of the members' forward per link class and count
+  bwd: np.ndarray  # (K, C) sum of their backward plus exposed all-reduce
+
+
+@dataclass
+class _LanePlan:
+  """Which (placed, added) branch-set transitions a block's lane search runs, and for the
+  exact tier the candidate forward and backward maxima."""
+
+  steps: dict  # placed mask -> list of added masks
+  groups: dict  # added mask -> _Group
+  tau_f: np.ndarray | None = None
+  tau_b: np.ndarray | None = None
+
+
+def _submasks(mask: int):
+  sub = mask
+  while sub:
+    yield sub
+    sub = (sub - 1) & mask
+
+
+def _group(lanes: list, mask: int) -> _Group:
+  members = tuple(i for i in range(len(lanes)) if mask >> i & 1)
+  return _Group(members, sum(lanes[i].fwd for i in members), sum(lanes[i].bwd for i in members))
+
+
+def _lane_plan(t: _Tables, lanes: list) -> _LanePlan:
+  """The lane search's tier for this block, from its size alone (so that the search over
+  every fork and join count and the re-run that tracks one layout agree)."""
+  n, c, e = len(lanes), len(t.counts), t.budget + 1
+  full = (1 << n) - 1
+  cells = c * e * c * c
+  if n <= 6:
+    steps = {s: list(_submasks(full & ~s)) for s in range(full)}
+    transitions = sum(len(v) for v in steps.values())
+    if transitions * cells <= GROUP_CELLS:
+      groups = {m: _group(lanes, m) for m in range(1, full + 1)}
+      kinds = np.unique(link_class(t.model.cluster, *_all_ranges(t)))
+      tau_f = _maxima([lane.fwd[kinds] for lane in lanes], [g.fwd[kinds] for g in groups.values()])
+      tau_b = _maxima([lane.bwd[kinds] for lane in lanes], [g.bwd[kinds] for g in groups.values()])
+      if transitions * cells * len(tau_f) * len(tau_b) <= EXACT_CELLS:
+        return _LanePlan(steps, groups, tau_f, tau_b)
+      return _LanePlan(steps, groups)
+  steps = {(1 << i) - 1: [1 << i] for i in range(n)}
+  return _LanePlan(steps, {1 << i: _group(lanes, 1 << i) for i in range(n)})
+
+
+def _maxima(lanes: list, groups: list) -> np.ndarray:
+  """Candidate maxima over lanes: every finite group value at least the largest of the
+  branches' least values (each branch is in some group, which costs at least as much)."""
+  low = max(float(x.min()) for x in lanes)
+  every = np.unique(np.concatenate([x.ravel() for x in groups]))
+  return every[np.isfinite(every) & (every >= low)]
+
+
+def _all_ranges(t: _Tables):
+  """(starts, counts) of every range [s, s + c) inside the job's devices."""
+  k = t.counts
+  s = np.arange(t.budget + 1)[:, None]
+  ok = s + k[None, :] <= t.budget
+  return np.broadcast_to(s, ok.shape)[ok], np.broadcast_to(k[None, :], ok.shape)[ok]
+
+
+def _prefix_best(key: np.ndarray, *arrays):
+  """For every end e, the state with least key among ends <= e: (index, key, arrays...)."""
+  run = np.minimum.accumulate(key, axis=0)
+  ends = np.arange(len(key)).reshape((-1,) + (1,) * (key.ndim - 1))
+  idx = np.maximum.accumulate(np.where(key == run, ends, 0), axis=0)
+  return (idx, run, *(np.take_along_axis(a, idx, axis=0) for a in arrays))
+
+
 def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track: bool = False,
              bound: np.ndarray | None = None):
-  """Lane layouts priced as evaluate() prices a block, per (fork count, join count).
+  """Concurrent layouts priced as evaluate() prices a block, per (fork count, join count).
 
-  A layout costs (sum of the fork's sends and the join's receives) + max over lanes of
-  their forward + max over lanes of their backward (evaluate()'s block). Lanes are placed in
-  branch order; the state is the devices used so far, and for each state the partial layout
-  with the least partial cost is kept (partial costs only grow as lanes are added; exact for
-  two lanes, a heuristic for more). Partial layouts already at or above `bound` are dropped
-  (the caller keeps the other mode there). With track (one fork and one join count), also
-  returns each lane's (start, count).
+  A layout puts groups of branches on disjoint lanes [s, s + c) anywhere in [0, G), in any
+  order of position; a group's branches run one after another on its lane at one count. It
+  costs (sum of the fork's sends and the join's receives) + max over lanes of their forward
+  + max over lanes of their backward (evaluate()'s block). The state is (branches placed,
+  end of the last lane); a lane starts at or after that end. Exact tier: for every pair of
+  candidate maxima (tau_f, tau_b) keep the least moves with every lane within them, and
+  take the least moves + tau_f + tau_b (exact). Other tiers keep, per state, the partial
+  layout with the least partial cost (a heuristic). Partial layouts that cannot beat `bound`
+  are dropped. With track (one fork and one join count), also returns the layout as
+  (branch indices, start, count index) per lane.
   """
-  k, budget = t.counts, t.budget
+  k, budget, cl = t.counts, t.budget, t.model.cluster
   moves_in, moves_out = t.lane_moves()
-  shifts = np.array([0], dtype=np.int64)
-  shape = (len(fsel), len(jsel))
-  state = [np.zeros((1, *shape)) for _ in range(3)]  # moves, forward max, backward max
-  best = np.full(shape, INF)
-  best_at, history = (-1, -1), []
-  for li, lane in enumerate(lanes):
-    last = li == len(lanes) - 1
-    later = len(lanes) - 1 - li  # every later lane needs at least one device
-    if not last:
-      table = [np.full((budget + 1, *shape), INF) for _ in range(4)]  # total, moves, fwd, bwd
-      from_s = np.full(budget + 1, -1, dtype=np.int64)
-      from_c = np.full(budget + 1, -1, dtype=np.int64)
-    for c in range(len(k)):
-      if not np.isfinite(lane.fwd[:, c]).any():
-        continue
-      n = int(np.searchsorted(shifts, budget - k[c] - later, side="right"))
-      if not n:
-        continue
-      s = shifts[:n]  # shifts ascend, so the lanes that fit are a prefix
-      into = move_from_parts([x[s, c][:, fsel] for x in moves_in], lane.first_bytes)
-      out = move_from_parts([x[s, c][:, jsel] for x in moves_out], lane.last_bytes)
-      sends = state[0][:n] + into[:, :, None] + out[:, None, :]
-      cls = link_class(t.model.cluster, s, k[c])
-      fwd = np.maximum(state[1][:n], lane.fwd[cls, c][:, None, None])
-      back = lane.bwd[cls, c][:, None, None]
-      bwd = np.maximum(state[2][:n], back)
-      cand = sends + fwd + bwd
-      if last:
-        low = cand.min(axis=0)
-        if track and low[0, 0] < best[0, 0]:
-          best_at = (int(s[cand[:, 0, 0].argmin()]), c)
-        np.minimum(best, low, out=best)
-      else:
-        target = s + k[c]
-        better = cand < table[0][target]
-        if track:
-          pick = better[:, 0, 0]
-          from_s[target[pick]], from_c[target[pick]] = s[pick], c
-        for tab, new in zip(table, (cand, sends, fwd, bwd), strict=True):
+  lp = _lane_plan(t, lanes)
+  exact = lp.tau_f is not None
+  nf, nb = (len(lp.tau_f), len(lp.tau_b)) if exact else (1, 1)
+  if not nf * nb:
+    return np.full((len(fsel), len(jsel)), INF), None
+  shape = (budget + 1, nf, nb, len(fsel), len(jsel))
+  full = (1 << len(lanes)) - 1
+  tau = (lp.tau_f[:, None, None, None] + lp.tau_b[None, :, None, None]) if exact else 0.0
+  ends = {}  # cached sends / receives per (lane, count): (starts, F) and (starts, J)
+
+  def sends(i, c):
+    hit = ends.get((i, c))
+    if hit is None:
+      s = np.arange(budget - k[c] + 1)
+      hit = ends[(i, c)] = (
+          move_from_parts([x[s, c][:, fsel] for x in moves_in], lanes[i].first_bytes),
+          move_from_parts([x[s, c][:, jsel] for x in moves_out], lanes[i].last_bytes))
+    return hit
+
+  def empty():
+    tabs = [np.full(shape, INF)] + ([] if exact else [np.zeros(shape) for _ in range(3)])
+    back = np.full((4, *shape[:3]), -1, dtype=np.int64) if track else None
+    return tabs, back
+
+  tables, backs = {}, {}
+  tables[0], backs[0] = empty()
+  for tab in tables[0]:
+    tab[0] = 0.0
+  for placed in sorted(lp.steps):
+    if placed not in tables:
+      continue
+    tabs = tables[placed]
+    if bound is not None:
+      total = tabs[0] + tau if exact else tabs[0]
+      tabs[0][total >= bound] = INF
+    if not np.isfinite(tabs[0]).any():
+      continue
+    idx, run, *rest = _prefix_best(*tabs)
+    best = [run] if exact else rest  # moves (and forward, backward maxima) of the best state
+    for add in lp.steps[placed]:
+      g = lp.groups[add]
+      after = placed | add
+      need = 0 if after == full else 1  # every later lane needs a device
+      for c in range(len(k)):
+        last = budget - int(k[c]) - need
+        if last < 0 or not np.isfinite(g.fwd[:, c]).any():
+          continue
+        s = np.arange(last + 1)
+        cls = link_class(cl, s, k[c])
+        gf, gb = g.fwd[cls, c], g.bwd[cls, c]
+        into = sum(sends(i, c)[0][: last + 1] for i in g.members)
+        out = sum(sends(i, c)[1][: last + 1] for i in g.members)
+        moves = best[0][s] + into[:, None, None, :, None] + out[:, None, None, None, :]
+        if exact:
+          ok = (gf[:, None] <= lp.tau_f[None, :])[:, :, None] & (
+              gb[:, None] <= lp.tau_b[None, :])[:, None, :]
+          key = np.where(ok[..., None, None], moves, INF)
+          cand = [key]
+        else:
+          fwd = np.maximum(best[1][s], gf[:, None, None, None, None])
+          bwd = np.maximum(best[2][s], gb[:, None, None, None, None])
+          key = moves + fwd + bwd
+          cand = [key, moves, fwd, bwd]
+        if after not in tables:
+          tables[after], backs[after] = empty()
+        target = s + int(k[c])
+        dest = tables[after]
+        better = key < dest[0][target]
+        for tab, new in zip(dest, cand, strict=True):
           tab[target] = np.where(better, new, tab[target])
-    if not last:
-      if bound is not None:
-        table[0][table[0] >= bound] = INF
-      shifts = np.flatnonzero(np.isfinite(table[0]).any(axis=(1, 2)))
-      state = [tab[shifts] for tab in table[1:]]
-      history.append((from_s, from_c))
-      if not len(shifts):
-        break
-  if not track:
-    return best, None
-  if not np.isfinite(best[0, 0]):
-    return best, None
-  layout = [best_at]
-  at = best_at[0]
-  for from_s, from_c in reversed(history):
-    layout.append((int(from_s[at]), int(from_c[at])))
-    at = layout[-1][0]
-  return best, layout[::-1]
+        if track:
+          pick = better[..., 0, 0]  # (starts, nf, nb)
+          back = backs[after]
+          for row, val in enumerate((placed, idx[s][..., 0, 0], s[:, None, None], c)):
+            back[row][target] = np.where(pick, val, back[row][target])
+  if full not in tables:
+    return np.full((len(fsel), len(jsel)), INF), None
+  total = tables[full][0] + tau if exact else tables[full][0]
+  best_fj = total.min(axis=(0, 1, 2))
+  if not track or not np.isfinite(best_fj[0, 0]):
+    return best_fj, None
+  e, tf, tb = np.unravel_index(int(total[..., 0, 0].argmin()), total.shape[:3])
+  layout, placed = [], full
+  while placed:
+    prev, prev_e, start, c = (int(x) for x in backs[placed][:, e, tf, tb])
+    layout.append((lp.groups[placed ^ prev].members, start, c))
+    placed, e = prev, prev_e
+  return best_fj, layout[::-1]
 
 
 # --- reconstruction --------------------------------------------------------------------------
@@ -371,9 +486,10 @@ def _place_chain(t: _Tables, sol: _ChainSol, f: int, g: int, out: dict) -> None:
 def _place_block(t: _Tables, bs: _BlockSol, f: int, j: int, out: dict) -> None:
   if bs.concurrent[f, j]:
     _, layout = _lane_dp(t, bs.lanes, np.array([f]), np.array([j]), track=True)
-    for lane, (start, c) in zip(bs.lanes, layout, strict=True):
-      for name in lane.names:
-        out[name] = (start, int(t.counts[c]))
+    for members, start, c in layout:
+      for i in members:
+        for name in bs.lanes[i].names:
+          out[name] = (start, int(t.counts[c]))
     return
   for sol in bs.branches:
     _place_chain(t, sol, f, int(sol.arg_exit[f, j]), out)
