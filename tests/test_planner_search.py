@@ -55,7 +55,8 @@ def group_ranges(groups, allowed, g):
 
 def enum_block(block, allowed, g):
   """Serialized (each branch a chain on prefixes) or groups of branches, each group one after
-  another on one range at one count, ranges disjoint anywhere in [0, G)."""
+  another on one range at one count, ranges disjoint anywhere in [0, G). (The planner's space
+  also lets a short branch change count inside its lane: tests/test_planner_forkjoin.py.)"""
   branches = [b for b in block.branches if b.items]
   for combo in itertools.product(*[list(enum_chain(b, allowed, g)) for b in branches]):
     yield {k: v for part in combo for k, v in part.items()}
@@ -111,7 +112,7 @@ def test_dp_equals_brute_force(seed, overlap):
       evaluate(model, assignment).iteration_ms, value, rel_tol=1e-9)
   best = min(evaluate(model, a).iteration_ms
              for a in enum_chain(top, allowed, model.options.num_devices))
-  assert math.isclose(value, best, rel_tol=1e-9, abs_tol=1e-12)
+  assert value <= best * (1 + 1e-9) + 1e-12  # the space also has count changes inside lanes
 
 
 def graph_of(edges: dict[str, list[str]]) -> LayerGraph:
@@ -150,7 +151,7 @@ def test_dp_equals_brute_force_on_hand_made_blocks(name, overlap):
         allowed[model.names[i]] = [int(model.counts[c]) for c in np.flatnonzero(mask[i])]
     _, value = search(build_tables(model, mask))
     best = min(evaluate(model, a).iteration_ms for a in enum_chain(top, allowed, 8))
-    assert math.isclose(value, best, rel_tol=1e-9)
+    assert value <= best * (1 + 1e-9)  # the space also has count changes inside lanes
 
 
 def test_space_size_bounds_enumeration():
