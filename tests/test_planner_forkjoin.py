@@ -1,8 +1,10 @@
 """No assignment evaluate() accepts beats the planner by more than FORKJOIN_MARGIN (G = 4).
 
 Brute force over every layer on every contiguous device range (tests/forkjoin_brute.py), on
-random fork/join graphs. FORKJOIN_MARGIN is measured, not proven: it is what plans outside the
-planner's space (dp_jax/planner/search.py docstring) won on the slow set when it was set.
+random fork/join graphs (G = B = 4; 2-3 branches of up to 2 layers). FORKJOIN_MARGIN is
+measured, not proven: on the slow set (48 graphs of up to 6 layers) a plan outside the
+planner's space (dp_jax/planner/search.py docstring: fork and join off the prefix) won once,
+by 0.37%; every other graph is solved exactly (docs/cost_model.md).
 """
 
 import math
@@ -13,7 +15,7 @@ from forkjoin_brute import brute_force, planner, random_model
 
 from dp_jax.planner.search import _lane, _lane_plan, build_tables
 
-FORKJOIN_MARGIN = 0.10  # relative; measured max 9.4% (docs/cost_model.md)
+FORKJOIN_MARGIN = 0.01  # relative; measured max 0.37%
 
 
 def small_seeds(count: int, max_layers: int, **kw):
@@ -51,11 +53,11 @@ def test_planner_within_margin_of_every_assignment(seed):
 
 
 def test_small_blocks_run_the_exact_lane_search():
-  assert all(exact_tier(seed) for seed in small_seeds(12, 5))
+  assert all(exact_tier(seed) for seed in small_seeds(48, 6))
 
 
 @pytest.mark.slow
 def test_planner_within_margin_on_bigger_graphs():
-  gaps = [check(seed) for seed in small_seeds(48, 5)]
+  gaps = [check(seed) for seed in small_seeds(48, 6)]
   assert math.isfinite(max(gaps))
   print(f"brute force wins {sum(g > 1e-9 for g in gaps)} of {len(gaps)}, max {max(gaps):.2%}")

@@ -6,7 +6,9 @@ The objective is exactly evaluate() (dp_jax/planner/evaluate.py) over this plan 
   serialized (each branch a chain of its own on prefixes, branches one after another), or
   concurrent: the non-identity branches are split into groups, each group on its own
   contiguous lane [s, s + count) with its branches one after another at that count, lanes
-  disjoint and anywhere in [0, G) in any order (one group on one lane is allowed too).
+  disjoint and anywhere in [0, G) in any order (one group on one lane is allowed too); in
+  the exact tier (below) a group of one short branch may also change device count inside its
+  lane, its layers on any ranges within the lane [lo, hi) they span.
 
 Chain DP. V[k][f, g]: least cost of the chain up to node item k, given the enclosing fork
 runs on count f and node k on count g. A stage is a run of items i..k on one count g, so
@@ -20,19 +22,24 @@ Block DP. A block's cost is a matrix over (fork count, join count): serialized s
 branch chains (each solved once with its fork context); concurrent runs the lane search
 (_lane_dp), whose state is (branches placed, end of the last lane) and whose tier depends on
 the block's size alone (n non-identity branches, C counts, G devices; cells = C^3 (G + 1)):
-- exact: (3^n - 2^n) x cells x (candidate maxima)^2 <= EXACT_CELLS: for every pair of
-  candidate forward / backward maxima the least moves with every lane within them; exact
-  over the concurrent space above (every block of <= 3 branches at G = 4 in practice);
-- groups: (3^n - 2^n) x cells <= GROUP_CELLS, not exact: the same space, keeping per state
-  the partial layout of least partial cost;
+- exact: ((3^n - 2^n) x cells + option steps) x (candidate maxima)^2 <= EXACT_CELLS: for
+  every pair of candidate forward / backward maxima the least moves with every lane within
+  them; exact over the concurrent space above (every block of <= 3 branches at G = 4 in
+  practice).
+  Branches that are plain chains with at most OPTION_LAYOUTS layouts (placements^layers)
+  also get every count-changing layout inside a lane, less those another layout beats on
+  every term (forward, backward, each send and receive) within a hull no wider;
+- groups: (3^n - 2^n) x cells <= GROUP_CELLS, not exact: the same space less count changes
+  inside lanes, keeping per state the partial layout of least partial cost;
 - packed (larger blocks, e.g. every block at G >= 64): one lane per branch packed from
   device 0 in branch order (the search before groups), exact for two lanes, a heuristic
   beyond. Cost O(branches G C^3).
 
 Outside the space (evaluate() accepts them, the search never returns them): chains, forks and
-joins off the prefix [0, count); a branch that changes device count, or a group whose branches
-use different ranges, while another group runs beside it. No bound on what these cost is
-proven; tests/test_planner_forkjoin.py measures it by brute force over every assignment
+joins off the prefix [0, count); outside the exact tier, a branch that changes device count
+while another group runs beside it; a group of several branches on different ranges; lanes
+that interleave (one branch's layers on both sides of another's). No bound on what these cost
+is proven; tests/test_planner_forkjoin.py measures it by brute force over every assignment
 evaluate() accepts on random fork/join graphs at G = 4 and asserts FORKJOIN_MARGIN there.
 """
 
@@ -294,9 +301,9 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
 
 
 # Work caps (array cells a block's lane search touches) that pick its tier (module docstring).
-EXACT_CELLS = 1e7
+EXACT_CELLS = 5e6
 GROUP_CELLS = 2e4
-OPTION_LAYOUTS = 256  # most layouts of one branch the exact tier enumerates
+OPTION_LAYOUTS = 64  # most layouts of one branch the exact tier enumerates
 
 
 @dataclass
@@ -478,7 +485,8 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
   + max over lanes of their backward (evaluate()'s block). The state is (branches placed,
   end of the last lane); a lane starts at or after that end. Exact tier: for every pair of
   candidate maxima (tau_f, tau_b) keep the least moves with every lane within them, and
-  take the least moves + tau_f + tau_b (exact). Other tiers keep, per state, the partial
+  take the least moves + tau_f + tau_b (exact); a lane may also hold one branch that changes
+  count inside it (lp.options). Other tiers keep, per state, the partial
   layout with the least partial cost (a heuristic). Partial layouts that cannot beat `bound`
   are dropped. With track (one fork and one join count), also returns the layout
   (layer -> placement).
