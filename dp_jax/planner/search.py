@@ -29,8 +29,9 @@ the block's size alone (n non-identity branches, C counts, G devices; cells = C^
   Branches that are plain chains with at most OPTION_LAYOUTS layouts (placements^layers)
   also get every count-changing layout inside a lane, less those another layout beats on
   every term (forward, backward, each send and receive) within a hull no wider;
-- groups: (3^n - 2^n) x cells <= GROUP_CELLS, not exact: the same space less count changes
-  inside lanes, keeping per state the partial layout of least partial cost;
+- groups: (3^n - 2^n) x cells <= GROUP_CELLS: the same space less count changes inside
+  lanes, keeping per state the partial layout of least partial cost (exact for one lane, a
+  heuristic for more);
 - packed (larger blocks, e.g. every block at G >= 64): one lane per branch packed from
   device 0 in branch order (the search before groups), exact for two lanes, a heuristic
   beyond. Cost O(branches G C^3).
@@ -350,22 +351,33 @@ def _lane_plan(t: _Tables, lanes: list) -> _LanePlan | None:
     transitions = sum(len(v) for v in steps.values())
     if transitions * cells <= GROUP_CELLS:
       groups = {m: _group(lanes, m) for m in range(1, full + 1)}
-      kinds = np.unique(link_class(t.model.cluster, *_all_ranges(t)))
-      fwd = [g.fwd[kinds] for g in groups.values()]
-      bwd = [g.bwd[kinds] for g in groups.values()]
-      options = [_options(t, lane) or [] for lane in lanes]
-      fwd += [np.array([o.fwd for o in opts]) for opts in options]
-      bwd += [np.array([o.bwd for o in opts]) for opts in options]
-      low_f = [min([lane.fwd[kinds].min()] + [o.fwd for o in opts])
-               for lane, opts in zip(lanes, options, strict=True)]
-      low_b = [min([lane.bwd[kinds].min()] + [o.bwd for o in opts])
-               for lane, opts in zip(lanes, options, strict=True)]
-      tau_f, tau_b = _maxima(max(low_f), fwd), _maxima(max(low_b), bwd)
-      singles = sum(len(o) for o in options) * 2 ** (n - 1)  # option transitions
-      if (transitions * cells + singles * c * c) * len(tau_f) * len(tau_b) <= EXACT_CELLS:
-        return _LanePlan(steps, groups, tau_f, tau_b, options)
+      if n >= 2:  # one lane: least partial cost is already exact
+        none = [[] for _ in lanes]
+        exact = _exact_maxima(t, lanes, groups, transitions * cells, none)
+        if exact is not None:  # it fits without count-changing lanes; try with them
+          options = [_options(t, lane) or [] for lane in lanes]
+          exact = _exact_maxima(t, lanes, groups, transitions * cells, options) or exact
+          return _LanePlan(steps, groups, *exact)
       return _LanePlan(steps, groups)
   return None
+
+
+def _exact_maxima(t: _Tables, lanes: list, groups: dict, cells: int, options: list):
+  """(tau_f, tau_b, options) of the exact tier with these count-changing lanes, or None past
+  EXACT_CELLS."""
+  kinds = np.unique(link_class(t.model.cluster, *_all_ranges(t)))
+  fwd = [g.fwd[kinds] for g in groups.values()] + [np.array([o.fwd for o in x]) for x in options]
+  bwd = [g.bwd[kinds] for g in groups.values()] + [np.array([o.bwd for o in x]) for x in options]
+  low_f = max(min([lane.fwd[kinds].min()] + [o.fwd for o in x])
+              for lane, x in zip(lanes, options, strict=True))
+  low_b = max(min([lane.bwd[kinds].min()] + [o.bwd for o in x])
+              for lane, x in zip(lanes, options, strict=True))
+  tau_f, tau_b = _maxima(low_f, fwd), _maxima(low_b, bwd)
+  singles = sum(len(x) for x in options) * 2 ** (len(lanes) - 1)  # option transitions
+  c = len(t.counts)
+  if (cells + singles * c * c) * len(tau_f) * len(tau_b) > EXACT_CELLS:
+    return None
+  return tau_f, tau_b, options
 
 
 def _maxima(low: float, groups: list) -> np.ndarray:
