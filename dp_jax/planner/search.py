@@ -498,10 +498,10 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
   end of the last lane); a lane starts at or after that end. Exact tier: for every pair of
   candidate maxima (tau_f, tau_b) keep the least moves with every lane within them, and
   take the least moves + tau_f + tau_b (exact); a lane may also hold one branch that changes
-  count inside it (lp.options). Other tiers keep, per state, the partial
-  layout with the least partial cost (a heuristic). Partial layouts that cannot beat `bound`
-  are dropped. With track (one fork and one join count), also returns the layout
-  (layer -> placement).
+  count inside it (lp.options). The groups tier keeps, per state, the partial layout with the
+  least partial cost (exact for one lane, a heuristic for more); lp None: packed lanes.
+  Partial layouts that cannot beat `bound` are dropped. With track (one fork and one join
+  count), also returns the layout (layer -> placement).
   """
   k, budget, cl = t.counts, t.budget, t.model.cluster
   moves_in, moves_out = t.lane_moves()
