@@ -32,35 +32,54 @@ def enum_chain(chain, allowed, g):
     yield {k: v for part in combo for k, v in part.items()}
 
 
+def set_partitions(items):
+  """Every partition of `items` into non-empty groups."""
+  if not items:
+    yield []
+    return
+  first, rest = items[0], items[1:]
+  for part in set_partitions(rest):
+    yield [[first], *part]
+    for i in range(len(part)):
+      yield [*part[:i], [first, *part[i]], *part[i + 1:]]
+
+
+def group_ranges(groups, allowed, g):
+  """Per group, every range [s, s + c) with c allowed for all of its layers."""
+  out = []
+  for group in groups:
+    counts = set.intersection(*[set(allowed[n]) for b in group for n in flat_layers(b)])
+    out.append([(s, c) for c in sorted(counts) for s in range(g - c + 1)])
+  return out
+
+
 def enum_block(block, allowed, g):
+  """Serialized (each branch a chain on prefixes) or groups of branches, each group one after
+  another on one range at one count, ranges disjoint anywhere in [0, G). (The planner's space
+  also lets a short branch change count inside its lane: tests/test_planner_forkjoin.py.)"""
   branches = [b for b in block.branches if b.items]
   for combo in itertools.product(*[list(enum_chain(b, allowed, g)) for b in branches]):
     yield {k: v for part in combo for k, v in part.items()}
-  if len(branches) < 2:
-    return
-  uniform = [sorted(set.intersection(*[set(allowed[n]) for n in flat_layers(b)]))
-             for b in branches]
-  for counts in itertools.product(*uniform):
-    if sum(counts) > g:
-      continue
-    out, start = {}, 0
-    for branch, c in zip(branches, counts, strict=True):
-      out.update({n: (start, c) for n in flat_layers(branch)})
-      start += c
-    yield out
+  for groups in set_partitions(branches):
+    for ranges in itertools.product(*group_ranges(groups, allowed, g)):
+      masks = [((1 << c) - 1) << s for s, c in ranges]
+      if any(masks[i] & masks[j] for i in range(len(masks)) for j in range(i)):
+        continue
+      yield {n: r for group, r in zip(groups, ranges, strict=True)
+             for b in group for n in flat_layers(b)}
 
 
 def space_size(chain, allowed, g):
-  """Upper bound on the number of assignments (ignores the lane budget)."""
+  """Upper bound on the number of assignments."""
   total = 1
   for item in chain.items:
     if isinstance(item, str):
       total *= len(allowed[item])
     else:
       branches = [b for b in item.branches if b.items]
-      total *= math.prod(space_size(b, allowed, g) for b in branches) + (
-          math.prod(len(set.intersection(*[set(allowed[n]) for n in flat_layers(b)]))
-                    for b in branches) if len(branches) > 1 else 0)
+      total *= math.prod(space_size(b, allowed, g) for b in branches) + sum(
+          math.prod(len(r) for r in group_ranges(groups, allowed, g))
+          for groups in set_partitions(branches))
   return total
 
 
@@ -93,7 +112,7 @@ def test_dp_equals_brute_force(seed, overlap):
       evaluate(model, assignment).iteration_ms, value, rel_tol=1e-9)
   best = min(evaluate(model, a).iteration_ms
              for a in enum_chain(top, allowed, model.options.num_devices))
-  assert math.isclose(value, best, rel_tol=1e-9, abs_tol=1e-12)
+  assert value <= best * (1 + 1e-9) + 1e-12  # the space also has count changes inside lanes
 
 
 def graph_of(edges: dict[str, list[str]]) -> LayerGraph:
@@ -132,7 +151,7 @@ def test_dp_equals_brute_force_on_hand_made_blocks(name, overlap):
         allowed[model.names[i]] = [int(model.counts[c]) for c in np.flatnonzero(mask[i])]
     _, value = search(build_tables(model, mask))
     best = min(evaluate(model, a).iteration_ms for a in enum_chain(top, allowed, 8))
-    assert math.isclose(value, best, rel_tol=1e-9)
+    assert value <= best * (1 + 1e-9)  # the space also has count changes inside lanes
 
 
 def test_space_size_bounds_enumeration():

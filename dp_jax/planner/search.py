@@ -4,8 +4,11 @@ The objective is exactly evaluate() (dp_jax/planner/evaluate.py) over this plan 
 - every chain lives on a prefix [0, count) of the job's devices, one count per layer;
 - a fork/join block is either merged into a stage (fork, branches and join on one count),
   serialized (each branch a chain of its own on prefixes, branches one after another), or
-  concurrent (each non-identity branch on its own contiguous lane [s, s + count), lanes side
-  by side in branch order, sum of lanes <= G, every layer of a branch on its lane).
+  concurrent: the non-identity branches are split into groups, each group on its own
+  contiguous lane [s, s + count) with its branches one after another at that count, lanes
+  disjoint and anywhere in [0, G) in any order (one group on one lane is allowed too); in
+  the exact tier (below) a group of one short branch may also change device count inside its
+  lane, its layers on any ranges within the lane [lo, hi) they span.
 
 Chain DP. V[k][f, g]: least cost of the chain up to node item k, given the enclosing fork
 runs on count f and node k on count g. A stage is a run of items i..k on one count g, so
@@ -16,12 +19,34 @@ sub-additive), so the minimum is evaluate()'s optimum. Cost O(items^2 C + items 
 chain with C candidate counts.
 
 Block DP. A block's cost is a matrix over (fork count, join count): serialized sums the
-branch chains (each solved once with its fork context); concurrent runs a min-max DP over
-lanes whose state is the devices used so far (0..G): O(branches G C^3).
+branch chains (each solved once with its fork context); concurrent runs the lane search
+(_lane_dp), whose state is (branches placed, end of the last lane) and whose tier depends on
+the block's size alone (n non-identity branches, C counts, G devices; cells = C^3 (G + 1)):
+- exact: ((3^n - 2^n) x cells + option steps) x (candidate maxima)^2 <= EXACT_CELLS: for
+  every pair of candidate forward / backward maxima the least moves with every lane within
+  them; exact over the concurrent space above (every block of <= 3 branches at G = 4 in
+  practice).
+  Branches that are plain chains with at most OPTION_LAYOUTS layouts (placements^layers)
+  also get every count-changing layout inside a lane, less those another layout beats on
+  every term (forward, backward, each send and receive) within a hull no wider;
+- groups: (3^n - 2^n) x cells <= GROUP_CELLS: the same space less count changes inside
+  lanes, keeping per state the partial layout of least partial cost (exact for one lane, a
+  heuristic for more);
+- packed (larger blocks, e.g. every block at G >= 64): one lane per branch packed from
+  device 0 in branch order (the search before groups), exact for two lanes, a heuristic
+  beyond. Cost O(branches G C^3).
+
+Outside the space (evaluate() accepts them, the search never returns them): chains, forks and
+joins off the prefix [0, count); outside the exact tier, a branch that changes device count
+while another group runs beside it; a group of several branches on different ranges; lanes
+that interleave (one branch's layers on both sides of another's). No bound on what these cost
+is proven; tests/test_planner_forkjoin.py measures it by brute force over every assignment
+evaluate() accepts on random fork/join graphs at G = 4 and asserts FORKJOIN_MARGIN there.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -227,6 +252,7 @@ class _BlockSol:
   concurrent: np.ndarray  # (C, C) bool: lanes chosen
   branches: list  # _ChainSol per non-identity branch (serialized mode)
   lanes: list
+  plan: _LanePlan | None = None  # the lane search's tier (None: packed lanes)
 
 
 def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
@@ -263,28 +289,363 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
       sols.append(sol)
       serial = serial + sol.exit
       lanes.append(_lane(t, branch, fork_row))
-  if len(lanes) >= 2 and not pinned:
+  if lanes and not pinned:
     every = np.arange(len(t.counts))
     # lanes only matter where they beat serial (a hair of slack against rounding)
     bound = (serial - identities * enter) * (1 + 1e-9) + 1e-12
-    concurrent = _lane_dp(t, lanes, every, every, bound=bound)[0] + identities * enter
+    plan = _lane_plan(t, lanes)
+    concurrent = _lane_dp(t, lanes, plan, every, every, bound=bound)[0] + identities * enter
   else:
-    concurrent = np.full(serial.shape, INF)
+    plan, concurrent = None, np.full(serial.shape, INF)
   chosen = concurrent < serial
-  return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, sols, lanes)
+  return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, sols, lanes, plan)
 
 
-def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track: bool = False,
-             bound: np.ndarray | None = None):
-  """Lane layouts priced as evaluate() prices a block, per (fork count, join count).
+# Work caps (array cells a block's lane search touches) that pick its tier (module docstring).
+EXACT_CELLS = 5e6
+GROUP_CELLS = 2e4
+OPTION_LAYOUTS = 64  # most layouts of one branch the exact tier enumerates
 
-  A layout costs (sum of the fork's sends and the join's receives) + max over lanes of
-  their forward + max over lanes of their backward (evaluate()'s block). Lanes are placed in
-  branch order; the state is the devices used so far, and for each state the partial layout
-  with the least partial cost is kept (partial costs only grow as lanes are added; exact for
-  two lanes, a heuristic for more). Partial layouts already at or above `bound` are dropped
-  (the caller keeps the other mode there). With track (one fork and one join count), also
-  returns each lane's (start, count).
+
+@dataclass
+class _Group:
+  """Branches `members` run one after another on one lane at one count."""
+
+  members: tuple
+  fwd: np.ndarray  # (K, C) sum of the members' forward per link class and count
+  bwd: np.ndarray  # (K, C) sum of their backward plus exposed all-reduce
+
+
+@dataclass
+class _LanePlan:
+  """Which (placed, added) branch-set transitions a block's lane search runs, and for the
+  exact tier the candidate forward and backward maxima."""
+
+  steps: dict  # placed mask -> list of added masks
+  groups: dict  # added mask -> _Group
+  tau_f: np.ndarray | None = None
+  tau_b: np.ndarray | None = None
+  options: list = field(default_factory=list)  # per lane, _Option list (exact tier only)
+
+
+def _submasks(mask: int):
+  sub = mask
+  while sub:
+    yield sub
+    sub = (sub - 1) & mask
+
+
+def _group(lanes: list, mask: int) -> _Group:
+  members = tuple(i for i in range(len(lanes)) if mask >> i & 1)
+  return _Group(members, sum(lanes[i].fwd for i in members), sum(lanes[i].bwd for i in members))
+
+
+def _lane_plan(t: _Tables, lanes: list) -> _LanePlan | None:
+  """The lane search's tier for this block, from its size alone (so that the search over
+  every fork and join count and the re-run that tracks one layout agree)."""
+  n, c, e = len(lanes), len(t.counts), t.budget + 1
+  full = (1 << n) - 1
+  cells = c * e * c * c
+  if n <= 6:
+    steps = {s: list(_submasks(full & ~s)) for s in range(full)}
+    transitions = sum(len(v) for v in steps.values())
+    if transitions * cells <= GROUP_CELLS:
+      groups = {m: _group(lanes, m) for m in range(1, full + 1)}
+      if n >= 2:  # one lane: least partial cost is already exact
+        none = [[] for _ in lanes]
+        exact = _exact_maxima(t, lanes, groups, transitions * cells, none)
+        if exact is not None:  # it fits without count-changing lanes; try with them
+          options = [_options(t, lane) or [] for lane in lanes]
+          exact = _exact_maxima(t, lanes, groups, transitions * cells, options) or exact
+          return _LanePlan(steps, groups, *exact)
+      return _LanePlan(steps, groups)
+  return None
+
+
+def _exact_maxima(t: _Tables, lanes: list, groups: dict, cells: int, options: list):
+  """(tau_f, tau_b, options) of the exact tier with these count-changing lanes, or None past
+  EXACT_CELLS."""
+  kinds = np.unique(link_class(t.model.cluster, *_all_ranges(t)))
+  fwd = [g.fwd[kinds] for g in groups.values()] + [np.array([o.fwd for o in x]) for x in options]
+  bwd = [g.bwd[kinds] for g in groups.values()] + [np.array([o.bwd for o in x]) for x in options]
+  low_f = max(min([lane.fwd[kinds].min()] + [o.fwd for o in x])
+              for lane, x in zip(lanes, options, strict=True))
+  low_b = max(min([lane.bwd[kinds].min()] + [o.bwd for o in x])
+              for lane, x in zip(lanes, options, strict=True))
+  tau_f, tau_b = _maxima(low_f, fwd), _maxima(low_b, bwd)
+  singles = sum(len(x) for x in options) * 2 ** (len(lanes) - 1)  # option transitions
+  c = len(t.counts)
+  if (cells + singles * c * c) * len(tau_f) * len(tau_b) > EXACT_CELLS:
+    return None
+  return tau_f, tau_b, options
+
+
+def _maxima(low: float, groups: list) -> np.ndarray:
+  """Candidate maxima over lanes: every finite group value at least `low`, the largest of the
+  branches' least values (each branch is in some lane, which costs at least as much)."""
+  every = np.unique(np.concatenate([x.ravel() for x in groups]))
+  return every[np.isfinite(every) & (every >= low)]
+
+
+def _all_ranges(t: _Tables):
+  """(starts, counts) of every range [s, s + c) inside the job's devices."""
+  k = t.counts
+  s = np.arange(t.budget + 1)[:, None]
+  ok = s + k[None, :] <= t.budget
+  return np.broadcast_to(s, ok.shape)[ok], np.broadcast_to(k[None, :], ok.shape)[ok]
+
+
+@dataclass
+class _Option:
+  """One branch on several ranges inside its lane [lo, hi) (device count changes inside)."""
+
+  lo: int
+  hi: int
+  places: tuple  # (start, count index) per layer of the branch
+  fwd: float
+  bwd: float
+  into: np.ndarray  # (C,) the fork's send into the first layer, per fork count
+  out: np.ndarray  # (C,) the last layer's send to the join, per join count
+
+
+def _branch_cost(t: _Tables, rows: np.ndarray, places: tuple, memo: dict) -> tuple[float, float]:
+  """(forward, backward) of a branch chain on `places`, as evaluate() prices a chain."""
+  fwd = bwd = 0.0
+  i = 0
+  while i < len(rows):
+    j = i
+    while j + 1 < len(rows) and places[j + 1] == places[i]:
+      j += 1
+    key = (i, j, places[i])
+    if key not in memo:
+      (s, c), run = places[i], rows[i: j + 1]
+      kind = int(link_class(t.model.cluster, s, t.counts[c]))
+      back = t.bwd_k[kind, run, c].sum()
+      memo[key] = (t.compute_k[kind, run, c].sum() - back, back + _run_sync(t, run, kind)[c])
+    fwd, bwd = fwd + memo[key][0], bwd + memo[key][1]
+    if j + 1 < len(rows):
+      key = (j, places[j], places[j + 1])
+      if key not in memo:
+        (s, c), (s2, c2) = places[j], places[j + 1]
+        parts = move_parts(t.model.cluster, t.model.batch, s, t.counts[c], s2, t.counts[c2])
+        memo[key] = float(move_from_parts(parts, t.model.out_bytes[rows[j]])) / 2
+      fwd, bwd = fwd + memo[key], bwd + memo[key]
+    i = j + 1
+  return float(fwd), float(bwd)
+
+
+def _options(t: _Tables, lane: _Lane) -> list | None:
+  """Every way to run a short plain branch on ranges that change inside its lane, less those
+  another way (or a one-range lane) beats on every term within a hull no wider; None when
+  the branch is too long to enumerate (OPTION_LAYOUTS)."""
+  k, g = t.counts, t.budget
+  places = [(s, c) for c in range(len(k)) for s in range(g - int(k[c]) + 1)]
+  if len(places) ** len(lane.rows) > OPTION_LAYOUTS:
+    return None
+  moves_in, moves_out = t.lane_moves()
+  pinned = [t.model.graph.node(n).kind in ELEMENTWISE_KINDS for n in lane.names]
+  pool, memo = [], {}
+  for combo in itertools.product(places, repeat=len(lane.rows)):
+    if any(pinned[i] and combo[i] != combo[i - 1] for i in range(1, len(combo))):
+      continue
+    if not all(t.allowed[r, c] for r, (_, c) in zip(lane.rows, combo, strict=True)):
+      continue
+    lo = min(s for s, _ in combo)
+    hi = max(s + int(k[c]) for s, c in combo)
+    (s1, c1), (s2, c2) = combo[0], combo[-1]
+    fwd, bwd = _branch_cost(t, lane.rows, combo, memo)
+    if ("in", s1, c1) not in memo:
+      memo[("in", s1, c1)] = move_from_parts([x[s1, c1] for x in moves_in], lane.first_bytes)
+    if ("out", s2, c2) not in memo:
+      memo[("out", s2, c2)] = move_from_parts([x[s2, c2] for x in moves_out], lane.last_bytes)
+    into, out = memo[("in", s1, c1)], memo[("out", s2, c2)]
+    pool.append(_Option(lo, hi, combo, fwd, bwd, into, out))
+  if not pool:
+    return []
+  lo, hi = np.array([o.lo for o in pool]), np.array([o.hi for o in pool])
+  fwd, bwd = np.array([o.fwd for o in pool]), np.array([o.bwd for o in pool])
+  into, out = np.stack([o.into for o in pool]), np.stack([o.out for o in pool])
+  order = np.arange(len(pool))
+  keep = []
+  for i, o in enumerate(pool):
+    if len(set(o.places)) == 1:
+      continue  # one range: the groups search has it
+    no_worse = ((lo >= o.lo) & (hi <= o.hi) & (fwd <= o.fwd) & (bwd <= o.bwd)
+                & (into <= o.into).all(axis=1) & (out <= o.out).all(axis=1))
+    same = ((lo == o.lo) & (hi == o.hi) & (fwd == o.fwd) & (bwd == o.bwd)
+            & (into == o.into).all(axis=1) & (out == o.out).all(axis=1))
+    if not (no_worse & (~same | (order < i))).any():  # ties: the first one stays
+      keep.append(o)
+  return keep
+
+
+def _prefix_best(key: np.ndarray, *arrays):
+  """For every end e, the state with least key among ends <= e: (index, key, arrays...)."""
+  run = np.minimum.accumulate(key, axis=0)
+  ends = np.arange(len(key)).reshape((-1,) + (1,) * (key.ndim - 1))
+  idx = np.maximum.accumulate(np.where(key == run, ends, 0), axis=0)
+  return (idx, run, *(np.take_along_axis(a, idx, axis=0) for a in arrays))
+
+
+def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, jsel: np.ndarray,
+             track: bool = False, bound: np.ndarray | None = None):
+  """Concurrent layouts priced as evaluate() prices a block, per (fork count, join count).
+
+  A layout puts groups of branches on disjoint lanes [s, s + c) anywhere in [0, G), in any
+  order of position; a group's branches run one after another on its lane at one count. It
+  costs (sum of the fork's sends and the join's receives) + max over lanes of their forward
+  + max over lanes of their backward (evaluate()'s block). The state is (branches placed,
+  end of the last lane); a lane starts at or after that end. Exact tier: for every pair of
+  candidate maxima (tau_f, tau_b) keep the least moves with every lane within them, and
+  take the least moves + tau_f + tau_b (exact); a lane may also hold one branch that changes
+  count inside it (lp.options). The groups tier keeps, per state, the partial layout with the
+  least partial cost (exact for one lane, a heuristic for more); lp None: packed lanes.
+  Partial layouts that cannot beat `bound` are dropped. With track (one fork and one join
+  count), also returns the layout (layer -> placement).
+  """
+  k, budget, cl = t.counts, t.budget, t.model.cluster
+  moves_in, moves_out = t.lane_moves()
+  if lp is None:
+    return _packed_lane_dp(t, lanes, fsel, jsel, track, bound)
+  exact = lp.tau_f is not None
+  nf, nb = (len(lp.tau_f), len(lp.tau_b)) if exact else (1, 1)
+  if not nf * nb:
+    return np.full((len(fsel), len(jsel)), INF), None
+  shape = (budget + 1, nf, nb, len(fsel), len(jsel))
+  full = (1 << len(lanes)) - 1
+  tau = (lp.tau_f[:, None, None, None] + lp.tau_b[None, :, None, None]) if exact else 0.0
+  ends = {}  # cached sends / receives per (lane, count): (starts, F) and (starts, J)
+
+  def sends(i, c):
+    hit = ends.get((i, c))
+    if hit is None:
+      s = np.arange(budget - k[c] + 1)
+      hit = ends[(i, c)] = (
+          move_from_parts([x[s, c][:, fsel] for x in moves_in], lanes[i].first_bytes),
+          move_from_parts([x[s, c][:, jsel] for x in moves_out], lanes[i].last_bytes))
+    return hit
+
+  at = {}
+
+  def lane_at(add, c, need):
+    """Group `add` on every lane [s, s + count c) that leaves `need` devices after it."""
+    key = (add, c, need)
+    if key not in at:
+      g = lp.groups[add]
+      last = budget - int(k[c]) - need
+      if last < 0 or not np.isfinite(g.fwd[:, c]).any():
+        at[key] = None
+      else:
+        s = np.arange(last + 1)
+        cls = link_class(cl, s, k[c])
+        at[key] = (last, s, g.fwd[cls, c], g.bwd[cls, c],
+                   sum(sends(i, c)[0][: last + 1] for i in g.members),
+                   sum(sends(i, c)[1][: last + 1] for i in g.members))
+    return at[key]
+
+  def empty():
+    tabs = [np.full(shape, INF)] + ([] if exact else [np.full(shape, INF), np.zeros(shape),
+                                                      np.zeros(shape)])  # key, moves, fwd, bwd
+    back = np.full((4, *shape[:3]), -1, dtype=np.int64) if track else None
+    return tabs, back
+
+  tables, backs = {}, {}
+  tables[0], backs[0] = empty()
+  for tab in tables[0]:
+    tab[0] = 0.0
+  for placed in sorted(lp.steps):
+    if placed not in tables:
+      continue
+    tabs = tables[placed]
+    if bound is not None:
+      total = tabs[0] + tau if exact else tabs[0]
+      tabs[0][total >= bound] = INF
+    if not np.isfinite(tabs[0]).any():
+      continue
+    idx, run, *rest = _prefix_best(*tabs)
+    best = [run] if exact else rest  # moves (and forward, backward maxima) of the best state
+    for add in lp.steps[placed]:
+      after = placed | add
+      need = 0 if after == full else 1  # every later lane needs a device
+      for c in range(len(k)):
+        hit = lane_at(add, c, need)
+        if hit is None:
+          continue
+        last, s, gf, gb, into, out = hit
+        here = slice(0, last + 1)
+        moves = best[0][here] + into[:, None, None, :, None] + out[:, None, None, None, :]
+        if exact:
+          ok = (gf[:, None] <= lp.tau_f[None, :])[:, :, None] & (
+              gb[:, None] <= lp.tau_b[None, :])[:, None, :]
+          key = np.where(ok[..., None, None], moves, INF)
+          cand = [key]
+        else:
+          fwd = np.maximum(best[1][here], gf[:, None, None, None, None])
+          bwd = np.maximum(best[2][here], gb[:, None, None, None, None])
+          key = moves + fwd + bwd
+          cand = [key, moves, fwd, bwd]
+        if after not in tables:
+          tables[after], backs[after] = empty()
+        target = slice(int(k[c]), int(k[c]) + last + 1)  # lane ends
+        dest = tables[after]
+        better = key < dest[0][target]
+        for tab, new in zip(dest, cand, strict=True):
+          np.copyto(tab[target], new, where=better)
+        if track:
+          pick = better[..., 0, 0]  # (starts, nf, nb)
+          back = backs[after]
+          for row, val in enumerate((placed, idx[here][..., 0, 0], s[:, None, None], c)):
+            np.copyto(back[row][target], val, where=pick)
+    for i, opts in enumerate(lp.options):
+      after = placed | 1 << i
+      if placed >> i & 1 or not opts:
+        continue
+      need = 0 if after == full else 1
+      if after not in tables:
+        tables[after], backs[after] = empty()
+      dest, back = tables[after][0], backs[after]
+      for o_index, o in enumerate(opts):
+        if o.hi > budget - need:
+          continue
+        moves = best[0][o.lo] + o.into[fsel][:, None] + o.out[jsel][None, :]
+        ok = (o.fwd <= lp.tau_f)[:, None] & (o.bwd <= lp.tau_b)[None, :]
+        key = np.where(ok[..., None, None], moves, INF)
+        better = key < dest[o.hi]
+        np.copyto(dest[o.hi], key, where=better)
+        if track:
+          for row, val in enumerate((placed, idx[o.lo][..., 0, 0], o.lo, -1 - o_index)):
+            np.copyto(back[row][o.hi], val, where=better[..., 0, 0])
+  if full not in tables:
+    return np.full((len(fsel), len(jsel)), INF), None
+  total = tables[full][0] + tau if exact else tables[full][0]
+  best_fj = total.min(axis=(0, 1, 2))
+  if not track or not np.isfinite(best_fj[0, 0]):
+    return best_fj, None
+  e, tf, tb = np.unravel_index(int(total[..., 0, 0].argmin()), total.shape[:3])
+  layout, placed = {}, full
+  while placed:
+    prev, prev_e, start, c = (int(x) for x in backs[placed][:, e, tf, tb])
+    if c >= 0:
+      for i in lp.groups[placed ^ prev].members:
+        layout.update({name: (start, int(k[c])) for name in lanes[i].names})
+    else:
+      i = (placed ^ prev).bit_length() - 1
+      o = lp.options[i][-1 - c]
+      layout.update({name: (s, int(k[ci])) for name, (s, ci) in zip(lanes[i].names, o.places,
+                                                                    strict=True)})
+    placed, e = prev, prev_e
+  return best_fj, layout
+
+
+def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
+                    track: bool = False, bound: np.ndarray | None = None):
+  """The lane search of blocks past the groups cap: one lane per branch, packed from device 0
+  in branch order. A layout costs (sum of the fork's sends and the join's receives) + max over
+  lanes of their forward + max over lanes of their backward (evaluate()'s block). The state is
+  the devices used so far, and for each state the partial layout with the least partial cost
+  is kept (partial costs only grow as lanes are added; exact for two lanes, a heuristic for
+  more). Partial layouts already at or above `bound` are dropped (the caller keeps the other
+  mode there). With track (one fork and one join count), also returns the layout.
   """
   k, budget = t.counts, t.budget
   moves_in, moves_out = t.lane_moves()
@@ -345,7 +706,8 @@ def _lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray, track:
   for from_s, from_c in reversed(history):
     layout.append((int(from_s[at]), int(from_c[at])))
     at = layout[-1][0]
-  return best, layout[::-1]
+  return best, {name: (s, int(k[c])) for lane, (s, c) in zip(lanes, layout[::-1], strict=True)
+                for name in lane.names}
 
 
 # --- reconstruction --------------------------------------------------------------------------
@@ -370,10 +732,8 @@ def _place_chain(t: _Tables, sol: _ChainSol, f: int, g: int, out: dict) -> None:
 
 def _place_block(t: _Tables, bs: _BlockSol, f: int, j: int, out: dict) -> None:
   if bs.concurrent[f, j]:
-    _, layout = _lane_dp(t, bs.lanes, np.array([f]), np.array([j]), track=True)
-    for lane, (start, c) in zip(bs.lanes, layout, strict=True):
-      for name in lane.names:
-        out[name] = (start, int(t.counts[c]))
+    _, layout = _lane_dp(t, bs.lanes, bs.plan, np.array([f]), np.array([j]), track=True)
+    out.update(layout)
     return
   for sol in bs.branches:
     _place_chain(t, sol, f, int(sol.arg_exit[f, j]), out)
