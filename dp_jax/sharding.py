@@ -96,5 +96,62 @@ def default_sharding(num_devices: int) -> dict[str, Any]:
           "input": list(BOUNDARY_SPEC), "output": list(BOUNDARY_SPEC)}
 
 
+def sample_ranges(batch: int, d: int, m: int) -> list[tuple[int, int]]:
+  """Sample range of each device k of a (d, m) mesh: range k // m of d equal ranges."""
+  per = batch // d
+  return [((k // m) * per, (k // m + 1) * per) for k in range(d * m)]
+
+
+def check_sharding(entry: Any, count: int, where: str) -> dict[str, Any]:
+  """A layer's "sharding" entry checked for a layer on `count` devices (one-line UserErrors);
+  None is samples on (count, 1). Returns the entry with its defaults filled in."""
+  if entry is None:
+    return default_sharding(count)
+  if not isinstance(entry, Mapping):
+    raise UserError(f"{where}: 'sharding' must be an object with mesh, split and params")
+  mesh = entry.get("mesh")
+  if not (isinstance(mesh, list) and len(mesh) == 2 and all(_pos_int(v) for v in mesh)):
+    raise UserError(f"{where}: sharding mesh must be [data, model], two positive integers, "
+                    f"got {mesh!r}")
+  d, m = mesh
+  if d * m != count:
+    raise UserError(f"{where}: sharding mesh {mesh} has {d * m} devices but the layer has "
+                    f"{count}")
+  if list(entry.get("axes", AXES)) != list(AXES):
+    raise UserError(f"{where}: sharding axes must be {list(AXES)}, got {entry.get('axes')!r}")
+  split = entry.get("split")
+  if split not in SPLITS:
+    raise UserError(f"{where}: sharding split {split!r} is unknown (valid: {', '.join(SPLITS)})")
+  if (split == "samples") != (m == 1):
+    raise UserError(f"{where}: split '{split}' needs a model axis "
+                    f"{'of 1' if split == 'samples' else 'above 1'}, got mesh {mesh}")
+  params = entry.get("params", {})
+  if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
+    raise UserError(f"{where}: sharding params must map parameter paths to specs")
+  for key, spec in params.items():
+    _check_spec(spec, f"{where}: sharding params '{key}'")
+  for key in ("input", "output"):
+    if list(entry.get(key, BOUNDARY_SPEC)) != BOUNDARY_SPEC:
+      raise UserError(f"{where}: sharding {key} must be {BOUNDARY_SPEC} (activations between "
+                      f"layers are split by samples only), got {entry.get(key)!r}")
+  return {"mesh": [d, m], "axes": list(AXES), "split": split,
+          "params": {k: list(v) for k, v in params.items()},
+          "input": list(BOUNDARY_SPEC), "output": list(BOUNDARY_SPEC)}
+
+
+def _check_spec(spec: Any, where: str) -> None:
+  def ok(entry):
+    if entry is None or entry in AXES:
+      return True
+    return isinstance(entry, list) and all(e in AXES for e in entry)
+  if not isinstance(spec, list) or not all(ok(e) for e in spec):
+    raise UserError(f"{where}: a spec is a list of null, axis names {list(AXES)} or lists of "
+                    f"them, got {spec!r}")
+
+
+def _pos_int(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
 def _divides(m: int, size: Any) -> bool:
   return isinstance(size, int) and size > 0 and size % m == 0
