@@ -134,6 +134,8 @@ def plan_task(cfg: Any, run: Run) -> dict[str, Any]:
           "data_parallel_gpu_ms": p["data_parallel_gpu_ms"],
           "speedup": p["data_parallel_iteration_ms"] / p["iteration_ms"],
           "gpu_time_saving": 1 - p["gpu_ms"] / p["data_parallel_gpu_ms"],
+          "weight_sharded_layers": sum(lp.sharding["split"] != "samples" for lp in plan.layers),
+          "memory_peak_gb": p.get("memory_peak_gb"),
           "planner_seconds": plan.planner_seconds, "plan": str(out)}
 
 

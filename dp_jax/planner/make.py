@@ -21,7 +21,7 @@ from dp_jax.planner.evaluate import Evaluation, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import MODES, PlanOptions
 from dp_jax.planner.plan import LayerPlan, Plan, sample_ranges
-from dp_jax.planner.search import build_tables, chain_shardings, search
+from dp_jax.planner.search import SHARDING_RULES, build_tables, chain_shardings, search
 from dp_jax.planner.sharded import Sharding
 from dp_jax.profile.table import ProfileTable
 from dp_jax.sharding import layer_sharding
@@ -68,18 +68,29 @@ def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
 
 def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
                    baseline: tuple[int, Evaluation] | None = None) -> FrontierPoint:
-  """Fastest plan under `limit` that fits in memory (Lagrange repair when the sum overflows)."""
+  """Fastest plan under `limit` that fits in memory (Lagrange repair when the sum overflows).
+
+  With weight sharding allowed, one search per sharding rule (search.SHARDING_RULES); the
+  plan evaluate() prices fastest wins (the "dominant" rule's plan is never slower than
+  samples only)."""
   allowed = allowed_counts(model, limit, fits)
-  assignment, shardings = _search(build_tables(model, allowed))
-  if _fits(model, assignment, shardings):
+  rules = SHARDING_RULES if "weights" in model.options.sharding else SHARDING_RULES[:1]
+  found: list[tuple[float, dict, dict]] = []
+  for rule in rules:
+    assignment, shardings = _search(build_tables(model, allowed, rule=rule))
+    if _fits(model, assignment, shardings):
+      found.append((evaluate(model, assignment, shardings).iteration_ms, assignment, shardings))
+  if found:
+    _, assignment, shardings = min(found, key=lambda x: x[0])
     ev = evaluate(model, assignment, shardings)
     return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings)
-  found: list[tuple[float, dict, dict]] = []
   act_gb = memory.activation_bytes(model) / memory.GB
   for lam in MEMORY_PENALTIES_MS_PER_GB:
-    candidate, shards = _search(build_tables(model, allowed, penalty_ms=lam * act_gb))
-    if _fits(model, candidate, shards):
-      found.append((evaluate(model, candidate, shards).iteration_ms, candidate, shards))
+    for rule in rules:
+      candidate, shards = _search(build_tables(model, allowed, penalty_ms=lam * act_gb,
+                                               rule=rule))
+      if _fits(model, candidate, shards):
+        found.append((evaluate(model, candidate, shards).iteration_ms, candidate, shards))
   if baseline is not None:
     count = baseline[0]
     column = int(np.searchsorted(model.counts, count))
@@ -170,7 +181,8 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
       "topology": {"nodes": job.num_nodes, "devices_per_node": job.devices_per_node,
                    "multi_node": job.num_nodes > 1},
       "cluster_spec": asdict(model.cluster),
-      "options": {k: (None if isinstance(v, float) and math.isinf(v) else v)
+      "options": {k: (None if isinstance(v, float) and math.isinf(v)
+                      else list(v) if isinstance(v, tuple) else v)
                   for k, v in asdict(opts).items()},
       "candidate_counts": [int(c) for c in model.counts],
       "interpolated_layers": sorted(model.interpolated),

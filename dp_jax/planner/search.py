@@ -90,12 +90,15 @@ class _Tables:
     return self.lanes
 
 
-def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray | None = None):
+SHARDING_RULES = ("dominant", "cheapest")
+
+
+def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray | None = None,
+                 rule: str = "dominant"):
   """Tables for one search; `penalty_ms` (L, C) is added to compute (memory repair only).
 
   With planner.sharding including weights, each (layer, count) on the prefix [0, count) takes
-  the weight sharding (choose_sharding) that is never worse than splitting samples in any
-  stage it can sit in; lanes (concurrent branches) split samples.
+  one sharding by `rule` (choose_sharding); lanes (concurrent branches) split samples.
   """
   k = model.counts
   cl = model.cluster
@@ -119,7 +122,7 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
         if not cands:
           continue
         pick = choose_sharding(model, name, int(g), cands,
-                               (compute[r, c], bwd[r, c], prefix_band[r, c]))
+                               (compute[r, c], bwd[r, c], prefix_band[r, c]), rule)
         if pick is not None:
           sh, (total, back, sent) = pick
           shardings[(r, c)] = sh
@@ -134,31 +137,35 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
                  prefix_params=prefix_params, shardings=shardings)
 
 
-def choose_sharding(model: CostModel, name: str, count: int, cands: list, samples: tuple):
-  """The weight sharding of a layer on the prefix [0, count) that is never worse than samples
-  (samples = its (fwd + bwd, bwd, all-reduce bandwidth) there), else None.
+def choose_sharding(model: CostModel, name: str, count: int, cands: list, samples: tuple,
+                    rule: str = "dominant"):
+  """A weight sharding of a layer on the prefix [0, count) (samples = its (fwd + bwd, bwd,
+  all-reduce bandwidth) there), or None for samples.
 
   A stage's cost is sum(compute) + latency + max over layers l of (bandwidth of layers <= l)
-  - (backward of layers < l) with overlap (else + sum(bandwidth)); a layer changes it by no
-  more than samples in every stage when its compute, compute + bandwidth and (with overlap)
-  compute + bandwidth - backward are all no larger and it syncs no more. Among those: the
-  least compute + bandwidth (then compute).
+  - (backward of layers < l) with overlap (else + sum(bandwidth)). rule "dominant": only a
+  sharding that costs no more than samples in every stage it can sit in (its compute, compute
+  + bandwidth and, with overlap, compute + bandwidth - backward all no larger; it never syncs
+  more). rule "cheapest": any sharding with no larger compute + bandwidth (the stage cost
+  without overlap). Either way the least compute + bandwidth (then compute) wins.
   """
-  overlap = model.options.overlap_allreduce
+  overlap = model.options.overlap_allreduce and rule == "dominant"
   c0, b0, a0 = samples
   slack = 1e-9 * (1.0 + c0 + a0)
   best = None
   for sh in cands:
     total, back = model.layer_ms(name, (0, count), sh)
     sent = model.band_ms(name, (0, count), sh)
-    keys = [total - c0, total + sent - c0 - a0]
+    keys = [total + sent - c0 - a0]
     if overlap:
-      keys.append(total + sent - back - (c0 + a0 - b0))
+      keys += [total - c0, total + sent - back - (c0 + a0 - b0)]
     if max(keys) > slack:
       continue
     rank = (total + sent, total)
     if best is None or rank < best[0]:
       best = (rank, sh, (total, back, sent))
+  if rule not in SHARDING_RULES:
+    raise ValueError(f"unknown sharding rule {rule!r}")
   return None if best is None else (best[1], best[2])
 
 

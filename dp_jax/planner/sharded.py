@@ -67,7 +67,7 @@ def plan_shardings(plan) -> dict[str, Sharding]:
   """Layer -> (m, split) of a plan's weight-sharded layers (its layers' "sharding" entries)."""
   out = {}
   for lp in plan.layers:
-    entry = getattr(lp, "sharding", None) or lp.extra.get("sharding")
+    entry = lp.sharding  # samples on (g, 1) when the layer has no entry
     if isinstance(entry, dict) and entry.get("split", "samples") != "samples":
       try:
         out[lp.name] = (int(entry["mesh"][1]), str(entry["split"]))
