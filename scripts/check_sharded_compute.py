@@ -4,8 +4,9 @@ The planner prices a weight-sharded layer's compute as the profile's time of the
 times the analytic roofline's ratio (sharded shape / whole layer) at the same per-device batch
 (dp_jax/planner/sharded.py, compute_ratios). This script times, on one CPU device, the forward
 plus backward (input and weight gradients) of a linear layer (out and in split) and a
-convolution (output channels split) at m = 1, 2, 4, and prints the measured ratio t(m) / t(1)
-next to the predicted one. Timings on a loaded machine are contended: run it on an idle one.
+convolution (output channels split) at m = 1, 2, 4 (interleaved, least time of --repeats), and
+prints the measured ratio t(m) / t(1) next to the predicted one. Timings on a loaded machine are
+contended: run it on an idle one.
 
     .venv/bin/python scripts/check_sharded_compute.py [--repeats 30] [--out results.csv]
 """
@@ -15,12 +16,13 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+# one CPU device on one thread: a shared machine's load then slows every shape alike
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1 "
+                      "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
@@ -32,10 +34,11 @@ from dp_jax.profile.analytic import default_params, layer_cost, layer_times_ms  
 from dp_jax.profile.devices import get_device  # noqa: E402
 
 CPU = get_device("cpu")
+MS = (1, 2, 4)
 
 CASES = (  # (name, kind, per-device batch, whole-layer sizes)
     ("linear 1024->4096", "linear", 32, {"in_features": 1024, "out_features": 4096}),
-    ("conv 3x3 64->128 @56x56", "conv2d", 8, {"in_channels": 64, "out_channels": 128, "hw": 56}),
+    ("conv 3x3 64->128 @28x28", "conv2d", 8, {"in_channels": 64, "out_channels": 128, "hw": 28}),
 )
 
 
@@ -86,15 +89,19 @@ def step_fn(kind: str, sizes: dict, split: str, m: int, batch: int):
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (w, b, x)
 
 
-def time_ms(fn, args, repeats: int) -> float:
-  """Median wall time of fn(*args) in ms, after one compile-and-warm-up call."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
+def time_ms(calls: list, repeats: int) -> list[float]:
+  """Least CPU time of the process (ms; one compute thread, so it is the work's time and not
+  what other jobs on a shared machine take from it) of each (fn, args), interleaved
+  round-robin after one warm-up call each."""
+  for fn, args in calls:
     jax.block_until_ready(fn(*args))
-    times.append((time.perf_counter() - t) * 1e3)
-  return statistics.median(times)
+  times = [[] for _ in calls]
+  for _ in range(repeats):
+    for i, (fn, args) in enumerate(calls):
+      t = time.process_time()
+      jax.block_until_ready(fn(*args))
+      times[i].append((time.process_time() - t) * 1e3)
+  return [min(t) for t in times]
 
 
 def main() -> None:
@@ -106,11 +113,9 @@ def main() -> None:
   for name, kind, batch, sizes in CASES:
     graph, node = graph_of(kind, sizes)
     for split in (("out", "in") if kind == "linear" else ("out",)):
-      base = None
-      for m in (1, 2, 4):
-        fn, fargs = step_fn(kind, sizes, split, m, batch)
-        ms = time_ms(fn, fargs, args.repeats)
-        base = ms if m == 1 else base
+      measured = time_ms([step_fn(kind, sizes, split, m, batch) for m in MS], args.repeats)
+      base = measured[0]
+      for m, ms in zip(MS, measured, strict=True):
         if m == 1:
           predicted = 1.0
         else:
