@@ -142,7 +142,8 @@ def test_evaluate_refuses_a_sharding_the_layer_cannot_have():
 def test_dominant_sharding_is_never_worse_than_samples_in_a_stage(overlap):
   g = mlp_graph(16384)
   model = cost_model(g, cluster("a100_nvlink_8"), sharding=WEIGHTS, overlap_allreduce=overlap)
-  t = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool))
+  t = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool), rule="dominant")
+  assert not build_tables(model, np.ones(model.compute_ms.shape, dtype=bool)).shardings
   cheapest = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool), rule="cheapest")
   assert cheapest.shardings, "a 16k-wide layer on 8 devices should shard its weights"
   if not overlap:  # both rules agree when the cost is separable

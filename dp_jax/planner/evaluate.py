@@ -23,6 +23,10 @@ What one training step is charged (ms; B global batch, a layer on g devices hold
   mirrors it. The block's forward is the max over groups
   of their forward, its backward the max over groups of their backward, taken separately
   (the simulator's schedule, dp_jax/sim/timeline.py);
+- a weight-sharded layer (its plan entry's (d, m) mesh and split) is priced by
+  dp_jax/planner/sharded.py: compute at the sharded shape, its entry gather and activation
+  collectives in its forward / backward, its share of the gradients all-reduced over its data
+  groups as its bandwidth term in the stage's all-reduce (docs/cost_model.md);
 - gpu_ms: sum over stages of devices x (compute + sync), over moves of devices of both sets x
   move time, and for a fork's sends (a join's receives) the devices of all of them together x
   their total time.

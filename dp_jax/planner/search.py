@@ -15,6 +15,11 @@ evaluate() would not cut them; that never helps (latency is paid once, exposure 
 sub-additive), so the minimum is evaluate()'s optimum. Cost O(items^2 C + items C^3) per
 chain with C candidate counts.
 
+Weight sharding (planner.sharding with weights): the prefix tables (compute, bwd,
+prefix_band, prefix_params) hold, per (layer, count), one sharding chosen by a rule
+(choose_sharding), so the DP above is unchanged and exact given that choice; lanes split
+samples. make.plan_for_limit runs one search per rule and keeps the faster plan.
+
 Block DP. A block's cost is a matrix over (fork count, join count): serialized sums the
 branch chains (each solved once with its fork context); concurrent runs a min-max DP over
 lanes whose state is the devices used so far (0..G): O(branches G C^3).
@@ -90,15 +95,15 @@ class _Tables:
     return self.lanes
 
 
-SHARDING_RULES = ("dominant", "cheapest")
+SHARDING_RULES = ("samples", "dominant", "cheapest")  # samples: no weight sharding
 
 
 def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray | None = None,
-                 rule: str = "dominant"):
+                 rule: str = "samples"):
   """Tables for one search; `penalty_ms` (L, C) is added to compute (memory repair only).
 
   With planner.sharding including weights, each (layer, count) on the prefix [0, count) takes
-  one sharding by `rule` (choose_sharding); lanes (concurrent branches) split samples.
+  one sharding by `rule` (choose_sharding; "samples": none); lanes split samples.
   """
   k = model.counts
   cl = model.cluster
@@ -114,7 +119,9 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
   prefix_band = band[link0, :, cols].T
   prefix_params = np.repeat((model.grad_bytes > 0)[:, None], len(k), axis=1)
   shardings = {}
-  if "weights" in model.options.sharding:
+  if rule not in SHARDING_RULES:
+    raise ValueError(f"unknown sharding rule {rule!r}")
+  if "weights" in model.options.sharding and rule != "samples":
     for r, name in enumerate(model.names):
       node = model.graph.node(name)
       for c, g in enumerate(k):
@@ -138,7 +145,7 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
 
 
 def choose_sharding(model: CostModel, name: str, count: int, cands: list, samples: tuple,
-                    rule: str = "dominant"):
+                    rule: str = "samples"):
   """A weight sharding of a layer on the prefix [0, count) (samples = its (fwd + bwd, bwd,
   all-reduce bandwidth) there), or None for samples.
 
@@ -164,8 +171,6 @@ def choose_sharding(model: CostModel, name: str, count: int, cands: list, sample
     rank = (total + sent, total)
     if best is None or rank < best[0]:
       best = (rank, sh, (total, back, sent))
-  if rule not in SHARDING_RULES:
-    raise ValueError(f"unknown sharding rule {rule!r}")
   return None if best is None else (best[1], best[2])
 
 
