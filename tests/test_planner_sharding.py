@@ -114,14 +114,16 @@ def test_sharded_compute_is_the_roofline_ratio_applied_to_the_profile():
   assert 1 / 8 - 1e-12 <= rf < 1 and 1 / 8 - 1e-12 <= rb < 1
 
 
-def test_sharded_state_is_split_and_saved_activations_are_at_b_over_d():
+def test_sharded_state_is_split_and_saved_activations_are_for_b_over_d_samples():
   g = mlp_graph()
   model = cost_model(g, cluster("a100_nvlink_8"))
   a = {n: (0, 8) for n in g.names}
   alone = memory.device_bytes(model, a)[0]
   cut = memory.device_bytes(model, a, {"fc1": (8, "out")})[0]
   i = model.row["fc1"]
-  expected = model.state_bytes[i] * (7 / 8) - model.saved_bytes[i] * (32 - 4)
+  saved, x = model.saved_bytes[i], model.in_bytes[i]
+  kept = min(saved, x)  # the gathered input stays whole, the rest is split 8 ways
+  expected = model.state_bytes[i] * (7 / 8) + saved * 4 - (kept + (saved - kept) / 8) * 32
   assert alone - cut == pytest.approx(expected)
 
 

@@ -9,9 +9,9 @@ A device holding a layer on g devices at global batch B keeps:
   the residuals of the layer's forward-with-residuals program, per sample, as traced by XLA
   (LayerNode.saved_bytes_per_sample, dp_jax/trace.py); graphs without them (hand-written
   files) fall back to the layer's output. Saved bytes are rescaled from the traced dtype to the
-  profile's (mixed fp16 saves 2-byte activations). A weight-sharded layer is charged its saved
-  bytes for its B / d samples (an upper bound: its input is replicated over the model axis, the
-  split parts of its residuals are not).
+  profile's (mixed fp16 saves 2-byte activations). A weight-sharded layer keeps them for its
+  B / d samples, the part its split keeps whole (its gathered input; a block's input and output)
+  in full and the rest / m (sharded.saved_per_sample).
 Pure numpy: no JAX.
 """
 
@@ -73,11 +73,14 @@ def placed_bytes(graph: LayerGraph, layers: Iterable[Mapping], num_devices: int,
   for layer in layers:
     n = nodes[layer["name"]]
     entry = layer.get("sharding") or {}
-    share = sharded.param_share(n, (int(entry["mesh"][1]), str(entry["split"]))) \
-        if entry.get("split", "samples") != "samples" else 1.0
-    state = share * state_bytes(n, grad_bytes_per_param, optimizer_bytes_per_param,
-                                param_bytes_per_param)
-    per_sample = saved_bytes_per_sample(n, element_scale)
+    sh = (int(entry["mesh"][1]), str(entry["split"])) \
+        if entry.get("split", "samples") != "samples" else None
+    state = sharded.param_share(n, sh) * state_bytes(n, grad_bytes_per_param,
+                                                     optimizer_bytes_per_param,
+                                                     param_bytes_per_param)
+    ins = sum(nodes[p].out_bytes_per_sample for p in n.inputs) * element_scale
+    per_sample = sharded.saved_per_sample(saved_bytes_per_sample(n, element_scale), ins,
+                                          n.out_bytes_per_sample * element_scale, sh)
     for d, (a, b) in zip(layer["devices"], layer["samples"], strict=True):
       used[d] += state + (b - a) * per_sample
   return used
@@ -120,7 +123,9 @@ def _need(model: CostModel, name: str, count: int, sharding: Sharding | None = N
   i = model.row[name]
   share = sharded.param_share(model.graph.node(name), sharding)
   d = count if sharded.is_samples(sharding) else count // sharding[0]
-  return float(model.state_bytes[i] * share + model.saved_bytes[i] * (model.batch // d))
+  saved = sharded.saved_per_sample(model.saved_bytes[i], model.in_bytes[i], model.out_bytes[i],
+                                   sharding)
+  return float(model.state_bytes[i] * share + saved * (model.batch // d))
 
 
 def device_bytes(model: CostModel, assignment: Mapping[str, Placement],
