@@ -298,6 +298,9 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
       new_params[name] = layout.constrain(optax.apply_updates(params[name], upd), lay)
     return new_params, new_opt
 
+  def at_boundary(g_ins):  # cotangents leave like activations: split by samples only
+    return {k: jax.lax.with_sharding_constraint(v, batch) for k, v in g_ins.items()}
+
   if sink is not None:
     def fused(params, stats, opt, tied, ins, x, y, extra):
       def loss_fn(params, tied, ins):
@@ -307,7 +310,7 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
       (loss, new_stats), (g_p, g_tied, g_ins) = jax.value_and_grad(
           loss_fn, argnums=(0, 1, 2), has_aux=True)(params, tied, ins)
       new_params, new_opt = update(params, g_p, opt, extra)
-      return loss, new_params, new_stats, new_opt, g_tied, g_ins
+      return loss, new_params, new_stats, new_opt, g_tied, at_boundary(g_ins)
 
     return {"fused": jax.jit(fused, donate_argnums=(0, 1, 2))}
 
@@ -321,7 +324,7 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
     ct = {e: _sum(cs) for e, cs in cots.items()}
     g_p, g_tied, g_ins = vjp(ct)
     new_params, new_opt = update(params, g_p, opt, extra)
-    return new_params, new_opt, g_tied, g_ins
+    return new_params, new_opt, g_tied, at_boundary(g_ins)
 
   return {"fwd": jax.jit(fwd, donate_argnums=(1,)),
           "bwd": jax.jit(bwd, donate_argnums=(0, 2, 5))}

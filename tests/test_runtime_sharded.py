@@ -1,0 +1,131 @@
+"""Weight-sharded layers (plan schema /2) on 2-D (data, model) stage meshes: the collectives
+GSPMD inserts, and exactness against one device (same tolerances as test_runtime_exact.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from runtime_helpers import (
+  batches,
+  make_model,
+  run_plan,
+  run_reference,
+  sgd,
+  state_diffs,
+)
+
+from dp_jax.models.digits import DigitsMLP
+from dp_jax.runtime.functional import split_layers
+from dp_jax.runtime.plan_check import check_plan
+from dp_jax.runtime.plans import layout_plan
+from dp_jax.runtime.stages import structure_graph
+from dp_jax.runtime.step import build_program, init_state
+
+ALL8 = range(8)
+STEPS = 3
+
+
+def digits_mlp(dtype=jnp.float32):
+  from flax import nnx
+  return DigitsMLP(dtype=dtype, rngs=nnx.Rngs(0))
+
+
+def _stage_hlo(shardings, layer="fc2", layout=lambda _: ALL8, batch=8):
+  """Compiled HLO text of the forward and backward programs of the digits MLP's `layer` stage
+  (`shardings` as in layout_plan); `layer` reads the 128 features of relu1."""
+  model = digits_mlp()
+  graph = structure_graph(model, "digits_mlp")
+  plan = layout_plan(graph, layout, global_batch=batch, num_devices=8, shardings=shardings)
+  defs, params, stats = split_layers(model)
+  program = build_program(graph, defs, check_plan(plan, graph, available_devices=8), sgd(),
+                          jax.devices())
+  state = init_state(program, params, stats, sgd())
+  sp = program.stages[program.stage_of[layer]]
+  assert sp.fwd is not None and sp.stage.layers == (layer,)
+  p = {n: state["params"][n] for n in sp.stage.layers}
+  st = {n: state["stats"][n] for n in sp.stage.layers}
+  (prev,) = sp.stage.inputs
+  x_in = jax.device_put(np.ones((batch, 128), np.float32), sp.batch)
+  ins = {prev: x_in}
+  fwd = sp.fwd.lower(p, st, {}, ins, None).compile().as_text()
+  outs, vjp, _ = sp.fwd(p, st, {}, ins, None)
+  cots = {e: (jnp.ones_like(v),) for e, v in outs.items()}
+  opt = {n: state["opt"][n] for n in sp.stage.layers}
+  bwd = sp.bwd.lower(vjp, cots, p, {}, ins, opt, {}).compile().as_text()
+  return sp, fwd, bwd
+
+
+def test_out_split_linear_all_gathers_its_output_forward():
+  sp, fwd, bwd = _stage_hlo({"fc2": ((1, 8), "out")})
+  assert sp.mesh.devices.shape == (1, 8)
+  kernel = sp.layouts["fc2"]["kernel"]
+  assert kernel.spec == jax.sharding.PartitionSpec(None, "model")
+  assert "all-gather" in fwd and "all-reduce" not in fwd
+  # backward: the input gradient is summed over the model group; no weight-gradient
+  # all-reduce exists on a (1, 8) mesh, so this is the only reduction
+  assert "all-reduce" in bwd
+
+
+def test_in_split_linear_all_reduces_its_output_forward():
+  sp, fwd, bwd = _stage_hlo({"fc2": ((1, 8), "in")})
+  assert sp.layouts["fc2"]["kernel"].spec == jax.sharding.PartitionSpec("model", None)
+  assert "all-reduce" in fwd and "all-gather" not in fwd
+  assert "all-gather" in bwd  # the input gradient, split over features, gathered
+
+
+def test_samples_split_has_no_forward_collective():
+  _, fwd, bwd = _stage_hlo({}, layout=lambda n: range(4) if n == "fc2" else ALL8)
+  assert "all-gather" not in fwd and "all-reduce" not in fwd
+  assert "all-reduce" in bwd  # the weight gradient over 8 devices
+
+
+def _exact(name, layout, shardings, batch, loss_rtol, param_atol):
+  """Train under the sharded plan and on one device; same losses and parameters."""
+  data = batches(make_model(name), batch, STEPS)
+  model = make_model(name)
+  losses, program, state = run_plan(model, name, layout, data, sgd(), shardings=shardings)
+  reference = make_model(name)
+  ref_losses = run_reference(reference, data, sgd())
+  np.testing.assert_allclose(losses, ref_losses, rtol=loss_rtol)
+  assert losses[0] != losses[-1], "the model should train"
+  diff, update = state_diffs(model, reference, make_model(name))
+  assert diff < param_atol and update > 20 * param_atol, (diff, update)
+  for layer, ((d, m), _) in shardings.items():
+    sp = program.stages[program.stage_of[layer]]
+    assert sp.mesh.devices.shape == (d, m), layer
+    split = [a for a in state["params"].get(layer, {}).values()
+             if not a.sharding.is_fully_replicated]
+    assert split or layer == "lm_head", f"{layer} holds no split parameter"
+  return program, state
+
+
+GPT2_LAYOUT = {"embed": range(4), "h.0": ALL8, "h.1": [4, 5], "ln_f": [0, 1], "lm_head": ALL8}
+GPT2_SHARDED = {"h.0": ((4, 2), "heads"), "h.1": ((1, 2), "heads"), "lm_head": ((1, 8), "out")}
+
+
+def test_gpt2_heads_split_blocks_and_out_split_head_match_one_device():
+  program, state = _exact("gpt2_small", GPT2_LAYOUT.__getitem__, GPT2_SHARDED, 8, 1e-5, 1e-6)
+  head = program.stages[program.stage_of["lm_head"]]
+  assert head.tied_in == ("embed:wte",)
+  assert head.tied_sharding["embed:wte"].spec == jax.sharding.PartitionSpec("model", None)
+  qkv = state["params"]["h.0"]["attn/c_attn/kernel"]
+  assert qkv.addressable_shards[0].data.shape == (32, 48)  # 3 * 32 features over 2
+  momentum = jax.tree.leaves(state["opt"]["h.0"])
+  assert any(a.sharding == qkv.sharding for a in momentum)  # optimizer state follows
+
+
+def vgg16_devices(name: str):
+  """Features 4 -> 2 -> 2 devices (as test_runtime_exact), the classifier on all 8."""
+  if name.startswith("features."):
+    i = int(name.split(".")[1])
+    return range(4) if i < 10 else [4, 5] if i < 20 else [6, 7]
+  return [6, 7] if name == "flatten" else ALL8
+
+
+VGG16_SHARDED = {"classifier.0": ((1, 8), "out"), "classifier.2": ((2, 4), "in"),
+                 "classifier.4": ((1, 8), "in")}
+
+
+@pytest.mark.slow
+def test_vgg16_weight_sharded_classifier_matches_one_device():
+  _exact("vgg16", vgg16_devices, VGG16_SHARDED, 8, 1e-5, 5e-5)
