@@ -129,3 +129,33 @@ VGG16_SHARDED = {"classifier.0": ((1, 8), "out"), "classifier.2": ((2, 4), "in")
 @pytest.mark.slow
 def test_vgg16_weight_sharded_classifier_matches_one_device():
   _exact("vgg16", vgg16_devices, VGG16_SHARDED, 8, 1e-5, 5e-5)
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_resumes_under_another_plan(tmp_path):
+  """Saved from a weight-sharded plan, restored onto a samples-only one (and back): the
+  per-layer state is plan-independent, so both continue the same training."""
+  import optax
+
+  from dp_jax.models.registry import build_model
+  from dp_jax.runtime import data as datalib
+  from dp_jax.runtime.train_loop import train
+  from runtime_helpers import TINY_GPT2
+
+  def run(folder, steps, shardings):
+    model = build_model("gpt2_small", **TINY_GPT2)
+    graph = structure_graph(model, "gpt2_small")
+    plan = layout_plan(graph, GPT2_LAYOUT, global_batch=8, num_devices=8, shardings=shardings)
+    return train(model, graph, plan, steps=steps, optimizer=optax.adam(1e-2),
+                 data=datalib.synthetic(model, seed=7), checkpoint_dir=folder / "ckpt",
+                 checkpoint_every=2)
+
+  full = run(tmp_path / "full", 4, GPT2_SHARDED)
+  run(tmp_path / "part", 2, GPT2_SHARDED)
+  rest = run(tmp_path / "part", 4, {})
+  assert rest.start_step == 2 and not rest.state["params"]["h.0"]["attn/c_attn/kernel"].sharding \
+      .spec
+  np.testing.assert_allclose(rest.losses, full.losses[2:], rtol=1e-5)
+  back = run(tmp_path / "part", 5, GPT2_SHARDED)
+  assert back.start_step == 4
+  assert not back.state["params"]["h.0"]["attn/c_attn/kernel"].sharding.is_fully_replicated
