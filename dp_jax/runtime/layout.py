@@ -37,8 +37,9 @@ def place(arrays: Mapping[str, Any], shardings: Shardings) -> dict[str, jax.Arra
 
 
 def constrain(arrays: Mapping[str, Any], shardings: Shardings) -> dict[str, Any]:
-  """Inside jit: a layer's arrays pinned to their shardings."""
-  return {k: jax.lax.with_sharding_constraint(a, shardings[k]) for k, a in arrays.items()}
+  """Inside jit: a layer's split arrays pinned to their shardings (replicated ones are left
+  to GSPMD, so a samples-only stage compiles as it did before sharding existed)."""
+  return {k: _pin(a, shardings[k]) for k, a in arrays.items()}
 
 
 def opt_shardings(opt_state: Any, params: Mapping[str, Any], shardings: Shardings,
@@ -61,7 +62,13 @@ def constrain_opt(opt_state: Any, params: Mapping[str, Any], shardings: Sharding
                   replicated: NamedSharding) -> Any:
   """Inside jit: a layer's optimizer state pinned to opt_shardings."""
   sh = opt_shardings(opt_state, params, shardings, replicated)
-  return jax.tree.map(jax.lax.with_sharding_constraint, opt_state, sh)
+  return jax.tree.map(_pin, opt_state, sh)
+
+
+def _pin(a: Any, sharding: NamedSharding) -> Any:
+  if sharding.is_fully_replicated:
+    return a
+  return jax.lax.with_sharding_constraint(a, sharding)
 
 
 def is_sharded(shardings: Mapping[str, Shardings]) -> bool:

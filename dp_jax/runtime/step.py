@@ -144,8 +144,9 @@ def init_state(program: Program, params: Mapping[str, Any], stats: Mapping[str, 
     layers = sp.stage.layers
     p = {n: layout.place(params[n], sp.layouts[n]) for n in layers}
     st = {n: layout.place(stats[n], sp.layouts[n]) for n in layers}
-    init = jax.jit(lambda p: {n: layout.constrain_opt(optimizer.init(v), v, sp.layouts[n],
-                                                      sp.replicated) for n, v in p.items()})
+    opt_sh = {n: layout.opt_shardings(jax.eval_shape(optimizer.init, v), v, sp.layouts[n],
+                                      sp.replicated) for n, v in p.items()}
+    init = jax.jit(lambda p: {n: optimizer.init(v) for n, v in p.items()}, out_shardings=opt_sh)
     state["params"].update(p)
     state["stats"].update(st)
     state["opt"].update(init(p))
@@ -298,6 +299,11 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
       new_params[name] = layout.constrain(optax.apply_updates(params[name], upd), lay)
     return new_params, new_opt
 
+  def at_boundary(g_ins):  # cotangents of a split layer's stage leave split by samples only
+    if not layout.is_sharded(sp.layouts):
+      return g_ins
+    return {k: jax.lax.with_sharding_constraint(v, batch) for k, v in g_ins.items()}
+
   if sink is not None:
     def fused(params, stats, opt, tied, ins, x, y, extra):
       def loss_fn(params, tied, ins):
@@ -307,7 +313,7 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
       (loss, new_stats), (g_p, g_tied, g_ins) = jax.value_and_grad(
           loss_fn, argnums=(0, 1, 2), has_aux=True)(params, tied, ins)
       new_params, new_opt = update(params, g_p, opt, extra)
-      return loss, new_params, new_stats, new_opt, g_tied, g_ins
+      return loss, new_params, new_stats, new_opt, g_tied, at_boundary(g_ins)
 
     return {"fused": jax.jit(fused, donate_argnums=(0, 1, 2))}
 
@@ -321,7 +327,7 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
     ct = {e: _sum(cs) for e, cs in cots.items()}
     g_p, g_tied, g_ins = vjp(ct)
     new_params, new_opt = update(params, g_p, opt, extra)
-    return new_params, new_opt, g_tied, g_ins
+    return new_params, new_opt, g_tied, at_boundary(g_ins)
 
   return {"fwd": jax.jit(fwd, donate_argnums=(1,)),
           "bwd": jax.jit(bwd, donate_argnums=(0, 2, 5))}
