@@ -8,10 +8,11 @@
 Plan app, analytic roofline profile (bfloat16, A100) as every planned study: vgg16, gpt2 (GPT-2
 small, B sequences of 1024 tokens) and gpt2_medium on a100_nvlink_8 (G = 2..8, one NVLink node)
 and dgx_a100 (G = 2..32, 8 GPUs per node, one InfiniBand NIC per GPU), B = 32, fastest plan
-(A = inf; G = 1 has no model axis). gpt2_medium at G = 2 fits 40 GB in neither plan: those cells
-fail with the memory model's reason. Each (model, cluster, G) is planned twice: layers split their samples only, and
-layers may also split their weights (out / in features, heads) on a 2-D (data, model) mesh
-(docs/cost_model.md, "Weight sharding"). All numbers are predicted by the cost model.
+(A = inf; G = 1 has no model axis). gpt2_medium at G = 2 fits 40 GB in neither plan: those
+cells fail with the memory model's reason. Each (model, cluster, G) is planned twice: layers
+split their samples only, and layers may also split their weights (out / in features, heads)
+on a 2-D (data, model) mesh (docs/cost_model.md, "Weight sharding"). All numbers are predicted
+by the cost model.
 
 It shows where splitting weights per layer beats splitting samples per layer: the iteration
 time of both plans against G, the speed-up of weights over samples only, how many layers the
