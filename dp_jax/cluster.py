@@ -227,3 +227,33 @@ def p2p_link(cluster: ClusterSpec, first, last):
   bw = np.where(intra, cluster.intra_bus_GBps, inter_bw) * BYTES_PER_MS_PER_GBPS
   lat = np.where(intra, cluster.intra_node_latency_us, cluster.inter_node_latency_us) / 1000.0
   return bw, lat
+
+
+# --- strided groups (a 2-D mesh's data axis: devices first, first + stride, ...) ---------------
+
+
+def strided_link_class(cluster: ClusterSpec, first: int, count: int, stride: int) -> int:
+  """link_class of the devices first + i stride, i < count: 0 inside one node, else the devices
+  of its least-populated node (stride 1 is link_class of the range)."""
+  per_node: dict[int, int] = {}
+  for i in range(count):
+    node = cluster.node_of(first + i * stride)
+    per_node[node] = per_node.get(node, 0) + 1
+  return 0 if len(per_node) <= 1 else min(per_node.values())
+
+
+def strided_volume_ms(cluster: ClusterSpec, nbytes, first: int, count: int, stride: int,
+                      factor: float = 2.0) -> float:
+  """Bandwidth part of a collective over a strided group (all-reduce: factor 2)."""
+  bw = class_bus_GBps(cluster)[strided_link_class(cluster, first, count, stride)]
+  return float(volume_ms(nbytes, count, bw, factor))
+
+
+def group_collective_ms(cluster: ClusterSpec, nbytes, first: int, count: int, stride: int,
+                        factor: float = 2.0) -> float:
+  """All-reduce (factor 2; all-gather: 1) over a strided group, with its latency."""
+  if count <= 1:
+    return 0.0
+  cls = strided_link_class(cluster, first, count, stride)
+  return (strided_volume_ms(cluster, nbytes, first, count, stride, factor)
+          + float(class_latency_ms(cluster, count)[cls]))

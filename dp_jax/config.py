@@ -72,6 +72,9 @@ class PlannerConfig:
   gradient_bytes_per_param: int = 4
   optimizer_bytes_per_param: int = 8
   batch_norm: str = "sync"  # sync: statistics over a stage's batch (priced); local: per device
+  # what a layer may split: [samples] (data parallel per layer) or [samples,weights] (also a
+  # linear/conv/attention layer's weights, on a 2-D (data, model) mesh); docs/cost_model.md
+  sharding: list[str] = field(default_factory=lambda: ["samples"])
 
 
 class ProfileSource(str, Enum):

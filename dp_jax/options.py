@@ -53,6 +53,11 @@ def check_options(cfg: Any) -> None:
     _check(key, value, lowest, strict, may_be_inf)
   for key, value in _cluster_link_values(cfg):
     _check(key, value, 0, "bandwidth" in key, False)
+  sharding = OmegaConf.select(cfg, "planner.sharding", default=None)
+  if sharding is not None:
+    from dp_jax.workflow import sharding_option
+
+    sharding_option(sharding)
   batches = OmegaConf.select(cfg, "profile.batches", default=None)
   for b in batches or []:
     if isinstance(b, bool) or not isinstance(b, int) or b < 1:

@@ -20,7 +20,7 @@ from dp_jax.config import ClusterConfig, LoggerConfig, ModelConfig, PlannerConfi
 from dp_jax.tracking import Run
 
 COLUMNS = ["layer", "kind", "devices", "first device", "per-device batch", "compute ms",
-           "sync ms", "move-in ms", "amplification", "stage"]
+           "sync ms", "move-in ms", "amplification", "stage", "split"]
 
 
 @dataclass
@@ -45,8 +45,17 @@ def layer_rows(plan) -> list[list[Any]]:
     x = dict(lp.extra)
     rows.append([lp.name, x.get("kind", ""), len(lp.devices), lp.devices[0],
                  x.get("per_device_batch", ""), _r(x.get("compute_ms")), _r(x.get("sync_ms")),
-                 _r(x.get("move_in_ms")), _r(x.get("amplification")), x.get("stage", "")])
+                 _r(x.get("move_in_ms")), _r(x.get("amplification")), x.get("stage", ""),
+                 _split(lp.sharding)])
   return rows
+
+
+def _split(sharding: dict) -> str:
+  """'samples', or a weight split with its mesh: 'out 2x4' (d x m)."""
+  if sharding["split"] == "samples":
+    return "samples"
+  d, m = sharding["mesh"]
+  return f"{sharding['split']} {d}x{m}"
 
 
 def _r(v: Any) -> Any:
@@ -134,6 +143,8 @@ def plan_task(cfg: Any, run: Run) -> dict[str, Any]:
           "data_parallel_gpu_ms": p["data_parallel_gpu_ms"],
           "speedup": p["data_parallel_iteration_ms"] / p["iteration_ms"],
           "gpu_time_saving": 1 - p["gpu_ms"] / p["data_parallel_gpu_ms"],
+          "weight_sharded_layers": sum(lp.sharding["split"] != "samples" for lp in plan.layers),
+          "memory_peak_gb": p.get("memory_peak_gb"),
           "planner_seconds": plan.planner_seconds, "plan": str(out)}
 
 

@@ -78,6 +78,9 @@ def plan_set(graph, profile, cluster, cfg: Any, g: int) -> list[tuple[str, str, 
 
   b = cfg.batch_size
   common = workflow.plan_options(cfg.planner, g, b)
+  if "weights" in common["sharding"]:
+    raise UserError("validate times plans as layer -> devices (samples split only); "
+                    "planner.sharding=[samples,weights] is not validated here, use [samples]")
   out = [("data_parallel", "data_parallel",
           data_parallel_plan(graph, profile, cluster, **common).assignment())]
   for a in cfg.validate.amplification_limits:

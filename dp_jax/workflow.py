@@ -73,7 +73,21 @@ def plan_options(planner_cfg: Any, num_devices: int, global_batch: int) -> dict[
               amplification_floor_ms=float(planner_cfg.amplification_floor_ms),
               grad_bytes_per_param=planner_cfg.gradient_bytes_per_param,
               optimizer_bytes_per_param=planner_cfg.optimizer_bytes_per_param,
-              batch_norm=str(planner_cfg.get("batch_norm", "sync")))
+              batch_norm=str(planner_cfg.get("batch_norm", "sync")),
+              sharding=sharding_option(planner_cfg.get("sharding", ["samples"])))
+
+
+def sharding_option(value: Any) -> tuple[str, ...]:
+  """planner.sharding as a checked tuple of names (a list, or one name)."""
+  from dp_jax.planner.options import check_sharding_choices
+
+  if isinstance(value, str):
+    return check_sharding_choices(value)
+  try:
+    names = [str(v) for v in value]
+  except TypeError:
+    names = value
+  return check_sharding_choices(names)
 
 
 def make_plan_from_config(planner_cfg: Any, graph, profile, cluster, *, num_devices: int,

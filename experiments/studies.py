@@ -9,7 +9,7 @@ from dp_jax.errors import UserError
 from experiments.report import Study
 
 NAMES = ("strong_scaling", "amplification", "cluster_throughput", "network", "runtime",
-         "time_to_accuracy", "validation")
+         "time_to_accuracy", "validation", "weight_sharding")
 
 
 def study(name: str) -> Study:

@@ -57,10 +57,12 @@ def batches(model, batch: int, steps: int, dtype=np.float32, seed: int = 0):
 
 
 def run_plan(model, name: str, layout, data, optimizer, num_devices: int = 8,
-             batch_norm: str = "sync"):
-  """Train `model` under a layout plan on the given batches; (losses, program, state)."""
+             batch_norm: str = "sync", shardings=None):
+  """Train `model` under a layout plan (weight-sharded layers: `shardings` as layout_plan takes
+  them) on the given batches; (losses, program, state)."""
   graph = structure_graph(model, name)
-  plan = layout_plan(graph, layout, global_batch=len(data[0][0]), num_devices=num_devices)
+  plan = layout_plan(graph, layout, global_batch=len(data[0][0]), num_devices=num_devices,
+                     shardings=shardings)
   plan["options"] = {"batch_norm": batch_norm}
   checked = check_plan(plan, graph, available_devices=len(jax.devices()))
   set_statistics_groups(model, plan)

@@ -12,7 +12,8 @@ from apps import REPO
 
 from experiments import report, studies
 
-QUICK = {"strong_scaling": 4, "amplification": 3, "cluster_throughput": 2, "network": 2}
+QUICK = {"strong_scaling": 4, "amplification": 3, "cluster_throughput": 2, "network": 2,
+         "weight_sharding": 2}
 # The train app's jitted stages warn about donated buffers XLA could not reuse (a JAX
 # performance note, not an error); every other warning still fails the run.
 IGNORED = ("ignore:Some donated buffers were not usable:UserWarning",)

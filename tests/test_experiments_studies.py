@@ -9,7 +9,8 @@ from experiments import studies
 @pytest.mark.parametrize("name, app", [("strong_scaling", "plan"), ("amplification", "plan"),
                                        ("cluster_throughput", "simulate"),
                                        ("network", "simulate"), ("runtime", "train"),
-                                       ("time_to_accuracy", "accuracy")])
+                                       ("time_to_accuracy", "accuracy"),
+                                       ("weight_sharding", "plan")])
 def test_each_study_names_its_app_and_columns(name, app):
   s = studies.study(name)
   assert s.name == name and s.app == app

@@ -1,4 +1,5 @@
-"""The planner on the zoo models: planner == simulator alone, no device change into elementwise."""
+"""The planner on the zoo models: planner == simulator alone (samples only and with weight
+sharding), no device change into elementwise."""
 
 import functools
 import math
@@ -49,11 +50,11 @@ def a100_profile(name):
                       layers={**analytic.layers, **table.layers})
 
 
-def check_planner_equals_simulator(name):
+def check_planner_equals_simulator(name, sharding=("samples",)):
   g, prof = graph(name), a100_profile(name)
   for num_devices, limit in SETTINGS:
     plan = make_plan(g, prof, cluster("dgx_a100"), num_devices=num_devices, global_batch=32,
-                     amplification_limit=limit)
+                     amplification_limit=limit, sharding=sharding)
     m = metrics(simulate(g, prof, cluster("dgx_a100"), plan))
     p = plan.predicted
     assert m["alone_iteration_ms"] == pytest.approx(p["iteration_ms"], rel=1e-3), (num_devices,
@@ -71,6 +72,12 @@ def test_planner_equals_simulator_alone(name):
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_planner_equals_simulator_alone_on_every_zoo_model(name):
   check_planner_equals_simulator(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_planner_equals_simulator_alone_with_weight_sharding(name):
+  check_planner_equals_simulator(name, ("samples", "weights"))
 
 
 def changes_into_elementwise(g, plan):

@@ -8,7 +8,7 @@ array versions broadcast over numpy arrays so the search can price every count a
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +25,7 @@ from dp_jax.cluster import (
 )
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
-from dp_jax.planner import memory
+from dp_jax.planner import memory, sharded
 from dp_jax.planner.options import PlanOptions, candidate_counts
 from dp_jax.profile.devices import DTYPE_BYTES, canonical_dtype
 from dp_jax.profile.table import MissingProfileError, ProfileTable
@@ -138,6 +138,7 @@ class CostModel:
   bwd_ms: np.ndarray  # (L, C)
   grad_bytes: np.ndarray  # (L,) gradient bytes all-reduced per step
   out_bytes: np.ndarray  # (L,) output bytes per sample (what a move sends)
+  in_bytes: np.ndarray  # (L,) input bytes per sample (the model input for the first layer)
   saved_bytes: np.ndarray  # (L,) activation bytes per sample saved for backward
   state_bytes: np.ndarray  # (L,) params + gradients + optimizer state per device holding it
   bn_bytes: np.ndarray  # (L,) bytes of one batch-norm statistics all-reduce (0: none)
@@ -157,9 +158,17 @@ class CostModel:
       hit = self._cache[key] = (t.fwd_ms + t.bwd_ms, t.bwd_ms)
     return hit
 
-  def layer_ms(self, name: str, p: Placement) -> tuple[float, float]:
+  def layer_ms(self, name: str, p: Placement,
+               sharding: sharded.Sharding | None = None) -> tuple[float, float]:
     """(fwd + bwd ms, bwd ms) of a layer on placement p, with its batch-norm statistics
-    all-reduces (one forward, one backward) when they are synchronised over its devices."""
+    all-reduces (one forward, one backward) when they are synchronised over its devices;
+    a weight sharding (m, split) is priced by dp_jax/planner/sharded.py."""
+    if not sharded.is_samples(sharding):
+      key = ("sharded", name, p, sharding)
+      hit = self._cache.get(key)
+      if hit is None:
+        hit = self._cache[key] = sharded.layer_ms(self, name, p, sharding)
+      return hit
     total, bwd = self.timing(name, p[1])
     b = self.bn_bytes[self.row[name]]
     if b <= 0 or p[1] <= 1:
@@ -176,16 +185,24 @@ class CostModel:
       hit = self._cache[key] = (ms, int(devices_in_move(*a, *b)))
     return hit
 
-  def stage(self, layers: tuple[str, ...], p: Placement) -> tuple[float, float]:
-    """(compute ms, exposed all-reduce ms) of one stage: `layers` in forward order on p."""
-    key = ("stage", layers, p)
+  def band_ms(self, name: str, p: Placement, sharding: sharded.Sharding | None = None) -> float:
+    """Bandwidth part of a layer's weight-gradient all-reduce on placement p."""
+    if not sharded.is_samples(sharding):
+      return sharded.band_ms(self, name, p, sharding)
+    return float(allreduce_volume_ms(self.cluster, self.grad_bytes[self.row[name]], *p))
+
+  def stage(self, layers: tuple[str, ...], p: Placement,
+            shardings: Mapping[str, sharded.Sharding] | None = None) -> tuple[float, float]:
+    """(compute ms, exposed all-reduce ms) of one stage: `layers` in forward order on p
+    (`shardings`: the weight-sharded ones; the latency is the range's, once)."""
+    shards = tuple((shardings or {}).get(n) for n in layers)
+    key = ("stage", layers, p, shards)
     hit = self._cache.get(key)
     if hit is None:
       start, count = p
-      band = [float(allreduce_volume_ms(self.cluster, self.grad_bytes[self.row[n]], start, count))
-              for n in layers]
-      bwd = [self.layer_ms(n, p)[1] for n in layers]
-      compute = float(sum(self.layer_ms(n, p)[0] for n in layers))
+      band = [self.band_ms(n, p, s) for n, s in zip(layers, shards, strict=True)]
+      bwd = [self.layer_ms(n, p, s)[1] for n, s in zip(layers, shards, strict=True)]
+      compute = float(sum(self.layer_ms(n, p, s)[0] for n, s in zip(layers, shards, strict=True)))
       sync = stage_sync_ms(band, bwd, float(collective_latency_ms(self.cluster, start, count)),
                            self.options.overlap_allreduce)
       hit = self._cache[key] = (compute, float(sync))
@@ -243,6 +260,16 @@ def moved_bytes_per_sample(graph: LayerGraph, profile: ProfileTable) -> np.ndarr
       graph, profile)
 
 
+def input_bytes_per_sample(graph: LayerGraph, profile: ProfileTable) -> np.ndarray:
+  """(L,) bytes per sample each layer reads: its inputs' outputs in the profile's dtype, the
+  model input (in its own dtype) for the first layer."""
+  moved = dict(zip(graph.names, moved_bytes_per_sample(graph, profile), strict=True))
+  size = element_bytes(graph.input_dtype) or 4
+  first = math.prod(graph.input_shape) * size if graph.input_shape else 0
+  return np.array([sum(moved[p] for p in n.inputs) if n.inputs else first for n in graph.nodes],
+                  dtype=float)
+
+
 def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
                      options: PlanOptions) -> CostModel:
   """Look every layer up at every candidate count once."""
@@ -275,6 +302,7 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
       names=names, row={n: i for i, n in enumerate(names)}, compute_ms=comp, bwd_ms=bwd,
       grad_bytes=params * options.grad_bytes_per_param,
       out_bytes=moved_bytes_per_sample(graph, profile),
+      in_bytes=input_bytes_per_sample(graph, profile),
       saved_bytes=np.array([memory.saved_bytes_per_sample(n, x)
                             for n, x in zip(graph.nodes, scales, strict=True)]),
       bn_bytes=np.array([batch_norm_bytes(n) if options.batch_norm == "sync" else 0.0

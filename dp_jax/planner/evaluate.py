@@ -23,6 +23,10 @@ What one training step is charged (ms; B global batch, a layer on g devices hold
   mirrors it. The block's forward is the max over groups
   of their forward, its backward the max over groups of their backward, taken separately
   (the simulator's schedule, dp_jax/sim/timeline.py);
+- a weight-sharded layer (its plan entry's (d, m) mesh and split) is priced by
+  dp_jax/planner/sharded.py: compute at the sharded shape, its entry gather and activation
+  collectives in its forward / backward, its share of the gradients all-reduced over its data
+  groups as its bandwidth term in the stage's all-reduce (docs/cost_model.md);
 - gpu_ms: sum over stages of devices x (compute + sync), over moves of devices of both sets x
   move time, and for a fork's sends (a join's receives) the devices of all of them together x
   their total time.
@@ -38,6 +42,7 @@ from dp_jax.errors import UserError
 from dp_jax.graph import Chain, LayerGraph, Parallel
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.options import PlanOptions
+from dp_jax.planner.sharded import Sharding, check_sharding, is_samples
 from dp_jax.planner.structure import first_layer, flat_layers, last_layer, sharing_groups
 from dp_jax.profile.table import ProfileTable
 
@@ -76,21 +81,25 @@ class Evaluation:
 def evaluate_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
                   assignment: Mapping[str, Placement], *, global_batch: int,
                   num_devices: int | None = None, overlap_allreduce: bool = True,
-                  **options) -> Evaluation:
-  """Cost of an assignment layer -> (first device, count); see the module docstring."""
+                  shardings: Mapping[str, Sharding] | None = None, **options) -> Evaluation:
+  """Cost of an assignment layer -> (first device, count) and the weight shardings of some
+  layers (layer -> (m, split)); see the module docstring."""
   if num_devices is None:
     num_devices = min(global_batch, max([s + c for s, c in assignment.values()] or [1]))
   opts = PlanOptions(num_devices=num_devices, global_batch=global_batch,
                      overlap_allreduce=overlap_allreduce, **options)
-  return evaluate(build_cost_model(graph, profile, cluster, opts), assignment)
+  return evaluate(build_cost_model(graph, profile, cluster, opts), assignment, shardings)
 
 
-def evaluate(model: CostModel, assignment: Mapping[str, Placement]) -> Evaluation:
-  """Cost of an assignment under a prepared CostModel (what the search and tests call)."""
+def evaluate(model: CostModel, assignment: Mapping[str, Placement],
+             shardings: Mapping[str, Sharding] | None = None) -> Evaluation:
+  """Cost of an assignment under a prepared CostModel (what the search and tests call);
+  `shardings`: layer -> (m, split) of the weight-sharded layers (the rest split samples)."""
   _check_assignment(model, assignment)
+  shardings = weight_shardings(model, assignment, shardings)
   stages: list[StageCost] = []
   moves: list[MoveCost] = []
-  walk = _Walk(model, assignment, stages, moves)
+  walk = _Walk(model, assignment, shardings, stages, moves)
   fwd, bwd = walk.chain(model.graph.decompose())
   return Evaluation(iteration_ms=float(fwd + bwd), gpu_ms=float(walk.gpu), stages=tuple(stages),
                     moves=tuple(moves), forward_ms=float(fwd))
@@ -114,12 +123,25 @@ def _check_assignment(model: CostModel, assignment: Mapping[str, Placement]) -> 
                       f"job's {g} devices")
 
 
+def weight_shardings(model: CostModel, assignment: Mapping[str, Placement],
+                     shardings: Mapping[str, Sharding] | None) -> dict[str, Sharding]:
+  """The weight-sharded layers of a plan, checked against their placements (one-line errors)."""
+  out = {}
+  for name, sh in (shardings or {}).items():
+    if name not in model.row:
+      raise UserError(f"plan shards layer '{name}' that the graph does not have")
+    if not is_samples(sh):
+      check_sharding(model.graph.node(name), assignment[name][1], sh)
+      out[name] = (int(sh[0]), str(sh[1]))
+  return out
+
+
 class _Walk:
   """One evaluation's recursion over the decomposition: (forward ms, backward ms) per part,
   collecting stages, moves and device-ms (gpu)."""
 
-  def __init__(self, model, assignment, stages, moves):
-    self.m, self.a, self.stages, self.moves = model, assignment, stages, moves
+  def __init__(self, model, assignment, shardings, stages, moves):
+    self.m, self.a, self.s, self.stages, self.moves = model, assignment, shardings, stages, moves
     self.gpu = 0.0
 
   def chain(self, chain: Chain) -> tuple[float, float]:
@@ -156,10 +178,10 @@ class _Walk:
     if not run:
       return 0.0, 0.0
     p = self.a[run[0]]
-    compute, sync = self.m.stage(tuple(run), p)
+    compute, sync = self.m.stage(tuple(run), p, self.s)
     self.stages.append(StageCost(p, tuple(run), compute, sync))
     self.gpu += p[1] * (compute + sync)
-    bwd = sum(self.m.layer_ms(n, p)[1] for n in run)
+    bwd = sum(self.m.layer_ms(n, p, self.s.get(n))[1] for n in run)
     return compute - bwd, bwd + sync
 
   def _move(self, src: str, dst: str, count_gpu: bool = True) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dp_jax.planner.costs import Placement
 
@@ -23,6 +23,7 @@ class FrontierPoint:
   iteration_ms: float
   gpu_ms: float
   assignment: Mapping[str, Placement]
+  shardings: Mapping[str, tuple[int, str]] = field(default_factory=dict)  # weight-sharded layers
 
   def to_json(self) -> dict:
     limit = None if math.isinf(self.amplification_limit) else self.amplification_limit

@@ -13,7 +13,7 @@ import numpy as np
 from dp_jax.cluster import ClusterSpec
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
-from dp_jax.planner import memory
+from dp_jax.planner import memory, sharded
 from dp_jax.planner.amplification import allowed_counts, amplification
 from dp_jax.planner.baseline import data_parallel
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
@@ -21,8 +21,10 @@ from dp_jax.planner.evaluate import Evaluation, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import MODES, PlanOptions
 from dp_jax.planner.plan import LayerPlan, Plan, sample_ranges
-from dp_jax.planner.search import build_tables, search
+from dp_jax.planner.search import SHARDING_RULES, build_tables, chain_shardings, search
+from dp_jax.planner.sharded import Sharding
 from dp_jax.profile.table import ProfileTable
+from dp_jax.sharding import layer_sharding
 
 # Lagrange multipliers (ms per GB of saved activations) tried when the fastest plan overflows
 # device memory; the fastest plan that fits wins.
@@ -35,7 +37,8 @@ def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
               amplification_floor_ms: float = 0.3, grad_bytes_per_param: float = 4,
               optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4,
               check_memory: bool = True, batch_norm: str = "sync", mode: str = "fastest",
-              frontier_limits: Iterable[float] = DEFAULT_LIMITS) -> Plan:
+              frontier_limits: Iterable[float] = DEFAULT_LIMITS,
+              sharding: Iterable[str] = ("samples",)) -> Plan:
   """The fastest burst-parallel plan under the amplification limit (mode="frontier" also
   attaches the Pareto front of (iteration_ms, gpu_ms) over frontier_limits)."""
   start = time.perf_counter()
@@ -48,7 +51,8 @@ def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
       grad_bytes_per_param=grad_bytes_per_param,
       optimizer_bytes_per_param=optimizer_bytes_per_param,
       param_bytes_per_param=param_bytes_per_param, check_memory=check_memory,
-      batch_norm=batch_norm)
+      batch_norm=batch_norm, sharding=tuple(sharding) if not isinstance(sharding, str)
+      else sharding)
   model = build_cost_model(graph, profile, cluster, opts)
   fits = memory.fits_alone(model)
   baseline = data_parallel(model)
@@ -57,55 +61,79 @@ def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
   if mode == "frontier":
     front = sweep(lambda a: plan_for_limit(model, a, fits, baseline), frontier_limits)
     extra["frontier"] = [p.to_json() for p in front]
-  return build_plan(model, dict(best.assignment), evaluate(model, best.assignment), baseline,
-                    seconds=time.perf_counter() - start, extra=extra)
+  return build_plan(model, dict(best.assignment),
+                    evaluate(model, best.assignment, best.shardings), baseline,
+                    seconds=time.perf_counter() - start, extra=extra, shardings=best.shardings)
 
 
 def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
                    baseline: tuple[int, Evaluation] | None = None) -> FrontierPoint:
-  """Fastest plan under `limit` that fits in memory (Lagrange repair when the sum overflows)."""
+  """Fastest plan under `limit` that fits in memory (Lagrange repair when the sum overflows).
+
+  With weight sharding allowed, one search per sharding rule (search.SHARDING_RULES: samples
+  only, dominant, cheapest); the fitting plan evaluate() prices fastest wins, so it is never
+  slower than the samples-only plan."""
   allowed = allowed_counts(model, limit, fits)
-  assignment, _ = search(build_tables(model, allowed))
-  if _fits(model, assignment):
-    ev = evaluate(model, assignment)
-    return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment)
-  found: list[tuple[float, dict]] = []
+  rules = SHARDING_RULES if "weights" in model.options.sharding else SHARDING_RULES[:1]
+  found: list[tuple[float, dict, dict]] = []
+  for rule in rules:
+    assignment, shardings = _search(build_tables(model, allowed, rule=rule))
+    if _fits(model, assignment, shardings):
+      found.append((evaluate(model, assignment, shardings).iteration_ms, assignment, shardings))
+  if found:
+    _, assignment, shardings = min(found, key=lambda x: x[0])
+    ev = evaluate(model, assignment, shardings)
+    return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings)
   act_gb = memory.activation_bytes(model) / memory.GB
   for lam in MEMORY_PENALTIES_MS_PER_GB:
-    candidate, _ = search(build_tables(model, allowed, penalty_ms=lam * act_gb))
-    if _fits(model, candidate):
-      found.append((evaluate(model, candidate).iteration_ms, candidate))
+    for rule in rules:
+      candidate, shards = _search(build_tables(model, allowed, penalty_ms=lam * act_gb,
+                                               rule=rule))
+      if _fits(model, candidate, shards):
+        found.append((evaluate(model, candidate, shards).iteration_ms, candidate, shards))
   if baseline is not None:
     count = baseline[0]
     column = int(np.searchsorted(model.counts, count))
     dp = {n: (0, count) for n in model.names}
     if allowed[:, column].all() and _fits(model, dp):
-      found.append((baseline[1].iteration_ms, dp))
+      found.append((baseline[1].iteration_ms, dp, {}))
   if not found:
-    memory.check_fits(model, candidate)  # raises, naming the device and its largest layer
-  _, assignment = min(found, key=lambda x: x[0])
-  ev = evaluate(model, assignment)
-  return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment)
+    memory.check_fits(model, candidate, shardings=shards)  # raises, naming the device
+  _, assignment, shardings = min(found, key=lambda x: x[0])
+  ev = evaluate(model, assignment, shardings)
+  return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings)
 
 
-def _fits(model: CostModel, assignment: Mapping[str, Placement]) -> bool:
+def _search(tables) -> tuple[dict[str, Placement], dict[str, Sharding]]:
+  """The search's assignment and the weight shardings of its layers."""
+  assignment, _ = search(tables)
+  return assignment, chain_shardings(tables, assignment)
+
+
+def _fits(model: CostModel, assignment: Mapping[str, Placement],
+          shardings: Mapping[str, Sharding] | None = None) -> bool:
   if not model.options.check_memory:
     return True
-  return bool(memory.device_bytes(model, assignment).max() <= memory.capacity_bytes(model))
+  used = memory.device_bytes(model, assignment, shardings)
+  return bool(used.max() <= memory.capacity_bytes(model))
 
 
 def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evaluation,
                baseline: tuple[int, Evaluation], *, seconds: float,
-               extra: Mapping[str, Any] | None = None) -> Plan:
-  """A Plan with per-layer and per-stage costs and the data-parallel comparison."""
+               extra: Mapping[str, Any] | None = None,
+               shardings: Mapping[str, Sharding] | None = None) -> Plan:
+  """A Plan with per-layer and per-stage costs and the data-parallel comparison; layers with a
+  weight sharding carry its "sharding" entry (dp_jax.sharding.layer_sharding)."""
   opts, g = model.options, model.options.num_devices
+  shardings = shardings or {}
   dp_count, dp = baseline
   stage_of, sync_share = {}, {}
   for i, st in enumerate(ev.stages):
-    grads = sum(model.grad_bytes[model.row[n]] for n in st.layers)
+    grads = sum(sharded.grad_bytes(model, n, shardings.get(n)) for n in st.layers)
     for n in st.layers:
       stage_of[n] = i
-      sync_share[n] = st.sync_ms * model.grad_bytes[model.row[n]] / grads if grads else 0.0
+      mine = sharded.grad_bytes(model, n, shardings.get(n))
+      sync_share[n] = st.sync_ms * mine / grads if grads else 0.0
   moved_in: dict[str, float] = {}
   for mv in ev.moves:
     moved_in[mv.dst] = moved_in.get(mv.dst, 0.0) + mv.ms
@@ -113,19 +141,22 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   layers = []
   for node in model.graph.nodes:
     start, count = assignment[node.name]
-    fb, bwd = model.layer_ms(node.name, (start, count))
+    sh = shardings.get(node.name)
+    fb, bwd = model.layer_ms(node.name, (start, count), sh)
     column = np.searchsorted(model.counts, count)
     in_table = column < len(model.counts) and model.counts[column] == count
+    m = 1 if sh is None else sh[0]
+    entry = {} if sh is None else {"sharding": layer_sharding(node, (count // m, m), sh[1])}
     layers.append(LayerPlan(
         name=node.name, devices=tuple(range(start, start + count)),
-        samples=sample_ranges(opts.global_batch, count),
-        extra={"kind": node.kind, "per_device_batch": opts.global_batch // count,
+        samples=sharded_sample_ranges(opts.global_batch, count, m),
+        extra={**entry, "kind": node.kind, "per_device_batch": opts.global_batch // (count // m),
                "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
                "sync_ms": float(sync_share[node.name]),
                "move_in_ms": float(moved_in.get(node.name, 0.0)),
                "amplification": float(amp[model.row[node.name], column]) if in_table else None,
                "stage": stage_of[node.name]}))
-  used = memory.device_bytes(model, assignment)
+  used = memory.device_bytes(model, assignment, shardings)
   dp_used = memory.device_bytes(model, {n: (0, dp_count) for n in model.names})
   predicted = {
       "iteration_ms": ev.iteration_ms, "gpu_ms": ev.gpu_ms,
@@ -150,7 +181,8 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
       "topology": {"nodes": job.num_nodes, "devices_per_node": job.devices_per_node,
                    "multi_node": job.num_nodes > 1},
       "cluster_spec": asdict(model.cluster),
-      "options": {k: (None if isinstance(v, float) and math.isinf(v) else v)
+      "options": {k: (None if isinstance(v, float) and math.isinf(v)
+                      else list(v) if isinstance(v, tuple) else v)
                   for k, v in asdict(opts).items()},
       "candidate_counts": [int(c) for c in model.counts],
       "interpolated_layers": sorted(model.interpolated),
@@ -159,3 +191,9 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   return Plan(model=model.graph.model, global_batch=opts.global_batch, num_devices=g,
               cluster=model.cluster.name, amplification_limit=float(opts.amplification_limit),
               layers=tuple(layers), predicted=predicted, planner_seconds=seconds, extra=more)
+
+
+def sharded_sample_ranges(batch: int, count: int, m: int) -> tuple[tuple[int, int], ...]:
+  """Device k of a (count / m, m) mesh holds sample range k // m of count / m."""
+  ranges = sample_ranges(batch, count // m)
+  return tuple(ranges[k // m] for k in range(count))

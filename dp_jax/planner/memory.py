@@ -2,12 +2,16 @@
 
 A device holding a layer on g devices at global batch B keeps:
 - the layer's parameters, gradients and optimizer state (param_bytes + params x (grad bytes +
-  optimizer bytes per parameter)); a copy on every device holding the layer;
+  optimizer bytes per parameter)); a copy on every device holding the layer, or under a weight
+  sharding on a (d, m) mesh the split parameters' 1/m share plus the replicated ones whole
+  (dp_jax/planner/sharded.py);
 - the activations the layer saves for its backward pass for its B / g samples: the bytes of
   the residuals of the layer's forward-with-residuals program, per sample, as traced by XLA
   (LayerNode.saved_bytes_per_sample, dp_jax/trace.py); graphs without them (hand-written
   files) fall back to the layer's output. Saved bytes are rescaled from the traced dtype to the
-  profile's (mixed fp16 saves 2-byte activations).
+  profile's (mixed fp16 saves 2-byte activations). A weight-sharded layer keeps them for its
+  B / d samples, the part its split keeps whole (its gathered input; a block's input and output)
+  in full and the rest / m (sharded.saved_per_sample).
 Pure numpy: no JAX.
 """
 
@@ -20,6 +24,8 @@ import numpy as np
 
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph, LayerNode
+from dp_jax.planner import sharded
+from dp_jax.planner.sharded import Sharding
 
 if TYPE_CHECKING:
   from dp_jax.planner.costs import CostModel, Placement
@@ -66,9 +72,15 @@ def placed_bytes(graph: LayerGraph, layers: Iterable[Mapping], num_devices: int,
   used = np.zeros(num_devices)
   for layer in layers:
     n = nodes[layer["name"]]
-    state = state_bytes(n, grad_bytes_per_param, optimizer_bytes_per_param,
-                        param_bytes_per_param)
-    per_sample = saved_bytes_per_sample(n, element_scale)
+    entry = layer.get("sharding") or {}
+    sh = (int(entry["mesh"][1]), str(entry["split"])) \
+        if entry.get("split", "samples") != "samples" else None
+    state = sharded.param_share(n, sh) * state_bytes(n, grad_bytes_per_param,
+                                                     optimizer_bytes_per_param,
+                                                     param_bytes_per_param)
+    ins = sum(nodes[p].out_bytes_per_sample for p in n.inputs) * element_scale
+    per_sample = sharded.saved_per_sample(saved_bytes_per_sample(n, element_scale), ins,
+                                          n.out_bytes_per_sample * element_scale, sh)
     for d, (a, b) in zip(layer["devices"], layer["samples"], strict=True):
       used[d] += state + (b - a) * per_sample
   return used
@@ -107,41 +119,49 @@ def fits_alone(model: CostModel) -> np.ndarray:
   return ok
 
 
-def _need(model: CostModel, name: str, count: int) -> float:
+def _need(model: CostModel, name: str, count: int, sharding: Sharding | None = None) -> float:
   i = model.row[name]
-  return float(model.state_bytes[i] + model.saved_bytes[i] * (model.batch // count))
+  share = sharded.param_share(model.graph.node(name), sharding)
+  d = count if sharded.is_samples(sharding) else count // sharding[0]
+  saved = sharded.saved_per_sample(model.saved_bytes[i], model.in_bytes[i], model.out_bytes[i],
+                                   sharding)
+  return float(model.state_bytes[i] * share + saved * (model.batch // d))
 
 
-def device_bytes(model: CostModel, assignment: Mapping[str, Placement]) -> np.ndarray:
-  """Bytes each job device holds under the assignment (index = device)."""
+def device_bytes(model: CostModel, assignment: Mapping[str, Placement],
+                 shardings: Mapping[str, Sharding] | None = None) -> np.ndarray:
+  """Bytes each job device holds under the assignment and weight shardings (index = device)."""
+  shardings = shardings or {}
   per_device = np.zeros(model.options.num_devices + 1)
   for name, (start, count) in assignment.items():
-    need = _need(model, name, count)
+    need = _need(model, name, count, shardings.get(name))
     per_device[start] += need
     per_device[start + count] -= need
   return np.cumsum(per_device)[:-1]
 
 
-def largest_layer_on(model: CostModel, assignment: Mapping[str, Placement], device: int) -> str:
+def largest_layer_on(model: CostModel, assignment: Mapping[str, Placement], device: int,
+                     shardings: Mapping[str, Sharding] | None = None) -> str:
   """The layer that takes the most memory on `device`."""
   best, best_bytes = "", -1.0
   for name, (start, count) in assignment.items():
     if start <= device < start + count:
-      need = _need(model, name, count)
+      need = _need(model, name, count, (shardings or {}).get(name))
       if need > best_bytes:
         best, best_bytes = name, need
   return best
 
 
-def check_fits(model: CostModel, assignment: Mapping[str, Placement], what: str = "plan") -> None:
+def check_fits(model: CostModel, assignment: Mapping[str, Placement], what: str = "plan",
+               shardings: Mapping[str, Sharding] | None = None) -> None:
   """Raise a one-line UserError when some device of the plan runs out of memory."""
   if not model.options.check_memory:
     return
-  used = device_bytes(model, assignment)
+  used = device_bytes(model, assignment, shardings)
   d = int(np.argmax(used))
   if used[d] > capacity_bytes(model):
     raise UserError(
         f"no {what} fits in {model.cluster.memory_gb_per_device:g} GB per device: device {d} needs "
         f"{used[d] / GB:.2f} GB; largest layer there is "
-        f"'{largest_layer_on(model, assignment, d)}'; use more devices, a smaller global batch "
-        "or devices with more memory")
+        f"'{largest_layer_on(model, assignment, d, shardings)}'; use more devices, a smaller "
+        "global batch or devices with more memory")

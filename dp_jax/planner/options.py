@@ -12,6 +12,7 @@ from dp_jax.errors import UserError
 DEVICE_COUNT_MODES = ("divisors", "powers_of_two")
 BATCH_NORM_MODES = ("sync", "local")  # statistics over a stage's whole batch / per device
 MODES = ("fastest", "frontier")
+SHARDING_CHOICES = ("samples", "weights")  # split samples / also weights (out, in, heads)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class PlanOptions:
   param_bytes_per_param: int = 4  # only used to count params when a node gives param_bytes alone
   check_memory: bool = True
   batch_norm: str = "sync"  # sync: statistics all-reduced over a layer's devices (priced)
+  sharding: tuple[str, ...] = ("samples",)  # what a layer may split (planner.sharding)
 
   def __post_init__(self):
     for key in ("num_devices", "global_batch"):
@@ -46,6 +48,7 @@ class PlanOptions:
     if self.batch_norm not in BATCH_NORM_MODES:
       raise UserError(f"batch_norm '{self.batch_norm}' is unknown "
                       f"(valid: {', '.join(BATCH_NORM_MODES)})")
+    object.__setattr__(self, "sharding", check_sharding_choices(self.sharding))
     if self.device_counts not in DEVICE_COUNT_MODES:
       raise UserError(f"device_counts '{self.device_counts}' is unknown "
                       f"(valid: {', '.join(DEVICE_COUNT_MODES)})")
@@ -58,6 +61,23 @@ class PlanOptions:
         raise UserError(f"{key} must be a number >= 0, got {value!r}")
     if self.param_bytes_per_param <= 0:
       raise UserError(f"param_bytes_per_param must be > 0, got {self.param_bytes_per_param!r}")
+
+
+def check_sharding_choices(value) -> tuple[str, ...]:
+  """planner.sharding as a tuple of known names that includes samples (one-line errors)."""
+  names = [value] if isinstance(value, str) else list(value) if isinstance(
+      value, (list, tuple)) else None
+  if names is None or not names or not all(isinstance(n, str) for n in names):
+    raise UserError(f"planner.sharding must be a list of names from "
+                    f"{', '.join(SHARDING_CHOICES)}, got {value!r}")
+  unknown = sorted(set(names) - set(SHARDING_CHOICES))
+  if unknown:
+    raise UserError(f"planner.sharding '{unknown[0]}' is unknown "
+                    f"(valid: {', '.join(SHARDING_CHOICES)})")
+  if "samples" not in names:
+    raise UserError("planner.sharding must include samples (layers that cannot split weights "
+                    "split their samples), e.g. [samples,weights]")
+  return tuple(n for n in SHARDING_CHOICES if n in names)
 
 
 def candidate_counts(options: PlanOptions) -> np.ndarray:

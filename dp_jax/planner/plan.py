@@ -11,8 +11,10 @@ from typing import Any
 from dp_jax.errors import UserError
 from dp_jax.jsonfile import read_json, write_json
 from dp_jax.planner.costs import Placement
+from dp_jax.sharding import check_sharding, default_sharding
 
-PLAN_SCHEMA = "dp_jax.plan/1"
+PLAN_SCHEMA = "dp_jax.plan/2"
+SCHEMAS = ("dp_jax.plan/1", PLAN_SCHEMA)  # /1: no sharding entries (every layer samples-split)
 REQUIRED = ("schema", "model", "global_batch", "num_devices", "cluster", "amplification_limit",
             "layers", "predicted", "planner_seconds")
 REQUIRED_PREDICTED = ("iteration_ms", "gpu_ms", "data_parallel_iteration_ms",
@@ -26,11 +28,16 @@ class LayerPlan:
   name: str
   devices: tuple[int, ...]
   samples: tuple[tuple[int, int], ...]
-  extra: Mapping[str, Any] = field(default_factory=dict)  # compute_ms, sync_ms, stage, ...
+  extra: Mapping[str, Any] = field(default_factory=dict)  # compute_ms, sync_ms, sharding, ...
 
   @property
   def placement(self) -> Placement:
     return self.devices[0], len(self.devices)
+
+  @property
+  def sharding(self) -> dict[str, Any]:
+    """The layer's "sharding" entry (dp_jax/sharding.py); samples on (g, 1) when it has none."""
+    return dict(self.extra.get("sharding") or default_sharding(len(self.devices)))
 
 
 @dataclass(frozen=True)
@@ -85,9 +92,9 @@ class Plan:
     for key in REQUIRED:
       if key not in d:
         raise UserError(f"{where}: missing required field '{key}'")
-    if d["schema"] != PLAN_SCHEMA:
+    if d["schema"] not in SCHEMAS:
       raise UserError(f"{where}: schema '{d['schema']}' is not supported "
-                      f"(expected '{PLAN_SCHEMA}')")
+                      f"(expected one of {', '.join(SCHEMAS)})")
     batch = _int(d["global_batch"], f"{where}: global_batch")
     num_devices = _int(d["num_devices"], f"{where}: num_devices")
     if not isinstance(d["layers"], list) or not d["layers"]:
@@ -99,7 +106,7 @@ class Plan:
         raise UserError(f"{where}: predicted is missing '{key}'")
     limit = d["amplification_limit"]
     limit = math.inf if limit is None else float(limit)
-    layers = tuple(_layer(x, batch, num_devices, f"{where}: layers[{i}]")
+    layers = tuple(_layer(x, batch, num_devices, f"{where}: layers[{i}]", d["schema"])
                    for i, x in enumerate(d["layers"]))
     extra = {k: v for k, v in d.items() if k not in REQUIRED}
     return cls(model=str(d["model"]), global_batch=batch, num_devices=num_devices,
@@ -121,7 +128,8 @@ def _int(value: Any, where: str) -> int:
   return value
 
 
-def _layer(x: Any, batch: int, num_devices: int, where: str) -> LayerPlan:
+def _layer(x: Any, batch: int, num_devices: int, where: str,
+           schema: str = PLAN_SCHEMA) -> LayerPlan:
   if not isinstance(x, dict):
     raise UserError(f"{where}: a layer must be an object with name, devices, samples")
   for key in ("name", "devices", "samples"):
@@ -140,12 +148,22 @@ def _layer(x: Any, batch: int, num_devices: int, where: str) -> LayerPlan:
     if not (isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) for v in s)):
       raise UserError(f"{where} ('{x['name']}'): each sample range must be [start, end]")
     ranges.append((s[0], s[1]))
-  covered = sorted(ranges)
+  if "sharding" in x and schema != PLAN_SCHEMA:
+    raise UserError(f"{where} ('{x['name']}'): a {schema} plan has no 'sharding'; write "
+                    f"schema {PLAN_SCHEMA}")
+  sharding = check_sharding(x.get("sharding"), len(devices), f"{where} ('{x['name']}')")
+  m = sharding["mesh"][1]
+  if any(ranges[k] != ranges[k - k % m] for k in range(len(ranges))):
+    raise UserError(f"{where} ('{x['name']}'): on mesh {sharding['mesh']} the {m} devices of "
+                    f"each model group need the same sample range")
+  covered = sorted(ranges[::m])
   if covered[0][0] != 0 or covered[-1][1] != batch or any(
       a[1] != b[0] for a, b in zip(covered, covered[1:], strict=False)) or any(
       a >= b for a, b in covered):
     raise UserError(f"{where} ('{x['name']}'): sample ranges must tile [0, {batch}) exactly")
   extra = {k: v for k, v in x.items() if k not in ("name", "devices", "samples")}
+  if "sharding" in extra:
+    extra["sharding"] = sharding
   return LayerPlan(str(x["name"]), tuple(devices), tuple(ranges), extra)
 
 

@@ -18,6 +18,11 @@ evaluate() would not cut them; that never helps (latency is paid once, exposure 
 sub-additive), so the minimum is evaluate()'s optimum. Cost O(items^2 C + items C^3) per
 chain with C candidate counts.
 
+Weight sharding (planner.sharding with weights): the prefix tables (compute, bwd,
+prefix_band, prefix_params) hold, per (layer, count), one sharding chosen by a rule
+(choose_sharding), so the DP above is unchanged and exact given that choice; lanes split
+samples. make.plan_for_limit runs one search per rule and keeps the faster plan.
+
 Block DP. A block's cost is a matrix over (fork count, join count): serialized sums the
 branch chains (each solved once with its fork context); concurrent runs the lane search
 (_lane_dp), whose state is (branches placed, end of the last lane) and whose tier depends on
@@ -60,6 +65,7 @@ from dp_jax.planner.costs import (
   move_from_parts,
   move_parts,
 )
+from dp_jax.planner.sharded import candidates, syncs
 from dp_jax.planner.structure import first_layer, flat_layers, last_layer
 
 # Single-input elementwise layers: XLA fuses them into their producer (DeepPool's ReLUs run in
@@ -85,6 +91,10 @@ class _Tables:
   lat: np.ndarray  # (K, C) all-reduce latency term per link class
   link0: np.ndarray  # (C,) link class of prefix [0, count)
   has_params: np.ndarray
+  prefix_band: np.ndarray | None = None  # (L, C) all-reduce bandwidth on the prefix [0, count)
+  prefix_params: np.ndarray | None = None  # (L, C) bool: the layer all-reduces gradients there
+  shardings: dict = field(default_factory=dict)  # (row, column) -> weight sharding on the prefix
+  chained: set = field(default_factory=set)  # layers the last reconstruction placed on prefixes
   edges: dict = field(default_factory=dict)
   lanes: tuple | None = None
 
@@ -110,8 +120,16 @@ class _Tables:
     return self.lanes
 
 
-def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray | None = None):
-  """Tables for one search; `penalty_ms` (L, C) is added to compute (memory repair only)."""
+SHARDING_RULES = ("samples", "dominant", "cheapest")  # samples: no weight sharding
+
+
+def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray | None = None,
+                 rule: str = "samples"):
+  """Tables for one search; `penalty_ms` (L, C) is added to compute (memory repair only).
+
+  With planner.sharding including weights, each (layer, count) on the prefix [0, count) takes
+  one sharding by `rule` (choose_sharding; "samples": none); lanes split samples.
+  """
   k = model.counts
   cl = model.cluster
   band = np.stack([volume_ms(model.grad_bytes[:, None], k[None, :], bw)
@@ -119,15 +137,79 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
   lat = class_latency_ms(cl, k)
   bn = batch_norm_ms(model)
   compute_k = model.compute_ms[None] + 2 * bn
-  if penalty_ms is not None:
-    compute_k = compute_k + penalty_ms[None]
   bwd_k = model.bwd_ms[None] + bn
   link0 = link_class(cl, 0, k)
   cols = np.arange(len(k))
+  compute, bwd = compute_k[link0, :, cols].T, bwd_k[link0, :, cols].T
+  prefix_band = band[link0, :, cols].T
+  prefix_params = np.repeat((model.grad_bytes > 0)[:, None], len(k), axis=1)
+  shardings = {}
+  if rule not in SHARDING_RULES:
+    raise ValueError(f"unknown sharding rule {rule!r}")
+  if "weights" in model.options.sharding and rule != "samples":
+    for r, name in enumerate(model.names):
+      node = model.graph.node(name)
+      for c, g in enumerate(k):
+        cands = candidates(node, int(g), model.options.sharding)[1:]
+        if not cands:
+          continue
+        pick = choose_sharding(model, name, int(g), cands,
+                               (compute[r, c], bwd[r, c], prefix_band[r, c]), rule)
+        if pick is not None:
+          sh, (total, back, sent) = pick
+          shardings[(r, c)] = sh
+          compute[r, c], bwd[r, c], prefix_band[r, c] = total, back, sent
+          prefix_params[r, c] = syncs(model, name, int(g), sh)
+  if penalty_ms is not None:
+    compute_k = compute_k + penalty_ms[None]
+    compute = compute + penalty_ms
   return _Tables(model=model, counts=k, budget=model.options.num_devices, allowed=allowed,
-                 compute=compute_k[link0, :, cols].T, bwd=bwd_k[link0, :, cols].T,
-                 compute_k=compute_k, bwd_k=bwd_k, band=band, lat=lat, link0=link0,
-                 has_params=model.grad_bytes > 0)
+                 compute=compute, bwd=bwd, compute_k=compute_k, bwd_k=bwd_k, band=band,
+                 lat=lat, link0=link0, has_params=model.grad_bytes > 0, prefix_band=prefix_band,
+                 prefix_params=prefix_params, shardings=shardings)
+
+
+def choose_sharding(model: CostModel, name: str, count: int, cands: list, samples: tuple,
+                    rule: str = "samples"):
+  """A weight sharding of a layer on the prefix [0, count) (samples = its (fwd + bwd, bwd,
+  all-reduce bandwidth) there), or None for samples.
+
+  A stage's cost is sum(compute) + latency + max over layers l of (bandwidth of layers <= l)
+  - (backward of layers < l) with overlap (else + sum(bandwidth)). rule "dominant": only a
+  sharding that costs no more than samples in every stage it can sit in (its compute, compute
+  + bandwidth and, with overlap, compute + bandwidth - backward all no larger; it never syncs
+  more). rule "cheapest": any sharding with no larger compute + bandwidth (the stage cost
+  without overlap). Either way the least compute + bandwidth (then compute) wins.
+  """
+  overlap = model.options.overlap_allreduce and rule == "dominant"
+  c0, b0, a0 = samples
+  slack = 1e-9 * (1.0 + c0 + a0)
+  best = None
+  for sh in cands:
+    total, back = model.layer_ms(name, (0, count), sh)
+    sent = model.band_ms(name, (0, count), sh)
+    keys = [total + sent - c0 - a0]
+    if overlap:
+      keys += [total - c0, total + sent - back - (c0 + a0 - b0)]
+    if max(keys) > slack:
+      continue
+    rank = (total + sent, total)
+    if best is None or rank < best[0]:
+      best = (rank, sh, (total, back, sent))
+  return None if best is None else (best[1], best[2])
+
+
+def chain_shardings(t: _Tables, assignment: dict) -> dict:
+  """Weight shardings of the layers the last reconstruction placed on prefixes (layer ->
+  (m, split)); the others split samples."""
+  out = {}
+  for name in t.chained:
+    start, count = assignment[name]
+    c = int(np.searchsorted(t.counts, count))
+    sh = t.shardings.get((t.model.row[name], c))
+    if start == 0 and sh is not None:
+      out[name] = sh
+  return out
 
 
 def _run_sync(t: _Tables, rows: np.ndarray, kind: int) -> np.ndarray:
@@ -178,16 +260,15 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
   """Chain DP; `enter[f, g]` prices reaching the first layer on count g from fork count f."""
   spans, flat = _flatten_chain(t, chain)
   sol = _ChainSol(chain, spans, flat)
-  kind = t.link0[None, :]
   cols = np.arange(len(t.counts))
-  band = t.band[kind, flat[:, None], cols[None, :]]
+  band = t.prefix_band[flat]
   bwd = t.bwd[flat]
   zeros = np.zeros((1, len(cols)))
   cum_comp = np.vstack([zeros, np.cumsum(t.compute[flat], axis=0)])
   cum_a = np.vstack([zeros, np.cumsum(band, axis=0)])
   cum_b = np.vstack([zeros, np.cumsum(bwd, axis=0)])
   cum_bad = np.vstack([zeros, np.cumsum(~t.allowed[flat], axis=0)])
-  cum_p = np.concatenate([[0], np.cumsum(t.has_params[flat])])
+  cum_p = np.vstack([zeros, np.cumsum(t.prefix_params[flat], axis=0)])
   reach = cum_a[1:] - cum_b[:-1]  # sent through l minus backward hidden before l
   lat = t.lat[t.link0, cols]
   overlap = t.model.options.overlap_allreduce
@@ -216,7 +297,7 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
       exposed = suffix[s] - (cum_a[s] - cum_b[s])
     else:
       exposed = cum_a[e] - cum_a[s]
-    sync = np.where(((cum_p[e] - cum_p[s]) > 0)[:, None], lat[None, :] + exposed, 0.0)
+    sync = np.where((cum_p[e] - cum_p[s]) > 0, lat[None, :] + exposed, 0.0)
     run = cum_comp[e] - cum_comp[s] + sync
     run[(cum_bad[e] - cum_bad[s]) > 0] = INF
     run[no_start[: i + 1]] = INF  # an elementwise layer stays on its producer's devices
@@ -720,6 +801,7 @@ def _place_chain(t: _Tables, sol: _ChainSol, f: int, g: int, out: dict) -> None:
     i = int(sol.arg_start[k][f, g])
     for r in sol.flat[sol.spans[i][0]: sol.spans[k][1]]:
       out[t.model.names[r]] = (0, int(t.counts[g]))
+      t.chained.add(t.model.names[r])
     if i == 0:
       return
     prev = int(sol.arg_in[i][f, g])
@@ -746,6 +828,7 @@ def search(t: _Tables) -> tuple[dict[str, Placement], float]:
   final = sol.value[len(top.items) - 1][0]
   g = int(final.argmin())
   out: dict[str, Placement] = {}
+  t.chained.clear()
   if np.isfinite(final[g]):
     _place_chain(t, sol, 0, g, out)
   return out, float(final[g])

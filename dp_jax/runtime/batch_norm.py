@@ -25,10 +25,11 @@ def batch_norm_mode(plan: Mapping[str, Any]) -> str:
 
 
 def set_statistics_groups(model, plan: Mapping[str, Any]) -> None:
-  """Give every batch-norm layer of `model` one statistics group per device of its layer in
-  the plan (local), or one for its whole batch (sync)."""
+  """Give every batch-norm layer of `model` one statistics group per sample range of its layer
+  in the plan (local: one per device along its "data" axis), or one for its whole batch (sync)."""
   local = batch_norm_mode(plan) == "local"
-  devices = {layer["name"]: len(layer["devices"]) for layer in plan["layers"]}
+  devices = {layer["name"]: (layer.get("sharding") or {}).get("mesh", [len(layer["devices"])])[0]
+             for layer in plan["layers"]}  # the data-axis size: devices with their own samples
   for spec in model.layer_specs():
     if hasattr(spec.module, "stats_groups"):
       spec.module.stats_groups = devices.get(spec.name, 1) if local else 1

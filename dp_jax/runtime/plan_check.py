@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph
+from dp_jax.graph import LayerGraph, LayerNode
+from dp_jax.sharding import check_sharding, sample_ranges, splits_for
 
-PLAN_SCHEMA = "dp_jax.plan/1"
+PLAN_SCHEMA = "dp_jax.plan/2"
+SCHEMAS = ("dp_jax.plan/1", PLAN_SCHEMA)  # /1: every layer samples-split on (g, 1)
 
 
 @dataclass(frozen=True)
 class LayerPlacement:
-  """Where a layer runs: plan device indices, in the order of their sample ranges."""
+  """Where and how a layer runs: plan device indices (device k = mesh position (k // m, k % m)),
+  its (data, model) mesh, split and parameter specs (path -> PartitionSpec as a JSON list)."""
 
   name: str
   devices: tuple[int, ...]
+  mesh: tuple[int, int] = (0, 0)  # (0, 0): (len(devices), 1)
+  split: str = "samples"
+  params: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+  def __post_init__(self):
+    if self.mesh == (0, 0):
+      object.__setattr__(self, "mesh", (len(self.devices), 1))
 
 
 @dataclass(frozen=True)
@@ -45,8 +55,9 @@ def check_plan(plan: Any, graph: LayerGraph, *, available_devices: int,
   """Validate `plan` for `graph` on `available_devices`; raise UserError on the first problem."""
   p = plan_dict(plan)
   schema = p.get("schema", PLAN_SCHEMA)
-  if schema != PLAN_SCHEMA:
-    raise UserError(f"plan schema '{schema}' is not supported (expected '{PLAN_SCHEMA}')")
+  if schema not in SCHEMAS:
+    raise UserError(f"plan schema '{schema}' is not supported (expected one of "
+                    f"{', '.join(SCHEMAS)})")
   for key in ("model", "global_batch", "num_devices", "layers"):
     if key not in p:
       raise UserError(f"plan is missing required field '{key}'")
@@ -67,7 +78,9 @@ def check_plan(plan: Any, graph: LayerGraph, *, available_devices: int,
   if not isinstance(layers, list) or not all(isinstance(x, Mapping) for x in layers):
     raise UserError("plan 'layers' must be a list of objects with name, devices and samples")
   _check_names([x.get("name") for x in layers], graph)
-  placements = {x["name"]: _placement(x, batch, g) for x in layers}
+  if schema != PLAN_SCHEMA and any("sharding" in x for x in layers):
+    raise UserError(f"a {schema} plan has no layer 'sharding'; write schema {PLAN_SCHEMA}")
+  placements = {x["name"]: _placement(x, batch, g, graph.node(x["name"])) for x in layers}
   return CheckedPlan(graph.model, batch, g, {n: placements[n] for n in graph.names})
 
 
@@ -91,7 +104,8 @@ def _check_names(names: list[Any], graph: LayerGraph) -> None:
                     f"make the plan for this model and size")
 
 
-def _placement(layer: Mapping[str, Any], batch: int, num_devices: int) -> LayerPlacement:
+def _placement(layer: Mapping[str, Any], batch: int, num_devices: int,
+               node: LayerNode) -> LayerPlacement:
   name, devices, samples = layer["name"], layer.get("devices"), layer.get("samples")
   if not isinstance(devices, list) or not devices or not all(_is_int(d) for d in devices):
     raise UserError(f"plan layer '{name}': 'devices' must be a non-empty list of device indices")
@@ -101,17 +115,23 @@ def _placement(layer: Mapping[str, Any], batch: int, num_devices: int) -> LayerP
   if bad:
     raise UserError(f"plan layer '{name}' uses device {bad[0]}, outside the plan's "
                     f"{num_devices} devices (valid: 0..{num_devices - 1})")
-  n = len(devices)
-  if batch % n:
-    raise UserError(f"plan layer '{name}' splits global batch {batch} over {n} devices; "
-                    f"the batch must be divisible by every layer's device count")
-  per = batch // n
-  want = [[i * per, (i + 1) * per] for i in range(n)]
+  sharding = check_sharding(layer.get("sharding"), len(devices), f"plan layer '{name}'")
+  (d, m), split = sharding["mesh"], sharding["split"]
+  if split not in splits_for(node, m):
+    raise UserError(f"plan layer '{name}' ({node.kind}) cannot use split '{split}' on a model "
+                    f"axis of {m}")
+  if batch % d:
+    raise UserError(f"plan layer '{name}' splits global batch {batch} over {d} devices; "
+                    f"the batch must be divisible by every layer's data-axis size")
+  want = [list(r) for r in sample_ranges(batch, d, m)]
   if samples is not None and not (isinstance(samples, list) and all(
       isinstance(s, (list, tuple)) for s in samples) and [list(s) for s in samples] == want):
     raise UserError(f"plan layer '{name}': samples must be equal contiguous ranges in device "
-                    f"order, e.g. {want[:2]}, got {str(samples)[:40]}")
-  return LayerPlacement(name, tuple(devices))
+                    f"order, the same within each model group of {m}, e.g. {want[:2]}, "
+                    f"got {str(samples)[:40]}")
+  params = {k: tuple(tuple(e) if isinstance(e, list) else e for e in v)
+            for k, v in sharding["params"].items()}
+  return LayerPlacement(name, tuple(devices), (d, m), split, params)
 
 
 def _is_int(v: Any) -> bool:

@@ -7,20 +7,29 @@ from typing import Any
 
 from dp_jax.graph import LayerGraph
 from dp_jax.runtime.plan_check import PLAN_SCHEMA
+from dp_jax.sharding import layer_sharding, sample_ranges
 
 Layout = Mapping[str, Sequence[int]] | Callable[[str], Sequence[int]]
+Shardings = Mapping[str, tuple[tuple[int, int], str]]  # layer -> ((d, m), split)
 
 
 def layout_plan(graph: LayerGraph, layout: Layout, *, global_batch: int,
-                num_devices: int) -> dict[str, Any]:
-  """A plan placing each layer on its listed devices, with equal contiguous sample ranges."""
+                num_devices: int, shardings: Shardings | None = None) -> dict[str, Any]:
+  """A plan placing each layer on its listed devices; a layer in `shardings` runs on its
+  (d, m) mesh with its split (samples: device k gets range k // m of d equal ranges), the
+  others split samples in equal contiguous ranges."""
   devices_of = layout if callable(layout) else layout.__getitem__
+  shardings = shardings or {}
   layers = []
   for name in graph.names:
     devs = [int(d) for d in devices_of(name)]
-    per = global_batch // len(devs)
-    layers.append({"name": name, "devices": devs,
-                   "samples": [[i * per, (i + 1) * per] for i in range(len(devs))]})
+    layer: dict[str, Any] = {"name": name, "devices": devs}
+    mesh, split = shardings.get(name, ((len(devs), 1), "samples"))
+    ranges = sample_ranges(global_batch, *mesh)
+    layer["samples"] = [list(r) for r in ranges]
+    if split != "samples":
+      layer["sharding"] = layer_sharding(graph.node(name), mesh, split)
+    layers.append(layer)
   return {"schema": PLAN_SCHEMA, "model": graph.model, "global_batch": global_batch,
           "num_devices": num_devices, "layers": layers, "predicted": {}}
 

@@ -19,6 +19,11 @@ class Stage:
   layers: tuple[str, ...]
   inputs: tuple[str, ...]  # producers outside the stage it reads (INPUT: the model input)
   exports: tuple[str, ...]  # its layers read by later stages, and the model output
+  mesh_shape: tuple[int, int] = (0, 0)  # (data, model); (0, 0): (len(devices), 1)
+
+  def __post_init__(self):
+    if self.mesh_shape == (0, 0):
+      object.__setattr__(self, "mesh_shape", (len(self.devices), 1))
 
 
 def series_parallel_order(graph: LayerGraph) -> list[str]:
@@ -27,34 +32,38 @@ def series_parallel_order(graph: LayerGraph) -> list[str]:
 
 
 def group_stages(graph: LayerGraph, devices_of: Mapping[str, Sequence[int]],
-                 breaks: Collection[str] = ()) -> list[Stage]:
-  """Fuse consecutive layers (series-parallel order) placed on the same ordered device set;
-  a layer in `breaks` always starts a new stage (a background job's pieces)."""
-  runs: list[tuple[tuple[int, ...], list[str]]] = []
+                 breaks: Collection[str] = (),
+                 mesh_of: Mapping[str, tuple[int, int]] | None = None) -> list[Stage]:
+  """Fuse consecutive layers (series-parallel order) placed on the same ordered device set and
+  mesh shape (mesh_of; default (count, 1)); a layer in `breaks` always starts a new stage (a
+  background job's pieces)."""
+  runs: list[tuple[tuple[int, ...], list[str], tuple[int, int]]] = []
   for name in series_parallel_order(graph):
     devs = tuple(devices_of[name])
-    if runs and runs[-1][0] == devs and name not in breaks:
+    shape = tuple(mesh_of[name]) if mesh_of is not None else (len(devs), 1)
+    if runs and runs[-1][0] == devs and runs[-1][2] == shape and name not in breaks:
       runs[-1][1].append(name)
     else:
-      runs.append((devs, [name]))
-  stage_of = {n: i for i, (_, names) in enumerate(runs) for n in names}
+      runs.append((devs, [name], shape))
+  stage_of = {n: i for i, (_, names, _) in enumerate(runs) for n in names}
   readers: dict[str, set[int]] = {n: set() for n in graph.names}
   for node in graph.nodes:
     for p in node.inputs:
       readers[p].add(stage_of[node.name])
   stages = []
-  for i, (devs, names) in enumerate(runs):
+  for i, (devs, names, shape) in enumerate(runs):
     inputs: list[str] = []
     for n in names:
       for p in graph.node(n).inputs or (INPUT,):
         if (p == INPUT or stage_of[p] != i) and p not in inputs:
           inputs.append(p)
     exports = [n for n in names if readers[n] - {i} or n == graph.sink]
-    stages.append(Stage(i, devs, tuple(names), tuple(inputs), tuple(exports)))
+    stages.append(Stage(i, devs, tuple(names), tuple(inputs), tuple(exports), shape))
   return stages
 
 
 def structure_graph(model, name: str) -> LayerGraph:
   """The layer wiring of a zoo model as a LayerGraph without costs (no tracing needed)."""
-  nodes = [LayerNode(name=s.name, kind=s.kind, inputs=tuple(s.inputs)) for s in model.layer_specs()]
+  nodes = [LayerNode(name=s.name, kind=s.kind, inputs=tuple(s.inputs), attrs=dict(s.attrs))
+           for s in model.layer_specs()]
   return LayerGraph(model=name, input_shape=(), input_dtype="float32", nodes=tuple(nodes))

@@ -12,8 +12,10 @@ Forward and backward (exact, nothing recomputed):
     optimizer update in one program.
   - `bwd` applies a stage's VJP to the sum of the cotangents its exports received from later
     stages, adds the gradients other stages computed for its tied params, and updates it.
-Gradient reduction: params are replicated and the batch sharded on a stage's mesh, so GSPMD
-all-reduces parameter gradients over the stage's devices inside the stage's own program.
+Sharding: a stage's mesh is 2-D (data, model); the batch is split over "data" and every
+param is replicated unless the plan splits it over "model" (runtime/layout.py). GSPMD inserts
+the split layers' collectives and all-reduces parameter gradients over "data" inside the
+stage's own program; exports leave every stage as PartitionSpec("data").
 Transfers: transfer.move (jax.device_put in one process; a jit over the union of both device
 sets when they live on several processes) moves activations forward and cotangents backward
 between meshes (a no-op when both stages share a device set). Dispatch is asynchronous: stages
@@ -38,8 +40,8 @@ from jax.sharding import Mesh, NamedSharding
 
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
+from dp_jax.runtime import layout, transfer
 from dp_jax.runtime import mesh as meshlib
-from dp_jax.runtime import transfer
 from dp_jax.runtime.functional import LayerDef, apply_layer
 from dp_jax.runtime.loss import cross_entropy
 from dp_jax.runtime.plan_check import CheckedPlan
@@ -65,6 +67,8 @@ class StageProgram:
   fwd: Callable | None
   bwd: Callable | None
   fused: Callable | None
+  layouts: Mapping[str, layout.Shardings] = dataclasses.field(default_factory=dict)  # by layer
+  tied_sharding: Mapping[str, NamedSharding] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,7 +105,8 @@ def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: Checked
                   devices: list[jax.Device], breaks: Collection[str] = ()) -> Program:
   """Group the plan into stages and define each stage's jitted programs on its sub-mesh
   (a layer in `breaks` starts a new stage)."""
-  stages = group_stages(graph, {n: p.devices for n, p in plan.placements.items()}, breaks)
+  stages = group_stages(graph, {n: p.devices for n, p in plan.placements.items()}, breaks,
+                        {n: p.mesh for n, p in plan.placements.items()})
   stage_of = {n: s.index for s in stages for n in s.layers}
   reads: dict[int, list[str]] = {s.index: [] for s in stages}
   owned: dict[int, list[str]] = {s.index: [] for s in stages}
@@ -117,9 +122,12 @@ def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: Checked
         owned[so].append(t)
   programs = []
   for s in stages:
-    m = meshlib.stage_mesh([devices[i] for i in s.devices])
+    m = meshlib.stage_mesh([devices[i] for i in s.devices], s.mesh_shape)
+    lay = {n: layout.layer_shardings(m, defs[n], plan.placements[n].params) for n in s.layers}
+    tied_sh = {tied_key(*defs[n].tied[k]): lay[n][k] for n in s.layers for k in defs[n].tied}
     sp = StageProgram(s, m, meshlib.batch_sharding(m), meshlib.replicated(m),
-                      tuple(reads[s.index]), tuple(owned[s.index]), None, None, None)
+                      tuple(reads[s.index]), tuple(owned[s.index]), None, None, None, lay,
+                      tied_sh)
     last = s.index == len(stages) - 1
     fns = _stage_functions(sp, defs, optimizer, graph.sink if last else None)
     programs.append(dataclasses.replace(sp, **fns))
@@ -134,10 +142,11 @@ def init_state(program: Program, params: Mapping[str, Any], stats: Mapping[str, 
   state: TrainState = {"params": {}, "stats": {}, "opt": {}}
   for sp in program.stages:
     layers = sp.stage.layers
-    p = jax.device_put({n: params[n] for n in layers}, sp.replicated)
-    st = jax.device_put({n: stats[n] for n in layers}, sp.replicated)
-    init = jax.jit(lambda p: {n: optimizer.init(v) for n, v in p.items()},
-                   out_shardings=sp.replicated)
+    p = {n: layout.place(params[n], sp.layouts[n]) for n in layers}
+    st = {n: layout.place(stats[n], sp.layouts[n]) for n in layers}
+    opt_sh = {n: layout.opt_shardings(jax.eval_shape(optimizer.init, v), v, sp.layouts[n],
+                                      sp.replicated) for n, v in p.items()}
+    init = jax.jit(lambda p: {n: optimizer.init(v) for n, v in p.items()}, out_shardings=opt_sh)
     state["params"].update(p)
     state["stats"].update(st)
     state["opt"].update(init(p))
@@ -202,7 +211,8 @@ def _gather_inputs(sp: StageProgram, params, acts):
     owner, key = t.split(":", 1)
     tied[t] = params[owner][key]
   ins = {p: acts[p] for p in sp.stage.inputs if p != INPUT}
-  return transfer.move(tied, sp.replicated), transfer.move(ins, sp.batch)
+  tied = {t: transfer.move(v, sp.tied_sharding.get(t, sp.replicated)) for t, v in tied.items()}
+  return tied, transfer.move(ins, sp.batch)
 
 
 def _send_back(program: Program, g_tied, g_ins, cots, tied_grads) -> list[jax.Array]:
@@ -213,8 +223,8 @@ def _send_back(program: Program, g_tied, g_ins, cots, tied_grads) -> list[jax.Ar
     moved.append(transfer.move(g, dst.batch))
     cots.setdefault(p, []).append(moved[-1])
   for t, g in g_tied.items():
-    dst = program.stages[program.stage_of[t.split(":", 1)[0]]]
-    moved.append(transfer.move(g, dst.replicated))
+    owner, key = t.split(":", 1)
+    moved.append(transfer.move(g, program.stages[program.stage_of[owner]].layouts[owner][key]))
     tied_grads.setdefault(t, []).append(moved[-1])
   return moved
 
@@ -270,7 +280,8 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
       for key, (owner, okey) in d.tied.items():
         p[key] = params[owner][okey] if owner in params else tied[tied_key(owner, okey)]
       args = [env[i] for i in d.inputs] if d.inputs else [env[INPUT]]
-      env[name], new_stats[name] = apply_layer(d, p, stats[name], args)
+      env[name], st = apply_layer(d, p, stats[name], args)
+      new_stats[name] = layout.constrain(st, sp.layouts[name])
     outs = {e: jax.lax.with_sharding_constraint(env[e], batch) for e in stage.exports}
     return outs, new_stats
 
@@ -282,9 +293,16 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
         grads[owner][key] = grads[owner][key] + g
     new_params, new_opt = {}, {}
     for name in stage.layers:
-      upd, new_opt[name] = optimizer.update(grads[name], opt[name], params[name])
-      new_params[name] = optax.apply_updates(params[name], upd)
+      upd, o = optimizer.update(grads[name], opt[name], params[name])
+      lay = sp.layouts[name]
+      new_opt[name] = layout.constrain_opt(o, params[name], lay, sp.replicated)
+      new_params[name] = layout.constrain(optax.apply_updates(params[name], upd), lay)
     return new_params, new_opt
+
+  def at_boundary(g_ins):  # cotangents of a split layer's stage leave split by samples only
+    if not layout.is_sharded(sp.layouts):
+      return g_ins
+    return {k: jax.lax.with_sharding_constraint(v, batch) for k, v in g_ins.items()}
 
   if sink is not None:
     def fused(params, stats, opt, tied, ins, x, y, extra):
@@ -295,7 +313,7 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
       (loss, new_stats), (g_p, g_tied, g_ins) = jax.value_and_grad(
           loss_fn, argnums=(0, 1, 2), has_aux=True)(params, tied, ins)
       new_params, new_opt = update(params, g_p, opt, extra)
-      return loss, new_params, new_stats, new_opt, g_tied, g_ins
+      return loss, new_params, new_stats, new_opt, g_tied, at_boundary(g_ins)
 
     return {"fused": jax.jit(fused, donate_argnums=(0, 1, 2))}
 
@@ -309,7 +327,7 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
     ct = {e: _sum(cs) for e, cs in cots.items()}
     g_p, g_tied, g_ins = vjp(ct)
     new_params, new_opt = update(params, g_p, opt, extra)
-    return new_params, new_opt, g_tied, g_ins
+    return new_params, new_opt, g_tied, at_boundary(g_ins)
 
   return {"fwd": jax.jit(fwd, donate_argnums=(1,)),
           "bwd": jax.jit(bwd, donate_argnums=(0, 2, 5))}

@@ -16,6 +16,7 @@ from dp_jax.planner.costs import CostModel, build_cost_model
 from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.plan import Plan
+from dp_jax.planner.sharded import plan_shardings
 from dp_jax.profile.devices import get_device
 from dp_jax.profile.table import ProfileTable
 from dp_jax.sim.background import BackgroundJob, check_memory
@@ -80,11 +81,12 @@ def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, pla
   validate(cap, switch, policy, iterations)
   model = cost_model_for(graph, profile, cluster, plan)
   assignment = plan.assignment()
-  ev = evaluate(model, assignment)
-  tl = build_timeline(model, assignment)
+  shardings = plan_shardings(plan)
+  ev = evaluate(model, assignment, shardings)
+  tl = build_timeline(model, assignment, shardings)
   classes = device_classes(tl)
   windows = tuple(idle_windows(tl, classes))
-  fg_bytes = memory.device_bytes(model, assignment)
+  fg_bytes = memory.device_bytes(model, assignment, shardings)
   result = None
   if job is not None:
     check_memory(job, fg_bytes, memory.capacity_bytes(model))

@@ -23,7 +23,8 @@ import numpy as np
 
 from dp_jax.cluster import collective_latency_ms
 from dp_jax.errors import UserError
-from dp_jax.planner.costs import CostModel, Placement, allreduce_volume_ms, move_ms
+from dp_jax.planner.costs import CostModel, Placement, move_ms
+from dp_jax.planner.sharded import Sharding
 from dp_jax.sim.segments import Block, Move, Segment, Stage, segments
 
 STREAMS = ("compute", "comm")
@@ -99,9 +100,11 @@ def schedule(tasks: tuple[Task, ...] | list[Task]) -> tuple[np.ndarray, np.ndarr
   return start, end
 
 
-def build_timeline(model: CostModel, assignment: Mapping[str, Placement]) -> Timeline:
-  """The alone timeline of a plan under the planner's cost model."""
-  b = _Builder(model, assignment)
+def build_timeline(model: CostModel, assignment: Mapping[str, Placement],
+                   shardings: Mapping[str, Sharding] | None = None) -> Timeline:
+  """The alone timeline of a plan under the planner's cost model (`shardings`: the weight
+  sharding of each weight-sharded layer, priced as the planner prices it)."""
+  b = _Builder(model, assignment, shardings or {})
   segs = segments(model.graph, assignment)
   done = b.forward(segs, ())
   b.backward(segs, done)
@@ -112,8 +115,9 @@ def build_timeline(model: CostModel, assignment: Mapping[str, Placement]) -> Tim
 class _Builder:
   """Appends tasks for the forward and backward walks; returns the ids a successor waits on."""
 
-  def __init__(self, model: CostModel, assignment: Mapping[str, Placement]):
-    self.m, self.a = model, assignment
+  def __init__(self, model: CostModel, assignment: Mapping[str, Placement],
+               shardings: Mapping[str, Sharding]):
+    self.m, self.a, self.s = model, assignment, shardings
     self.tasks: list[Task] = []
     self.stages: list[Stage] = []
 
@@ -130,7 +134,7 @@ class _Builder:
       if isinstance(seg, Stage):
         self.stages.append(seg)
         for name in seg.layers:
-          total, bwd = self.m.layer_ms(name, seg.placement)
+          total, bwd = self.m.layer_ms(name, seg.placement, self.s.get(name))
           after = self.add([seg.placement], "compute", "fwd", name, total - bwd, after, seg.index)
       elif isinstance(seg, Move):
         after = self.move(seg, after, "fwd")
@@ -194,14 +198,12 @@ class _Builder:
   def stage_backward(self, st: Stage, after: tuple[int, ...]) -> tuple[int, ...]:
     start, count = st.placement
     span = [st.placement]
-    band = {n: float(allreduce_volume_ms(self.m.cluster, self.m.grad_bytes[self.m.row[n]], start,
-                                         count))
-            for n in st.layers}
+    band = {n: self.m.band_ms(n, st.placement, self.s.get(n)) for n in st.layers}
     overlap = self.m.options.overlap_allreduce
     comm: tuple[int, ...] = ()
     for name in reversed(st.layers):
-      after = self.add(span, "compute", "bwd", name, self.m.layer_ms(name, st.placement)[1],
-                       after, st.index)
+      after = self.add(span, "compute", "bwd", name,
+                       self.m.layer_ms(name, st.placement, self.s.get(name))[1], after, st.index)
       if overlap and band[name] > 0:
         comm = self.add(span, "comm", "allreduce", f"all-reduce {name}", band[name],
                         tuple(dict.fromkeys(after + comm)), st.index)

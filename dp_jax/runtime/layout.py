@@ -1,0 +1,76 @@
+"""Where a stage's parameters, statistics and optimizer state live on its (data, model) mesh.
+
+The plan gives each weight-sharded layer a PartitionSpec per parameter path (dp_jax/sharding.py);
+every other array is replicated. Optimizer state follows its parameter: a leaf of a layer's
+optimizer state whose path ends in a parameter's key and has that parameter's shape gets the
+parameter's sharding (momentum, Adam moments); scalars (step counts) are replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding
+
+from dp_jax.errors import UserError
+from dp_jax.runtime import mesh as meshlib
+from dp_jax.runtime.functional import LayerDef
+
+Shardings = dict[str, NamedSharding]  # key of a layer's array -> its sharding
+
+
+def layer_shardings(mesh: Mesh, d: LayerDef, specs: Mapping[str, Sequence]) -> Shardings:
+  """The sharding of every key of layer `d` (params, stats, tied) on `mesh`."""
+  unknown = sorted(set(specs) - set(d.keys))
+  if unknown:
+    raise UserError(f"plan layer '{d.name}' shards '{unknown[0]}', which the layer does not "
+                    f"have (its arrays: {', '.join(d.keys)})")
+  rep = meshlib.replicated(mesh)
+  return {k: meshlib.spec_sharding(mesh, specs[k]) if k in specs else rep for k in d.keys}
+
+
+def place(arrays: Mapping[str, Any], shardings: Shardings) -> dict[str, jax.Array]:
+  """A layer's arrays (key -> array) put on their shardings."""
+  return {k: jax.device_put(a, shardings[k]) for k, a in arrays.items()}
+
+
+def constrain(arrays: Mapping[str, Any], shardings: Shardings) -> dict[str, Any]:
+  """Inside jit: a layer's split arrays pinned to their shardings (replicated ones are left
+  to GSPMD, so a samples-only stage compiles as it did before sharding existed)."""
+  return {k: _pin(a, shardings[k]) for k, a in arrays.items()}
+
+
+def opt_shardings(opt_state: Any, params: Mapping[str, Any], shardings: Shardings,
+                  replicated: NamedSharding) -> Any:
+  """A pytree of shardings for a layer's optimizer state (leaves with .shape: arrays,
+  tracers or ShapeDtypeStructs): each parameter-shaped leaf under the parameter's key
+  follows it, everything else is replicated."""
+  def one(path, leaf):
+    for entry in reversed(path):
+      key = getattr(entry, "key", None)
+      if isinstance(key, str) and key in params:
+        if tuple(leaf.shape) == tuple(params[key].shape):
+          return shardings[key]
+        break
+    return replicated
+  return jax.tree_util.tree_map_with_path(one, opt_state)
+
+
+def constrain_opt(opt_state: Any, params: Mapping[str, Any], shardings: Shardings,
+                  replicated: NamedSharding) -> Any:
+  """Inside jit: a layer's optimizer state pinned to opt_shardings."""
+  sh = opt_shardings(opt_state, params, shardings, replicated)
+  return jax.tree.map(_pin, opt_state, sh)
+
+
+def _pin(a: Any, sharding: NamedSharding) -> Any:
+  if sharding.is_fully_replicated:
+    return a
+  return jax.lax.with_sharding_constraint(a, sharding)
+
+
+def is_sharded(shardings: Mapping[str, Shardings]) -> bool:
+  """Whether any array of these layers is split (not replicated)."""
+  return any(not s.is_fully_replicated for per in shardings.values() for s in per.values())
