@@ -104,12 +104,14 @@ def _exact(name, layout, shardings, batch, loss_rtol, param_atol):
   return program, state
 
 
-GPT2_LAYOUT = {"embed": range(4), "h.0": ALL8, "h.1": [4, 5], "ln_f": [0, 1], "lm_head": ALL8}
-GPT2_SHARDED = {"h.0": ((4, 2), "heads"), "h.1": ((1, 2), "heads"), "lm_head": ((1, 8), "out")}
+# 4 stages: embed | h.0 + h.1 (one 4 x 2 program) | ln_f | lm_head (1 x 8, the tied wte split)
+GPT2_LAYOUT = {"embed": range(4), "h.0": ALL8, "h.1": ALL8, "ln_f": [0, 1], "lm_head": ALL8}
+GPT2_SHARDED = {"h.0": ((4, 2), "heads"), "h.1": ((4, 2), "heads"), "lm_head": ((1, 8), "out")}
 
 
 def test_gpt2_heads_split_blocks_and_out_split_head_match_one_device():
   program, state = _exact("gpt2_small", GPT2_LAYOUT.__getitem__, GPT2_SHARDED, 8, 1e-5, 1e-6)
+  assert program.stage_of["h.0"] == program.stage_of["h.1"] and len(program.stages) == 4
   head = program.stages[program.stage_of["lm_head"]]
   assert head.tied_in == ("embed:wte",)
   assert head.tied_sharding["embed:wte"].spec == jax.sharding.PartitionSpec("model", None)
