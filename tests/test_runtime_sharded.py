@@ -183,3 +183,13 @@ def test_heads_split_block_all_reduces_twice_forward_and_permutes_the_fused_qkv(
   reduces = [ln for ln in ops if " all-reduce(" in ln]
   assert len(reduces) == 2 and all("[4,2]<=[8]" in ln for ln in reduces)  # groups of m = 2
   assert sum(" collective-permute(" in ln for ln in ops) == 2
+
+
+DIGITS_CNN_SHARDED = {"conv1": ((4, 2), "out"), "conv2": ((2, 4), "out"),
+                      "fc1": ((1, 8), "in"), "fc2": ((4, 2), "out")}
+
+
+@pytest.mark.slow
+def test_digits_cnn_with_split_convolutions_matches_one_device():
+  """conv out-splits on 2-D meshes (weight gradients all-reduced over "data" too)."""
+  _exact("digits_cnn", lambda _: ALL8, DIGITS_CNN_SHARDED, 8, 1e-5, 5e-5)
