@@ -10,7 +10,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dp_jax.models import gpt2, inception, resnet, vgg
+from dp_jax.models import digits, gpt2, inception, resnet, vgg
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.batch_norm import set_statistics_groups
 from dp_jax.runtime.functional import split_layers, write_back
@@ -36,6 +36,8 @@ def make_model(name: str, dtype=jnp.float32, seed: int = 0):
     return resnet.ResNet((3, 4, 23, 3), width_per_group=128, image_size=32, num_classes=10, **kw)
   if name == "inception_v3":
     return inception.InceptionV3(image_size=inception.MIN_IMAGE_SIZE, num_classes=10, **kw)
+  if name == "digits_cnn":
+    return digits.DigitsCNN(**kw)
   if name.startswith("gpt2"):
     return gpt2.GPT2(**TINY_GPT2, **kw)
   raise ValueError(name)
@@ -50,8 +52,7 @@ def batches(model, batch: int, steps: int, dtype=np.float32, seed: int = 0):
       tok = rng.integers(0, model.vocab_size, (batch, model.seq_len + 1), dtype=np.int32)
       out.append((tok[:, :-1], tok[:, 1:]))
     else:
-      s = model.image_size
-      out.append((rng.standard_normal((batch, s, s, 3)).astype(dtype),
+      out.append((rng.standard_normal(model.input_spec(batch).shape).astype(dtype),
                   rng.integers(0, model.num_classes, (batch,), dtype=np.int32)))
   return out
 

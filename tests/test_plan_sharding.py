@@ -98,3 +98,16 @@ def test_runtime_checks_the_split_against_the_layer():
   d["layers"][0]["samples"] = [[k, k + 1] for k in range(8)]  # not repeated per model group
   with pytest.raises(UserError, match="the same within each model group of 4"):
     check_plan(d, mlp(), available_devices=8)
+
+
+def test_local_batch_norm_groups_follow_the_data_axis():
+  from types import SimpleNamespace
+
+  from dp_jax.runtime.batch_norm import set_statistics_groups
+
+  convs = {n: SimpleNamespace(stats_groups=1) for n in ("fc1", "fc2")}
+  model = SimpleNamespace(layer_specs=lambda: [SimpleNamespace(name=n, module=m)
+                                               for n, m in convs.items()])
+  plan = {**sharded_plan(), "options": {"batch_norm": "local"}}
+  set_statistics_groups(model, plan)
+  assert convs["fc1"].stats_groups == 2 and convs["fc2"].stats_groups == 1  # d of (d, m)

@@ -50,7 +50,9 @@ class Embed(nnx.Module):
 
 
 class CausalSelfAttention(nnx.Module):
-  """Multi-head causal self-attention with a fused qkv projection."""
+  """Multi-head causal self-attention with a fused qkv projection whose 3D output columns are
+  ordered per head (q, k, v of head 0, then of head 1, ...), so splitting them into m
+  contiguous blocks splits whole heads (the `heads` sharding needs no exchange of q, k, v)."""
 
   def __init__(self, d_model: int, n_head: int, proj_std: float, *, dtype: Any,
                rngs: nnx.Rngs):
@@ -61,9 +63,8 @@ class CausalSelfAttention(nnx.Module):
 
   def __call__(self, x_BxTxD):
     b, t, d = x_BxTxD.shape
-    qkv_BxTx3D = self.c_attn(x_BxTxD)
-    q, k, v = (a.reshape(b, t, self.n_head, d // self.n_head)
-               for a in jnp.split(qkv_BxTx3D, 3, axis=-1))
+    qkv_BxTxNx3xH = self.c_attn(x_BxTxD).reshape(b, t, self.n_head, 3, d // self.n_head)
+    q, k, v = (qkv_BxTxNx3xH[:, :, :, i] for i in range(3))
     y_BxTxNxH = jax.nn.dot_product_attention(q, k, v, is_causal=True)
     return self.c_proj(y_BxTxNxH.reshape(b, t, d))
 
