@@ -85,6 +85,7 @@ class BackgroundStats:
   errors: list[str] = field(default_factory=list)
   refused: int = 0  # admission refusals
   active_s: float = 0.0  # wall time from the first step with the job to drain()
+  piece_ms: float = 0.0  # measured device time of the pieces run before drain(), all devices
   batch: int = 0
 
   @property
@@ -110,8 +111,10 @@ class BackgroundScheduler:
   def __init__(self, job: BackgroundJob | None, runners: dict[int, DeviceRunner] | None = None,
                *, start_after: int = 0, slowdown_cap: float = math.inf, margin: float = 0.0,
                failures: Sequence[str] = (), checkpoint_dir: str | Path | None = None,
-               checkpoint_every: int = 0):
+               checkpoint_every: int = 0, own_devices: Iterable[int] | None = None):
     self.job = job
+    # Several processes: this process's devices; a stage on none of them is held (see __call__)
+    self.own_devices = frozenset(own_devices) if own_devices is not None else None
     self.runners = dict(runners or {})
     # CPU programs may run after their call returns; waiting for each foreground stage call
     # makes the hook's call-to-call times execution times (windows). Not on GPUs: see docs.
@@ -133,6 +136,8 @@ class BackgroundScheduler:
     self.calls: list[list[tuple[int, str, frozenset[int], float]]] = []
     self.positions: dict[tuple[int, str], int] = {}
     self.windows: list[dict[int, float]] = []
+    self.durations: list[float] = []  # predicted ms from each call to the next (alone steps)
+    self.held_s = 0.0  # time the foreground was held for its idle devices (several processes)
     self.alone_calls: list[tuple[tuple[int, ...], float, str]] = []  # (devices, ms, stage:phase)
     self.baseline_ms: float | None = None
     self.threads: list[threading.Thread] = []
@@ -173,6 +178,23 @@ class BackgroundScheduler:
           self.window_end[d] = now + self.windows[j][d] / 1e3
       self.generation += 1
       self.cond.notify_all()
+    if (j is not None and self.own_devices is not None and self.alive
+        and not devices & self.own_devices):
+      self._hold(now + self.durations[j] / 1e3)
+
+  def _hold(self, until: float) -> None:
+    """Hold the foreground's thread until `until` (the call's predicted end).
+
+    With several processes, a process that owns none of a stage's devices skips the call and
+    would at once post the move that follows: a collective program that occupies its devices
+    until the stage's owners reach it, so its devices are not idle. Holding the thread until
+    the call's predicted end keeps them idle for the pieces; a late stage waits for the move
+    as it would anyway, an early one waits for the hold (window error, docs/orchestrator.md).
+    """
+    left = until - time.perf_counter()
+    if left > 0:
+      time.sleep(left)
+      self.held_s += left
 
   def _step_started(self, now: float) -> None:
     self.step_starts.append(now)
@@ -211,6 +233,7 @@ class BackgroundScheduler:
         per.append(1e3 * (nxt - calls[j][3]))
       durations.append(statistics.median(per))
     self.positions = {(s, p): j for j, (s, p, _) in enumerate(seq)}
+    self.durations = durations
     self.alone_calls = [(tuple(sorted(d)), ms, f"{s}:{p}")
                         for (s, p, d), ms in zip(seq, durations, strict=True)]
     self.windows = window_ms(durations, [d for *_, d in seq], self.window_end)
@@ -240,8 +263,11 @@ class BackgroundScheduler:
       calls = [t for t in timer if t["phase"] in PIECE_PHASES]
       if len(calls) > state["seen"] and state["last"] is not None:
         t = calls[-1]
+        ms = 1e3 * (t["end_s"] - t["start_s"])
         with self.cond:
-          self.admission.observe(state["last"], 1e3 * (t["end_s"] - t["start_s"]))
+          self.admission.observe(state["last"], ms)
+          if self._t_stop is None:
+            self.stats.piece_ms += ms
       state["seen"] = len(calls)
 
     def gate(sp, phase: str) -> None:

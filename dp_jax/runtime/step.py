@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
@@ -134,14 +135,23 @@ def init_state(program: Program, params: Mapping[str, Any], stats: Mapping[str, 
   state: TrainState = {"params": {}, "stats": {}, "opt": {}}
   for sp in program.stages:
     layers = sp.stage.layers
-    p = jax.device_put({n: params[n] for n in layers}, sp.replicated)
-    st = jax.device_put({n: stats[n] for n in layers}, sp.replicated)
+    p = _put({n: params[n] for n in layers}, sp.replicated)
+    st = _put({n: stats[n] for n in layers}, sp.replicated)
     init = jax.jit(lambda p: {n: optimizer.init(v) for n, v in p.items()},
                    out_shardings=sp.replicated)
     state["params"].update(p)
     state["stats"].update(st)
     state["opt"].update(init(p))
   return state
+
+
+def _put(tree, sharding):
+  """`tree` on `sharding`; across processes from host values (jax.device_put of a committed
+  array onto devices of other processes gave an array without valid shards with one device
+  per process, jax 0.12)."""
+  if not sharding.is_fully_addressable:
+    tree = jax.tree.map(np.asarray, tree)
+  return jax.device_put(tree, sharding)
 
 
 def train_step(program: Program, state: TrainState, x: jax.Array, y: jax.Array,
