@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 FG_BATCH, BG_BATCH = 16, 4
 FG_GPT2 = dict(n_layer=4, d_model=128, n_head=4, seq_len=64, vocab_size=512)
 BG_GPT2 = dict(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab_size=256)
+PROFILE_STEPS = 8  # the job's piece profile: median over the steps after the first
 KEYS = ("cap", "measured_slowdown", "background_samples_per_s", "simulated_slowdown",
         "simulated_background_samples_per_s")
 
@@ -174,29 +175,29 @@ def worker(args) -> None:
   from dp_jax.models.registry import build_model
   from dp_jax.orchestrator import build_runners, job_of_runner
   from dp_jax.orchestrator.background import measured_pieces, piece_gap_ms
+  from dp_jax.orchestrator.launch import process_cap
 
   wall0, cpu0 = time.perf_counter(), time.process_time()
   n, me = jax.process_count(), jax.process_index()
   devices = jax.devices()
   program, step = foreground(devices, n)
-  always = set.intersection(*(set(s.stage.devices) for s in program.stages))
-  idle = [i for i in range(n) if i not in always]
-  dispatching = {devices[i].process_index for i in idle}
-  mine = {i: devices[i] for i in idle if devices[i].process_index == me}
+  placed = [s.stage.devices for s in program.stages]
+  always = set.intersection(*map(set, placed))
+  mine = {i: devices[i] for i in range(n) if i not in always and devices[i].process_index == me}
   runners, job, gap_ms, pieces = {}, None, 0.0, []
   if mine:
     bg_model = build_model("gpt2_small", seed=1, **BG_GPT2)
     runners = build_runners(bg_model, "gpt2_small", [], optax.sgd(0.01, momentum=0.9),
                             BG_BATCH, mine)
     first = next(iter(runners))
-    pieces = measured_pieces(runners[first], steps=3)
+    pieces = measured_pieces(runners[first], steps=PROFILE_STEPS)
     for r in list(runners.values())[1:]:
       measured_pieces(r, steps=1)
     job = job_of_runner(runners[first], "gpt2_small", pieces, 0.0)
     gap_ms = piece_gap_ms(runners[first])
     for r in runners.values():
       r.steps = 0
-  share = 1.0 / max(1, len(dispatching))
+  share = process_cap(1.0, placed, devices)
   own = [i for i, d in enumerate(devices) if d.process_index == me]
   rows = [one_cap(cap, share, step, runners, job, args.alone, args.steps, gap_ms, n, own)
           for cap in args.caps]

@@ -155,6 +155,23 @@ def test_failing_background_job_is_stopped_and_reported(tiny, caplog):
   assert any("failed and is stopped" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("own, held", [(BG_DEVICES, True), ((0, *BG_DEVICES), False),
+                                       (None, False)])
+def test_a_process_holds_its_foreground_thread_only_while_a_stage_has_none_of_its_devices(
+    tiny, own, held):
+  """Several processes: a process skips a stage on none of its devices and would post the next
+  move (occupying its idle devices) at once; the hook holds it for the call's predicted time."""
+  runners, job = tiny
+  hook = make_background_hook(job, runners, start_after=ALONE, slowdown_cap=math.inf,
+                              own_devices=own)
+  fake_steps(hook, ALONE + 3)  # stage 1 runs on device 0 only
+  hook.drain()
+  assert (hook.held_s > 0) == held
+  if held:  # at most the predicted time of the held call, per step with the job
+    j = hook.positions[(1, "fwd_bwd")]
+    assert hook.held_s <= 3 * hook.durations[j] / 1e3 + 1e-3
+
+
 def test_background_checkpoint_round_trips(tiny, tmp_path):
   runners, job = tiny
   hook = make_background_hook(job, runners)

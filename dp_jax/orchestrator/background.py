@@ -98,19 +98,22 @@ def build_runners(model, name: str, groups: Sequence[Sequence[str]],
 
 
 def measured_pieces(runner: DeviceRunner, steps: int = 2) -> np.ndarray:
-  """Per-piece ms of the last of `steps` steps (the first compiles): a profile made here.
+  """Per-piece ms: the median over steps 2..`steps` (the first compiles; steps=1: that one),
+  a profile made here.
 
   Call it on every runner before its dispatch thread starts: it compiles the pieces, on the
   main thread (warning filters are process-wide, not per thread).
   """
   timer: list[dict[str, Any]] = []
+  per_step = []
   with warnings.catch_warnings():  # compiles here; per-layer programs cannot reuse every
     warnings.filterwarnings("ignore", "Some donated buffers were not usable")  # donated buffer
-    for _ in range(steps):
+    for _ in range(max(1, steps)):
       timer.clear()
       runner.step(timer=timer)
-  calls = [t for t in timer if t["phase"] in PIECE_PHASES]
-  return np.array([1e3 * (t["end_s"] - t["start_s"]) for t in calls])
+      calls = [t for t in timer if t["phase"] in PIECE_PHASES]
+      per_step.append([1e3 * (t["end_s"] - t["start_s"]) for t in calls])
+  return np.median(np.array(per_step[1:] or per_step), axis=0)
 
 
 def piece_gap_ms(runner: DeviceRunner) -> float:
