@@ -85,11 +85,15 @@ def foreground(devices, n: int):
   def step(hook) -> float:
     x, y = datalib.batch_at(data, counter[0], FG_BATCH, program.input_stage.batch,
                             program.last_stage.batch)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     box[0], loss = train_step(program, box[0], x, y, on_stage=hook)
     program.value(loss)  # every process reads the loss (a move across processes)
     counter[0] += 1
+    cpu_ms.append(1e3 * (time.process_time() - c0))
     return 1e3 * (time.perf_counter() - t0)
+
+  cpu_ms: list[float] = []  # this process's CPU time per step (all its threads)
+  step.cpu_ms = cpu_ms
 
   return program, step
 
@@ -131,16 +135,20 @@ def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int
   hook = BackgroundScheduler(job if runners else None, runners, start_after=alone,
                              slowdown_cap=mine, own_devices=own)
   clock = CallClock(hook)
+  step.cpu_ms.clear()
   times = [step(clock) for _ in range(alone + steps)]
   stats = hook.drain()
   multihost_utils.sync_global_devices(f"bench_multiplex drained {cap}")
   after = [step(CallClock()) for _ in range(alone - 2)]  # alone again, against load drift
+  cpu = step.cpu_ms
   row = {"cap": cap, "process_cap": mine, "alone_ms": times[2:alone] + after,
          "with_ms": times[alone:], "background_samples_per_s": stats.samples_per_s or 0.0,
          "background_steps": stats.steps, "pieces_run": stats.dispatched,
          "pieces_refused": stats.refused, "piece_ms": stats.piece_ms,
          "active_s": stats.active_s, "failures": stats.failures,
          "held_ms_per_step": 1e3 * hook.held_s / steps,
+         "cpu_ms_alone": cpu[2:alone] + cpu[alone + steps:],
+         "cpu_ms_with": cpu[alone:alone + steps],
          "call_ms_alone": call_ms(clock.calls, 2, alone),
          "call_ms_with": call_ms(clock.calls, alone, alone + steps)}
   if runners and hook.admission is not None:
@@ -155,6 +163,7 @@ def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int
         "simulated_alone_ms": sim.alone_ms,
         "simulated_added_ms": float(sim.iteration_ms.mean() - sim.alone_ms),
         "simulated_samples_per_s": float(sim.bg_steps.sum()) * job.batch / total_ms * 1e3,
+        "simulated_steps_per_iteration": float(sim.bg_steps.mean()),
         "simulated_piece_ms_per_s": float(sim.bg_work_ms.sum()) / total_ms * 1e3,
         "simulated_pieces_admitted": sim.pieces_admitted,
         "simulated_pieces_refused": sim.pieces_refused})
@@ -228,6 +237,13 @@ def merge(results: list[dict]) -> list[dict]:
            "simulated_slowdown": sum(r["simulated_added_ms"] for r in sim) / sim_alone,
            "simulated_background_samples_per_s": sum(r["simulated_samples_per_s"] for r in sim),
            "measured_alone_step_ms": alone, "measured_step_ms": with_bg,
+           # robust to other load on the machine: process 0 runs only the foreground
+           "foreground_cpu_ms_alone": statistics.fmean(r0["cpu_ms_alone"]),
+           "foreground_cpu_ms_with": statistics.fmean(r0["cpu_ms_with"]),
+           "background_steps_per_iteration": sum(r["background_steps"] for r in per)
+           / len(r0["with_ms"]),
+           "simulated_background_steps_per_iteration": sum(
+               r["simulated_steps_per_iteration"] for r in sim),
            "simulated_alone_step_ms": sim_alone,
            "background_steps": sum(r["background_steps"] for r in per),
            "pieces_run": sum(r["pieces_run"] for r in per),
@@ -244,14 +260,16 @@ def merge(results: list[dict]) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
   lines = [f"{'cap':>6} | {'alone ms':>8} | {'meas. slowdown':>14} | {'sim. slowdown':>13} | "
-           f"{'meas. bg/s':>10} | {'sim. bg/s':>9} | {'meas. piece ms/s':>16} | "
-           f"{'sim. piece ms/s':>15}"]
+           f"{'meas. bg/s':>10} | {'sim. bg/s':>9} | {'bg steps/it meas.':>17} | "
+           f"{'sim.':>5} | {'fg CPU ms alone -> with':>23}"]
   for r in rows:
     lines.append(
         f"{r['cap']:>6} | {r['measured_alone_step_ms']:8.1f} | {r['measured_slowdown']:+14.1%} | "
         f"{r['simulated_slowdown']:+13.1%} | {r['background_samples_per_s']:10.1f} | "
-        f"{r['simulated_background_samples_per_s']:9.1f} | {r['measured_piece_ms_per_s']:16.0f} | "
-        f"{r['simulated_piece_ms_per_s']:15.0f}")
+        f"{r['simulated_background_samples_per_s']:9.1f} | "
+        f"{r['background_steps_per_iteration']:17.1f} | "
+        f"{r['simulated_background_steps_per_iteration']:5.1f} | "
+        f"{r['foreground_cpu_ms_alone']:10.1f} -> {r['foreground_cpu_ms_with']:9.1f}")
   return "\n".join(lines)
 
 

@@ -26,20 +26,21 @@ def bench():
 def row(alone, with_bg, samples, **sim):
   return {"cap": 0.1, "alone_ms": alone, "with_ms": with_bg, "background_samples_per_s": samples,
           "background_steps": 3, "pieces_run": 9, "pieces_refused": 1, "piece_ms": 50.0,
-          "active_s": 2.0, **sim}
+          "active_s": 2.0, "cpu_ms_alone": [80.0], "cpu_ms_with": [84.0], **sim}
 
 
 def test_merge_takes_the_foreground_from_process_0_and_sums_the_background(bench):
   p0 = {"rows": [row([100.0, 100.0], [110.0, 120.0], 0.0)]}
   p1 = {"rows": [row([90.0, 90.0], [99.0, 99.0], 40.0, simulated_alone_ms=95.0,
                      simulated_added_ms=1.9, simulated_samples_per_s=50.0,
-                     simulated_piece_ms_per_s=300.0)]}
+                     simulated_piece_ms_per_s=300.0, simulated_steps_per_iteration=2.0)]}
   (r,) = bench.merge([p0, p1])
   assert r["measured_slowdown"] == pytest.approx(0.15)  # process 0's clock
   assert r["background_samples_per_s"] == 40.0 and r["simulated_background_samples_per_s"] == 50.0
   assert r["simulated_slowdown"] == pytest.approx(0.02)
   assert r["measured_piece_ms_per_s"] == pytest.approx(50.0)  # 25 ms/s on each process
-  assert r["pieces_run"] == 18
+  assert r["pieces_run"] == 18 and r["foreground_cpu_ms_with"] == 84.0
+  assert r["background_steps_per_iteration"] == 3.0  # 6 steps over 2 foreground steps
 
 
 def test_more_processes_than_cores_is_a_one_line_error():
