@@ -13,7 +13,8 @@ budget; if not, it waits for the next window. Each piece is waited for and measu
 outstanding per device) and corrects the next predictions; each foreground step's time feeds
 the slowdown back. On CPU a program runs on the thread that dispatches it, so only separate
 threads let pieces run beside the foreground; on a GPU the same threads issue into each device's
-queue. A failing job (exception or non-finite loss) is logged and stopped; the foreground never
+queue. With several processes, a process that owns none of a stage's devices is held until the
+call's predicted end, so that the move it would post next does not occupy its idle devices. A failing job (exception or non-finite loss) is logged and stopped; the foreground never
 reads background arrays.
 """
 
