@@ -313,8 +313,8 @@ def launch(args) -> int:
           f"CPU/wall {res['cpu_over_wall']:.2f}; busy threads: {busy}")
     if res["background_step_ms"]:
       print(f"  background gpt2_small x{BG_BATCH}: {len(res['profile_ms'])} pieces, "
-            f"{res['background_step_ms']:.1f} ms per step, {res['piece_gap_ms']:.2f} ms "
-            "between pieces (measured on its core)")
+            f"{res['background_step_ms']:.1f} ms per step, {res['piece_gap_ms']:.2f} host ms "
+            "per piece (measured on its core)")
   rows = merge(results)
   print(table(rows))
   if args.out is not None:
