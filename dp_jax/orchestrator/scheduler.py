@@ -232,7 +232,7 @@ class BackgroundScheduler:
           continue
         nxt = calls[j + 1][3] if j + 1 < len(calls) else end
         per.append(1e3 * (nxt - calls[j][3]))
-      durations.append(min(per))  # the shortest: windows the foreground always left
+      durations.append(statistics.median(per))
     self.positions = {(s, p): j for j, (s, p, _) in enumerate(seq)}
     self.durations = durations
     self.alone_calls = [(tuple(sorted(d)), ms, f"{s}:{p}")
