@@ -27,7 +27,9 @@ finished after the foreground's last step do not count). Simulated: the same pol
 stage calls (its devices that other processes own count as busy) with its measured piece
 times, over the same number of steps; samples/s summed, added time summed. --out writes a JSON
 list of {cap ("inf" for no cap), measured_slowdown, background_samples_per_s,
-simulated_slowdown, simulated_background_samples_per_s, details}.
+simulated_slowdown, simulated_background_samples_per_s, details}. Diagnostics: BENCH_SHOW_LOGS=1
+prints a failed worker's log; BENCH_TIMERS=FILE writes every foreground call's start and end
+per step and process (perf_counter, one clock for all processes of the machine).
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ def foreground(devices, n: int):
     x, y = datalib.batch_at(data, counter[0], FG_BATCH, program.input_stage.batch,
                             program.last_stage.batch)
     t0, c0 = time.perf_counter(), time.process_time()
-    box[0], loss = train_step(program, box[0], x, y, on_stage=hook)
+    timer: list = []
+    box[0], loss = train_step(program, box[0], x, y, on_stage=hook, timer=timer)
+    step.timers.append(timer)
     program.value(loss)  # every process reads the loss (a move across processes)
     counter[0] += 1
     cpu_ms.append(1e3 * (time.process_time() - c0))
@@ -94,6 +98,7 @@ def foreground(devices, n: int):
 
   cpu_ms: list[float] = []  # this process's CPU time per step (all its threads)
   step.cpu_ms = cpu_ms
+  step.timers = []
 
   return program, step
 
@@ -217,6 +222,7 @@ def worker(args) -> None:
          "piece_gap_ms": gap_ms, "background_step_ms": job.step_ms if job else None,
          "rows": rows, "threads": threads, "confined": pinned.confined_to(core, threads),
          "cpu_over_wall": (time.process_time() - cpu0) / (time.perf_counter() - wall0)}
+  out["timers"] = step.timers
   Path(args.worker_out).write_text(json.dumps(out, default=str))
 
 
@@ -306,6 +312,10 @@ def launch(args) -> int:
             print("\n".join(log[-40:]), file=sys.stderr)
       return 1
     results = [json.loads(p.read_text()) for p in outs]
+    if os.environ.get("BENCH_TIMERS"):
+      Path(os.environ["BENCH_TIMERS"]).write_text(json.dumps([r.pop("timers") for r in results]))
+    for r in results:
+      r.pop("timers", None)
   for res in results:
     busy = ", ".join(f"{k.split('/')[0]} {v['cpu_s']:.1f}s" for k, v in res["threads"].items())
     print(f"process {res['process']} (core {res['core']}, devices {res['devices']}, background "

@@ -170,6 +170,8 @@ def test_a_process_holds_its_foreground_thread_only_while_a_stage_has_none_of_it
   if held:  # at most the predicted time of the held call, per step with the job
     j = hook.positions[(1, "fwd_bwd")]
     assert hook.held_s <= 3 * hook.durations[j] / 1e3 + 1e-3
+    # the hold's end is learned: the shortest time from a hold's end to the next call
+    assert 0 < hook.lead_ms[j] < 1e3 * hook.held_s
 
 
 def test_background_checkpoint_round_trips(tiny, tmp_path):

@@ -14,8 +14,9 @@ outstanding per device) and corrects the next predictions; each foreground step'
 the slowdown back. On CPU a program runs on the thread that dispatches it, so only separate
 threads let pieces run beside the foreground; on a GPU the same threads issue into each device's
 queue. With several processes, a process that owns none of a stage's devices is held until the
-call's predicted end, so that the move it would post next does not occupy its idle devices. A failing job (exception or non-finite loss) is logged and stopped; the foreground never
-reads background arrays.
+call's predicted end, so that the move it would post next does not occupy its idle devices. A
+failing job (exception or non-finite loss) is logged and stopped; the foreground never reads
+background arrays.
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ class BackgroundScheduler:
     self.windows: list[dict[int, float]] = []
     self.durations: list[float] = []  # predicted ms from each call to the next (alone steps)
     self.held_s = 0.0  # time the foreground was held for its idle devices (several processes)
+    self.lead_ms: dict[int, float] = {}  # per held call: shortest hold end -> next call, ms
+    self._released: tuple[int, float] | None = None  # (held call, when its hold ended)
     self.alone_calls: list[tuple[tuple[int, ...], float, str]] = []  # (devices, ms, stage:phase)
     self.baseline_ms: float | None = None
     self.threads: list[threading.Thread] = []
@@ -171,31 +174,40 @@ class BackgroundScheduler:
     if not self.threads:
       return
     j = self.positions.get((sp.stage.index, phase))
+    if self._released is not None:  # the previous call was held: learn its move's time
+      k, released = self._released
+      self.lead_ms[k] = min(self.lead_ms.get(k, math.inf), 1e3 * (now - released))
+      self._released = None
+    held = (j is not None and self.own_devices is not None and self.alive
+            and not devices & self.own_devices)
+    until = now + (self.durations[j] - self.lead_ms.get(j, 0.0)) / 1e3 if held else math.inf
     with self.cond:
       for d in self.window_end:
         if d in devices:
           self.window_end[d] = None
         elif j is not None:
-          self.window_end[d] = now + self.windows[j][d] / 1e3
+          self.window_end[d] = min(now + self.windows[j][d] / 1e3, until)
       self.generation += 1
       self.cond.notify_all()
-    if (j is not None and self.own_devices is not None and self.alive
-        and not devices & self.own_devices):
-      self._hold(now + self.durations[j] / 1e3)
+    if held:
+      self._hold(j, until)
 
-  def _hold(self, until: float) -> None:
-    """Hold the foreground's thread until `until` (the call's predicted end).
+  def _hold(self, j: int, until: float) -> None:
+    """Hold the foreground's thread until `until`: call j's predicted end, less its move's time.
 
     With several processes, a process that owns none of a stage's devices skips the call and
     would at once post the move that follows: a collective program that occupies its devices
-    until the stage's owners reach it, so its devices are not idle. Holding the thread until
-    the call's predicted end keeps them idle for the pieces; a late stage waits for the move
+    until the stage's owners reach it, so its devices are not idle. Holding the thread keeps
+    them idle for the pieces. The hold ends early by the shortest time seen from a hold's end
+    to the next call (`lead_ms`: the move alone, when the stage's owners were there first), so
+    that the move is posted when the stage's owners reach it; a late stage waits for the move
     as it would anyway, an early one waits for the hold (window error, docs/orchestrator.md).
     """
     left = until - time.perf_counter()
     if left > 0:
       time.sleep(left)
       self.held_s += left
+    self._released = (j, time.perf_counter())
 
   def _step_started(self, now: float) -> None:
     self.step_starts.append(now)
