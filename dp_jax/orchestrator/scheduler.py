@@ -39,6 +39,10 @@ from dp_jax.orchestrator.background import PIECE_PHASES, DeviceRunner, piece_ind
 
 log = logging.getLogger(__name__)
 SKIP_STEPS = 2  # a call's first two steps: compilation, and the timed (fully waited) step
+# Full-length holds whose end-to-next-call times measure a move (several processes): a probe
+# ending while the stage is still running measures more than the move, so the shortest of a few
+# is taken; one late stage (another job's spike) does not spoil it.
+PROBES = 3
 CHECKPOINT_FILE = "background.npz"
 
 
@@ -140,7 +144,7 @@ class BackgroundScheduler:
     self.windows: list[dict[int, float]] = []
     self.durations: list[float] = []  # predicted ms from each call to the next (alone steps)
     self.held_s = 0.0  # time the foreground was held for its idle devices (several processes)
-    self.lead_ms: dict[int, float] = {}  # per held call: shortest hold end -> next call, ms
+    self.move_ms: dict[int, list[float]] = {}  # per held call: probe's end -> next call, ms
     self._released: tuple[int, float] | None = None  # (held call, when its hold ended)
     self.alone_calls: list[tuple[tuple[int, ...], float, str]] = []  # (devices, ms, stage:phase)
     self.baseline_ms: float | None = None
@@ -174,13 +178,13 @@ class BackgroundScheduler:
     if not self.threads:
       return
     j = self.positions.get((sp.stage.index, phase))
-    if self._released is not None:  # the previous call was held: learn its move's time
+    if self._released is not None:  # the previous call was a probe: its move's time
       k, released = self._released
-      self.lead_ms[k] = min(self.lead_ms.get(k, math.inf), 1e3 * (now - released))
+      self.move_ms.setdefault(k, []).append(1e3 * (now - released))
       self._released = None
     held = (j is not None and self.own_devices is not None and self.alive
             and not devices & self.own_devices)
-    until = now + (self.durations[j] - self.lead_ms.get(j, 0.0)) / 1e3 if held else math.inf
+    until = now + (self.durations[j] - self.lead_ms(j)) / 1e3 if held else math.inf
     with self.cond:
       for d in self.window_end:
         if d in devices:
@@ -198,16 +202,23 @@ class BackgroundScheduler:
     With several processes, a process that owns none of a stage's devices skips the call and
     would at once post the move that follows: a collective program that occupies its devices
     until the stage's owners reach it, so its devices are not idle. Holding the thread keeps
-    them idle for the pieces. The hold ends early by the shortest time seen from a hold's end
-    to the next call (`lead_ms`: the move alone, when the stage's owners were there first), so
-    that the move is posted when the stage's owners reach it; a late stage waits for the move
-    as it would anyway, an early one waits for the hold (window error, docs/orchestrator.md).
+    them idle for the pieces. After PROBES full-length holds, a hold ends early by the move's
+    time (`lead_ms`), so that the move is posted when the stage's owners reach it; a late stage
+    waits for the move as it would anyway, an early one waits for the hold (window error,
+    docs/orchestrator.md).
     """
     left = until - time.perf_counter()
     if left > 0:
       time.sleep(left)
       self.held_s += left
-    self._released = (j, time.perf_counter())
+    if len(self.move_ms.get(j, ())) < PROBES:
+      self._released = (j, time.perf_counter())
+
+  def lead_ms(self, j: int) -> float:
+    """How much earlier than call j's predicted end its hold ends: 0 for the first PROBES holds
+    (full length), then the shortest time seen from a probe's end to the next call."""
+    seen = self.move_ms.get(j, ())
+    return min(seen) if len(seen) >= PROBES else 0.0
 
   def _step_started(self, now: float) -> None:
     self.step_starts.append(now)
