@@ -24,12 +24,13 @@ step with / mean of the alone steps before and after - 1 (process 0's clock; 0.1
 long); background samples/s = completed steps x batch / time, summed over processes (steps
 finished after the foreground's last step do not count). Simulated: the same policy
 (dp_jax/multiplex.py) replayed by the simulator on each dispatching process's measured alone
-stage calls (its devices that other processes own count as busy) with its measured piece
-times, over the same number of steps; samples/s summed, added time summed. --out writes a JSON
-list of {cap ("inf" for no cap), measured_slowdown, background_samples_per_s,
-simulated_slowdown, simulated_background_samples_per_s, details}. Diagnostics: BENCH_SHOW_LOGS=1
-prints a failed worker's log; BENCH_TIMERS=FILE writes every foreground call's start and end
-per step and process (perf_counter, one clock for all processes of the machine).
+stage calls (devices without its job count as busy; after a held call, its probed move
+occupies every device) with its measured piece times, over the same number of steps;
+samples/s summed, added time summed. --out writes a JSON list of {cap ("inf" for no cap),
+measured_slowdown, background_samples_per_s, simulated_slowdown,
+simulated_background_samples_per_s, details}. Diagnostics: BENCH_SHOW_LOGS=1 prints a failed
+worker's log; BENCH_TIMERS=FILE writes every foreground call's start and end per step and
+process (perf_counter, one clock for all processes of the machine).
 """
 
 from __future__ import annotations
@@ -127,6 +128,22 @@ def call_ms(calls: list[tuple[str, float]], first: int, last: int) -> dict[str, 
   return {k: statistics.fmean(v) for k, v in out.items()}
 
 
+def sim_calls(hook, n: int, job_devices: set[int], own: set[int]) -> list:
+  """The alone calls as the simulator's chain: devices without this process's job count busy;
+  a held call ends its hold early by the probed move time, during which the move occupies
+  every device (the runtime's windows end with the hold)."""
+  others = {i for i in range(n) if i not in job_devices}
+  out = []
+  for j, (devs, ms, label) in enumerate(hook.alone_calls):
+    lead = hook.lead_ms(j) if not set(devs) & own else 0.0
+    busy = tuple(sorted({*devs, *others}))
+    if 0 < lead < ms:
+      out += [(busy, ms - lead, label), (tuple(range(n)), lead, f"{label}:move")]
+    else:
+      out.append((busy, ms, label))
+  return out
+
+
 def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int, gap_ms: float,
             n: int, own: list[int]) -> dict:
   """Alone steps, then steps with the job under `cap` (this process: cap x share); measured
@@ -157,8 +174,7 @@ def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int
          "call_ms_alone": call_ms(clock.calls, 2, alone),
          "call_ms_with": call_ms(clock.calls, alone, alone + steps)}
   if runners and hook.admission is not None:
-    others = tuple(i for i in range(n) if i not in runners)
-    calls = [(tuple(sorted({*d, *others})), ms, label) for d, ms, label in hook.alone_calls]
+    calls = sim_calls(hook, n, set(runners), set(own))
     sim = fill_measured(calls, n, job, cap=mine, iterations=steps, switch_ms=gap_ms)
     total_ms = float(sim.iteration_ms.sum())
     row.update({
