@@ -10,9 +10,9 @@ what is left of the window; a piece that does not fit may still run if the time 
 the foreground (its predicted overrun) fits the iteration's budget, cap x alone iteration time,
 shared by all devices. Predictions are the profile corrected online by measured/predicted (a
 piece refused 8 times in a row has its correction moved halfway back to the profile, so a stale
-measurement cannot starve it), and the measured slowdown of each iteration tightens (halves)
-the usable part of windows and the budget when it exceeds the cap and relaxes them again when
-it does not.
+measurement cannot starve it; no correction goes below a quarter of the profile), and the
+measured slowdown of each iteration tightens (halves) the usable part of windows and the budget
+when it exceeds the cap and relaxes them again when it does not.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ DEFAULT_PIECE_MS = 0.5  # DeepPool's be_graph_split_ms: background tasklets of a
 SMOOTHING = 0.5  # weight of the old value in the measured/predicted EWMA
 RELAX = 0.125  # usable fraction regained per iteration whose slowdown is within the cap
 STALE = 8  # refusals in a row after which a piece's correction moves back toward the profile
+# Lowest measured/profiled ratio the correction keeps: the profile is the piece timed alone on
+# its own device, so a piece measured at under a quarter of it is a timing artifact (a call
+# that returned before its program ran), not a trend; without a floor, such measurements would
+# shrink predictions toward 0 and admit any piece into any window.
+RATIO_FLOOR = 0.25
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,7 +91,8 @@ def step_pieces(groups: Sequence[Sequence[int]], fwd_ms: Sequence[float],
 
 
 class Correction:
-  """Measured/predicted per piece (EWMA), falling back to the job-wide ratio for unseen pieces."""
+  """Measured/predicted per piece (EWMA), falling back to the job-wide ratio for unseen pieces;
+  no ratio below RATIO_FLOOR."""
 
   def __init__(self, pieces_ms: Sequence[float], smoothing: float = SMOOTHING):
     self.profile_ms = np.asarray(pieces_ms, dtype=float)
@@ -103,7 +109,7 @@ class Correction:
   def observe(self, k: int, measured_ms: float) -> None:
     if self.profile_ms[k] <= 0 or not math.isfinite(measured_ms) or measured_ms < 0:
       return
-    r = measured_ms / self.profile_ms[k]
+    r = max(measured_ms / self.profile_ms[k], RATIO_FLOOR)
     self.refusals[k] = 0
     old = self.ratio[k]
     self.ratio[k] = r if math.isnan(old) else self.smoothing * old + (1 - self.smoothing) * r

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_jax.errors import UserError
-from dp_jax.multiplex import Admission, Correction, layer_groups, step_pieces
+from dp_jax.multiplex import RATIO_FLOOR, Admission, Correction, layer_groups, step_pieces
 
 
 def run_windows(policy, windows_ms, actual_of, pieces):
@@ -85,6 +85,21 @@ def test_online_correction_learns_measured_over_predicted():
   assert c.predicted_ms(0) == pytest.approx(3.0)
   assert c.predicted_ms(1) == pytest.approx(6.0)
   assert c.predicted_ms(2) == pytest.approx(12.0)  # unseen: the job-wide ratio
+
+
+def test_the_correction_cannot_shrink_predictions_below_its_floor():
+  c = Correction([4.0, 2.0], smoothing=0.5)
+  for _ in range(50):
+    c.observe(0, 0.0)  # a call that returned before its program ran
+  assert c.predicted_ms(0) == pytest.approx(RATIO_FLOOR * 4.0)
+  assert c.predicted_ms(1) == pytest.approx(RATIO_FLOOR * 2.0)  # the job-wide ratio too
+  c.observe(0, 3.0)  # a real measurement still moves it up
+  assert c.predicted_ms(0) > RATIO_FLOOR * 4.0
+  policy = Admission([4.0], cap=0.0, alone_ms=100.0)
+  for _ in range(50):
+    policy.observe(0, 1e-6)
+  assert not policy.admit(0, 0.9 * RATIO_FLOOR * 4.0)  # still too long for this window
+  assert policy.admit(0, RATIO_FLOOR * 4.0)
 
 
 def test_a_refused_piece_is_not_starved_by_a_stale_measurement():

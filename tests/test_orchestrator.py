@@ -23,7 +23,7 @@ from dp_jax.orchestrator import (
   start_background,
 )
 from dp_jax.orchestrator.background import measured_pieces
-from dp_jax.orchestrator.scheduler import window_ms
+from dp_jax.orchestrator.scheduler import PROBES, window_ms
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.plan_check import check_plan
 from dp_jax.runtime.plans import layout_plan
@@ -153,6 +153,25 @@ def test_failing_background_job_is_stopped_and_reported(tiny, caplog):
   assert stats.failures >= 1 and not hook.alive and calls and stats.steps == 0
   assert "RuntimeError: boom in background" in stats.errors[0]
   assert any("failed and is stopped" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("own, held", [(BG_DEVICES, True), ((0, *BG_DEVICES), False),
+                                       (None, False)])
+def test_a_process_holds_its_foreground_thread_only_while_a_stage_has_none_of_its_devices(
+    tiny, own, held):
+  """Several processes: a process skips a stage on none of its devices and would post the next
+  move (occupying its idle devices) at once; the hook holds it for the call's predicted time."""
+  runners, job = tiny
+  hook = make_background_hook(job, runners, start_after=ALONE, slowdown_cap=math.inf,
+                              own_devices=own)
+  fake_steps(hook, ALONE + PROBES + 1)  # stage 1 runs on device 0 only
+  hook.drain()
+  assert (hook.held_s > 0) == held
+  if held:  # at most the predicted time of the held call, per step with the job
+    j = hook.positions[(1, "fwd_bwd")]
+    assert hook.held_s <= (PROBES + 1) * hook.durations[j] / 1e3 + 1e-3
+    # the first PROBES holds measure the move (hold end -> next call), the next ones end early
+    assert len(hook.move_ms[j]) == PROBES and hook.lead_ms(j) == min(hook.move_ms[j]) > 0
 
 
 def test_background_checkpoint_round_trips(tiny, tmp_path):

@@ -12,6 +12,7 @@ seeded by (seed, device index) and the step.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -98,28 +99,38 @@ def build_runners(model, name: str, groups: Sequence[Sequence[str]],
 
 
 def measured_pieces(runner: DeviceRunner, steps: int = 2) -> np.ndarray:
-  """Per-piece ms of the last of `steps` steps (the first compiles): a profile made here.
+  """Per-piece ms: the median over steps 2..`steps` (the first compiles; steps=1: that one),
+  a profile made here.
 
   Call it on every runner before its dispatch thread starts: it compiles the pieces, on the
   main thread (warning filters are process-wide, not per thread).
   """
   timer: list[dict[str, Any]] = []
+  per_step = []
   with warnings.catch_warnings():  # compiles here; per-layer programs cannot reuse every
     warnings.filterwarnings("ignore", "Some donated buffers were not usable")  # donated buffer
-    for _ in range(steps):
+    for _ in range(max(1, steps)):
       timer.clear()
       runner.step(timer=timer)
-  calls = [t for t in timer if t["phase"] in PIECE_PHASES]
-  return np.array([1e3 * (t["end_s"] - t["start_s"]) for t in calls])
+      calls = [t for t in timer if t["phase"] in PIECE_PHASES]
+      per_step.append([1e3 * (t["end_s"] - t["start_s"]) for t in calls])
+  return np.median(np.array(per_step[1:] or per_step), axis=0)
 
 
-def piece_gap_ms(runner: DeviceRunner) -> float:
-  """Median host time between one piece's end and the next one's start (one more step)."""
-  timer: list[dict[str, Any]] = []
-  runner.step(timer=timer)
-  calls = [t for t in timer if t["phase"] in PIECE_PHASES]
-  return float(np.median([1e3 * (b["start_s"] - a["end_s"]) for a, b in zip(
-      calls, calls[1:], strict=False)])) if len(calls) > 1 else 0.0
+def piece_gap_ms(runner: DeviceRunner, steps: int = 3) -> float:
+  """Host time per piece: a step's wall time (the dispatch thread's loop: the step, then its
+  loss read) minus its pieces' time, over its pieces; the median of `steps` steps. This is the
+  switch cost the simulator charges after each piece (it includes the step's data and loss)."""
+  per = []
+  for _ in range(steps):
+    timer: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    float(runner.step(timer=timer))
+    wall = time.perf_counter() - t0
+    calls = [t for t in timer if t["phase"] in PIECE_PHASES]
+    busy = sum(t["end_s"] - t["start_s"] for t in calls)
+    per.append(1e3 * (wall - busy) / max(1, len(calls)))
+  return float(np.median(per))
 
 
 def job_of_runner(runner: DeviceRunner, name: str, pieces_ms: np.ndarray,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,10 @@ def start_background(bg_cfg: Any, fg_model_cfg: Any, plan: Mapping[str, Any],
       fg_model_cfg, seed)
   check_fits(model_cfg.name, batch, need, foreground_bytes(plan, fg_graph), memory_gb_per_device)
   name = f"{bg_cfg.name}:{model_cfg.name}"
-  kw = dict(start_after=start_after, slowdown_cap=cap, margin=margin)
+  kw = dict(start_after=start_after, slowdown_cap=process_cap(
+      cap, [layer["devices"] for layer in plan["layers"]], devices), margin=margin)
+  if jax.process_count() > 1:
+    kw["own_devices"] = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
   try:
     model = zoo.build(model_cfg, seed=seed + 1)
     opt = optax.sgd(learning_rate, momentum=0.9)
@@ -117,6 +120,18 @@ def start_background(bg_cfg: Any, fg_model_cfg: Any, plan: Mapping[str, Any],
            batch, len(runners), len(job.pieces_ms), cap)
   return BackgroundScheduler(job, runners, checkpoint_dir=checkpoint_dir,
                              checkpoint_every=checkpoint_every, **kw)
+
+
+def process_cap(cap: float, placed: Iterable[Iterable[int]],
+                devices: Sequence[jax.Device]) -> float:
+  """This process's share of the cap: each process admits against its own budget, so with k
+  processes owning devices that some layer (or stage) leaves idle, each gets cap / k (their
+  added times add up). placed: each layer's (or stage's) device indices."""
+  everywhere = set(range(len(devices)))
+  for devs in placed:
+    everywhere &= set(devs)
+  k = len({devices[i].process_index for i in range(len(devices)) if i not in everywhere})
+  return cap / k if k > 1 else cap
 
 
 def _groups(runner, layer_pieces_ms, piece_ms: float) -> list[list[str]]:

@@ -13,8 +13,10 @@ budget; if not, it waits for the next window. Each piece is waited for and measu
 outstanding per device) and corrects the next predictions; each foreground step's time feeds
 the slowdown back. On CPU a program runs on the thread that dispatches it, so only separate
 threads let pieces run beside the foreground; on a GPU the same threads issue into each device's
-queue. A failing job (exception or non-finite loss) is logged and stopped; the foreground never
-reads background arrays.
+queue. With several processes, a process that owns none of a stage's devices is held until the
+call's predicted end, so that the move it would post next does not occupy its idle devices. A
+failing job (exception or non-finite loss) is logged and stopped; the foreground never reads
+background arrays.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ from dp_jax.orchestrator.background import PIECE_PHASES, DeviceRunner, piece_ind
 
 log = logging.getLogger(__name__)
 SKIP_STEPS = 2  # a call's first two steps: compilation, and the timed (fully waited) step
+# Full-length holds whose end-to-next-call times measure a move (several processes): a probe
+# ending while the stage is still running measures more than the move, so the shortest of a few
+# is taken; one late stage (another job's spike) does not spoil it.
+PROBES = 3
 CHECKPOINT_FILE = "background.npz"
 
 
@@ -85,6 +91,7 @@ class BackgroundStats:
   errors: list[str] = field(default_factory=list)
   refused: int = 0  # admission refusals
   active_s: float = 0.0  # wall time from the first step with the job to drain()
+  piece_ms: float = 0.0  # measured device time of the pieces run before drain(), all devices
   batch: int = 0
 
   @property
@@ -110,8 +117,10 @@ class BackgroundScheduler:
   def __init__(self, job: BackgroundJob | None, runners: dict[int, DeviceRunner] | None = None,
                *, start_after: int = 0, slowdown_cap: float = math.inf, margin: float = 0.0,
                failures: Sequence[str] = (), checkpoint_dir: str | Path | None = None,
-               checkpoint_every: int = 0):
+               checkpoint_every: int = 0, own_devices: Iterable[int] | None = None):
     self.job = job
+    # Several processes: this process's devices; a stage on none of them is held (see __call__)
+    self.own_devices = frozenset(own_devices) if own_devices is not None else None
     self.runners = dict(runners or {})
     # CPU programs may run after their call returns; waiting for each foreground stage call
     # makes the hook's call-to-call times execution times (windows). Not on GPUs: see docs.
@@ -133,6 +142,10 @@ class BackgroundScheduler:
     self.calls: list[list[tuple[int, str, frozenset[int], float]]] = []
     self.positions: dict[tuple[int, str], int] = {}
     self.windows: list[dict[int, float]] = []
+    self.durations: list[float] = []  # predicted ms from each call to the next (alone steps)
+    self.held_s = 0.0  # time the foreground was held for its idle devices (several processes)
+    self.move_ms: dict[int, list[float]] = {}  # per held call: probe's end -> next call, ms
+    self._released: tuple[int, float] | None = None  # (held call, when its hold ended)
     self.alone_calls: list[tuple[tuple[int, ...], float, str]] = []  # (devices, ms, stage:phase)
     self.baseline_ms: float | None = None
     self.threads: list[threading.Thread] = []
@@ -165,14 +178,47 @@ class BackgroundScheduler:
     if not self.threads:
       return
     j = self.positions.get((sp.stage.index, phase))
+    if self._released is not None:  # the previous call was a probe: its move's time
+      k, released = self._released
+      self.move_ms.setdefault(k, []).append(1e3 * (now - released))
+      self._released = None
+    held = (j is not None and self.own_devices is not None and self.alive
+            and not devices & self.own_devices)
+    until = now + (self.durations[j] - self.lead_ms(j)) / 1e3 if held else math.inf
     with self.cond:
       for d in self.window_end:
         if d in devices:
           self.window_end[d] = None
         elif j is not None:
-          self.window_end[d] = now + self.windows[j][d] / 1e3
+          self.window_end[d] = min(now + self.windows[j][d] / 1e3, until)
       self.generation += 1
       self.cond.notify_all()
+    if held:
+      self._hold(j, until)
+
+  def _hold(self, j: int, until: float) -> None:
+    """Hold the foreground's thread until `until`: call j's predicted end, less its move's time.
+
+    With several processes, a process that owns none of a stage's devices skips the call and
+    would at once post the move that follows: a collective program that occupies its devices
+    until the stage's owners reach it, so its devices are not idle. Holding the thread keeps
+    them idle for the pieces. After PROBES full-length holds, a hold ends early by the move's
+    time (`lead_ms`), so that the move is posted when the stage's owners reach it; a late stage
+    waits for the move as it would anyway, an early one waits for the hold (window error,
+    docs/orchestrator.md).
+    """
+    left = until - time.perf_counter()
+    if left > 0:
+      time.sleep(left)
+      self.held_s += left
+    if len(self.move_ms.get(j, ())) < PROBES:
+      self._released = (j, time.perf_counter())
+
+  def lead_ms(self, j: int) -> float:
+    """How much earlier than call j's predicted end its hold ends: 0 for the first PROBES holds
+    (full length), then the shortest time seen from a probe's end to the next call."""
+    seen = self.move_ms.get(j, ())
+    return min(seen) if len(seen) >= PROBES else 0.0
 
   def _step_started(self, now: float) -> None:
     self.step_starts.append(now)
@@ -211,6 +257,7 @@ class BackgroundScheduler:
         per.append(1e3 * (nxt - calls[j][3]))
       durations.append(statistics.median(per))
     self.positions = {(s, p): j for j, (s, p, _) in enumerate(seq)}
+    self.durations = durations
     self.alone_calls = [(tuple(sorted(d)), ms, f"{s}:{p}")
                         for (s, p, d), ms in zip(seq, durations, strict=True)]
     self.windows = window_ms(durations, [d for *_, d in seq], self.window_end)
@@ -240,8 +287,11 @@ class BackgroundScheduler:
       calls = [t for t in timer if t["phase"] in PIECE_PHASES]
       if len(calls) > state["seen"] and state["last"] is not None:
         t = calls[-1]
+        ms = 1e3 * (t["end_s"] - t["start_s"])
         with self.cond:
-          self.admission.observe(state["last"], 1e3 * (t["end_s"] - t["start_s"]))
+          self.admission.observe(state["last"], ms)
+          if self._t_stop is None:
+            self.stats.piece_ms += ms
       state["seen"] = len(calls)
 
     def gate(sp, phase: str) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from dp_jax.errors import UserError
@@ -32,8 +33,11 @@ def layer_shardings(mesh: Mesh, d: LayerDef, specs: Mapping[str, Sequence]) -> S
 
 
 def place(arrays: Mapping[str, Any], shardings: Shardings) -> dict[str, jax.Array]:
-  """A layer's arrays (key -> array) put on their shardings."""
-  return {k: jax.device_put(a, shardings[k]) for k, a in arrays.items()}
+  """A layer's arrays (key -> array) put on their shardings; onto devices of other processes
+  from host values (jax.device_put of a committed array there gave an array without valid
+  shards with one device per process, jax 0.12)."""
+  return {k: jax.device_put(a if shardings[k].is_fully_addressable else np.asarray(a),
+                            shardings[k]) for k, a in arrays.items()}
 
 
 def constrain(arrays: Mapping[str, Any], shardings: Shardings) -> dict[str, Any]:
