@@ -16,13 +16,13 @@ CHILD = """
 import json, os, sys, threading
 from dp_jax.runtime import pinned
 core = pinned.check_pinned()
-done = threading.Event()
-def spin():
+worked, done = threading.Event(), threading.Event()
+def spin():  # a fixed amount of work however loaded the core is, then alive until sampled
   x = 0
-  while not done.is_set():
+  while x < 3_000_000:
     x += 1
-t = threading.Thread(target=spin, name="spinner"); t.start()
-sum(range(3_000_000))
+  worked.set(); done.wait()
+t = threading.Thread(target=spin, name="spinner"); t.start(); worked.wait()
 threads = pinned.thread_cores()
 done.set(); t.join()
 print(json.dumps({"core": core, "spinner": t.native_id, "affinity": sorted(os.sched_getaffinity(0)),
