@@ -35,15 +35,21 @@ def test_prefix_stage_holds_the_first_layers_and_exports_the_last():
   assert whole.layers == names and whole.exports == (g.sink,)
 
 
+def mlp():
+  m = build_model("digits_mlp")
+  return m, structure_graph(m, "digits_mlp")
+
+
 def test_profile_covers_each_count_records_the_split_and_reads_its_cache(tmp_path, monkeypatch):
-  m, g = tiny()
+  m, g = mlp()
   devices = jax.devices()[:2]
-  p = in_context.in_context_profile(m, g, 8, [1, 2], cache_dir=tmp_path, repeats=1, passes=1,
+  p = in_context.in_context_profile(m, g, 8, [2], cache_dir=tmp_path, repeats=1, passes=1,
                                     devices=devices)
-  assert all(set(p.batches(n)) == {8, 4} for n in g.names)
-  assert all(t >= 0 for n in g.names for b in (8, 4) for t in p.layers[n][b])
-  assert p.meta["includes_update"] and p.meta["method"] == in_context.METHOD
-  for b in (8, 4):  # the layers sum to the whole model's fused program, less the empty round
+  assert all(set(p.batches(n)) == {4} for n in g.names)  # per-device batch on 2 devices
+  assert all(t >= 0 for n in g.names for t in p.layers[n][4])
+  assert p.meta["includes_update"] and p.meta["includes_allreduce"]
+  assert p.meta["method"] == in_context.METHOD
+  for b in (4,):  # the layers sum to the whole model's fused program, less the empty round
     prefix = p.meta["prefix_ms"][str(8 // b)]
     assert len(prefix["fused"]) == len(g.names) and prefix["fwd"] > 0 and prefix["bwd"] > 0
     whole = max(prefix["fused"]) - p.meta["empty_round_ms"][8 // b]
@@ -55,8 +61,8 @@ def test_profile_covers_each_count_records_the_split_and_reads_its_cache(tmp_pat
   def no_timing(*a, **k):
     raise AssertionError("timed again despite the cache")
 
-  monkeypatch.setattr(in_context, "_Copy", no_timing)
-  again = in_context.in_context_profile(m, g, 8, [1, 2], cache_dir=tmp_path, repeats=1,
+  monkeypatch.setattr(in_context, "_Prefix", no_timing)
+  again = in_context.in_context_profile(m, g, 8, [2], cache_dir=tmp_path, repeats=1,
                                         passes=1, devices=devices)
   assert again.layers == p.layers
 

@@ -3,22 +3,23 @@
 XLA compiles a layer alone into other code than inside a stage program (vgg16's 2x2-map
 convolutions on CPU: seconds alone, a fraction of that inside the model; docs/validation.md),
 so each layer is timed as the runtime runs it. For every prefix P_k (the first k layers in
-series-parallel order) and every device count g (per-device batch b = B // g), the runtime's
-fused program of a stage holding P_k (dp_jax.runtime.step.stage_program: forward, backward and
-optimizer update, as the last stage runs; loss: the training loss for the whole model, the
-mean of the output for a shorter prefix) runs as g copies at once, one per device, each
-dispatched from its own thread (one copy: on the calling thread), as dp_jax.profile.loaded.
-Layer k's cost is fused(P_k) - fused(P_k-1) (through the running maximum, so a noisy prefix
-never gives a negative cost; an empty round stands for P_0, the dispatch being priced per
-stage call by dp_jax.planner.local_overhead), so the costs of any stage that starts at the
-first layer sum to its measured program, the update and the fusion with neighbours inside.
+series-parallel order) and every device count g, the runtime's fused program of a stage
+holding P_k on devices 0..g-1 (dp_jax.runtime.step.stage_program: forward, backward, the
+gradient all-reduce over the g devices and the optimizer update, as the last stage runs; loss:
+the training loss for the whole model, the mean of the output for a shorter prefix) runs on
+the global batch B (per-device batch B // g). Layer k's cost is fused(P_k) - fused(P_k-1)
+(through the running maximum, so a noisy prefix never gives a negative cost; a trivial
+program's call stands for P_0, the dispatch being priced per stage call by
+dp_jax.planner.local_overhead), so the costs of any stage that starts at the first layer sum
+to its measured program, with the update, the all-reduce and the fusion with neighbours
+inside (meta: includes_update, includes_allreduce).
 
 A stage that is not the last runs a forward and a backward program instead; the whole model
 is also timed that way, and r = (fwd + bwd) / fused scales each layer:
 meta["split_extra_ms"][layer][b] = its cost x (r - 1), what it costs more in a stage that is
 not the last. The table's fwd/bwd division of a layer's cost follows the whole model's
 fwd / (fwd + bwd). `statistic` of `passes` passes over all prefixes of `repeats` rounds each;
-the prefix totals are cached (dp_jax.profile.cache, method in_context/1).
+the prefix totals are cached (dp_jax.profile.cache, method in_context/2).
 """
 
 from __future__ import annotations
@@ -37,18 +38,18 @@ import optax
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
 from dp_jax.profile import cache
-from dp_jax.profile.loaded import STATISTICS, empty_round_ms
+from dp_jax.profile.loaded import STATISTICS
 from dp_jax.profile.measure import model_dtype
 from dp_jax.profile.table import ProfileTable
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime import mesh as meshlib
-from dp_jax.runtime.local_devices import DeviceThreads, cpu_cores
+from dp_jax.runtime.local_devices import cpu_cores
 from dp_jax.runtime.loss import cross_entropy
 from dp_jax.runtime.stages import Stage, group_stages, series_parallel_order
 from dp_jax.runtime.step import stage_program
 
-METHOD = "in_context/1"
+METHOD = "in_context/2"
 PHASES = ("fwd", "bwd", "fused")
 
 
@@ -63,15 +64,19 @@ def mean_loss(out, _y):
   return jnp.mean(out.astype(jnp.float32))
 
 
-class _Copy:
-  """A prefix stage's split and fused programs on one device; its state exists while timed."""
+class _Prefix:
+  """A prefix stage's split and fused programs on a device mesh; its state exists while timed."""
 
-  def __init__(self, graph: LayerGraph, stage: Stage, defs, optimizer, device: jax.Device):
+  def __init__(self, graph: LayerGraph, stage: Stage, defs, optimizer,
+               devices: list[jax.Device]):
     last = stage.layers[-1]
     loss_of = cross_entropy if len(stage.layers) == len(graph.names) else mean_loss
-    self.stage, self.device, self.optimizer = stage, device, optimizer
-    self.split = stage_program(stage, [device], defs, optimizer, None)
-    self.fused = stage_program(stage, [device], defs, optimizer, last, loss_of=loss_of)
+    self.stage = stage
+    self.split = stage_program(stage, devices, defs, optimizer, None)
+    self.fused = stage_program(stage, devices, defs, optimizer, last, loss_of=loss_of)
+    self.init = jax.jit(lambda p: {n: optimizer.init(v) for n, v in p.items()},
+                        out_shardings=self.split.replicated)
+    self.out_shapes = None
 
   def load(self, params, stats, x, y) -> None:
     """Fresh copies of the stage's params, stats, optimizer state and the batch, placed as the
@@ -79,13 +84,12 @@ class _Copy:
     rep, batch = self.split.replicated, self.split.batch
     self.params = jax.device_put({n: params[n] for n in self.stage.layers}, rep)
     self.stats = jax.device_put({n: stats[n] for n in self.stage.layers}, rep)
-    init = jax.jit(lambda p: {n: self.optimizer.init(v) for n, v in p.items()},
-                   out_shardings=rep)
-    self.opt = init(self.params)
+    self.opt = self.init(self.params)
     self.x, self.y = jax.device_put(x, batch), jax.device_put(y, batch)
-    outs, _, _ = jax.eval_shape(self.split.fwd, self.params, self.stats, {}, {}, self.x)
-    self.cots = jax.device_put({e: (np.ones(s.shape, s.dtype),) for e, s in outs.items()},
-                               batch)
+    if self.out_shapes is None:
+      self.out_shapes = jax.eval_shape(self.split.fwd, self.params, self.stats, {}, {}, self.x)[0]
+    self.cots = jax.device_put({e: (np.ones(s.shape, s.dtype),)
+                                for e, s in self.out_shapes.items()}, batch)
     self.vjp = None
 
   def drop(self) -> None:
@@ -107,35 +111,37 @@ class _Copy:
     return loss, self.params
 
 
-def _round(threads: DeviceThreads, copies: list[_Copy], phase: str) -> float:
-  """Wall ms of one round of `phase` on every copy at once (one copy: this thread)."""
-  jobs = [(i, lambda c=c: jax.block_until_ready(getattr(c, _METHODS[phase])()))
-          for i, c in enumerate(copies)]
-  t0 = time.perf_counter()
-  if len(jobs) == 1:
-    jobs[0][1]()
-  else:
-    threads.run(jobs)
-  return (time.perf_counter() - t0) * 1e3
+_CALLS = {"fwd": _Prefix.fwd, "bwd": _Prefix.bwd, "fused": _Prefix.fused_step}
 
 
-_METHODS = {"fwd": "fwd", "bwd": "bwd", "fused": "fused_step"}
-
-
-def prefix_samples(threads: DeviceThreads, copies: list[_Copy], host: tuple, repeats: int,
-                   warmup: int, samples: dict[str, list[float]], phases=PHASES) -> None:
-  """`warmup` then `repeats` rounds of each of `phases`, appended to `samples`."""
-  for c in copies:
-    c.load(*host)
+def prefix_samples(prefix: _Prefix, host: tuple, repeats: int, warmup: int,
+                   samples: dict[str, list[float]], phases=PHASES) -> None:
+  """`warmup` then `repeats` rounds of each of `phases` (wall ms), appended to `samples`."""
+  prefix.load(*host)
   try:
     for i in range(warmup + repeats):
-      times = {p: _round(threads, copies, p) for p in phases}
-      if i >= warmup:
-        for p, t in times.items():
-          samples[p].append(t)
+      for p in phases:
+        t0 = time.perf_counter()
+        jax.block_until_ready(_CALLS[p](prefix))
+        if i >= warmup:
+          samples[p].append((time.perf_counter() - t0) * 1e3)
   finally:
-    for c in copies:
-      c.drop()
+    prefix.drop()
+
+
+def empty_call_ms(devices: list[jax.Device], statistic: str, rounds: int = 50) -> float:
+  """The statistic of the wall ms of a trivial program on the mesh of `devices` (dispatch)."""
+  m = meshlib.stage_mesh(devices)
+  f = jax.jit(lambda v: v + 1)
+  v = jax.device_put(np.zeros((len(devices),), np.float32), meshlib.batch_sharding(m))
+  for _ in range(5):
+    jax.block_until_ready(f(v))
+  times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(v))
+    times.append((time.perf_counter() - t0) * 1e3)
+  return STATISTICS[statistic](times)
 
 
 def marginals(totals: list[float], empty: float) -> list[float]:
@@ -154,7 +160,7 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
                        devices: list[jax.Device] | None = None,
                        optimizer: optax.GradientTransformation | None = None,
                        progress: Callable[[str], None] | None = None) -> ProfileTable:
-  """Fwd/bwd ms of every layer at per-device batch B // g (g copies at once), from prefixes."""
+  """Fwd/bwd ms of every layer at per-device batch B // g (a g-device stage), from prefixes."""
   devices = devices or jax.devices()
   counts = sorted({int(g) for g in counts})
   if statistic not in STATISTICS:
@@ -177,41 +183,39 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
   totals: dict[int, dict[str, list[float]]] = {}
   todo = []
   for g in counts:
-    key = {**base, "global_batch": global_batch, "concurrent": g}
+    key = {**base, "global_batch": global_batch, "devices": g}
     hit = cache.load_entry(cache_dir, key)
     if hit is not None:
       totals[g] = hit
     else:
       todo.append((g, key))
   empty = {g: totals[g]["empty"] for g in totals}
-  with DeviceThreads(max(counts)) as threads:
-    for g, _ in todo:
-      empty[g] = empty_round_ms(threads, devices[:g], statistic)
-    if todo:
-      defs, params, stats = split_layers(model)
-      params, stats = jax.tree.map(np.asarray, (params, stats))  # host: every load copies
-      src = datalib.synthetic(model, seed=0)
-      one = meshlib.batch_sharding(meshlib.stage_mesh(devices[:1]))
-      work = []
-      for g, key in todo:
-        x, y = (np.asarray(a) for a in datalib.batch_at(src, 0, global_batch // g, one, one))
-        copies = [[_Copy(graph, prefix_stage(graph, k), defs, optimizer, d) for d in devices[:g]]
+  for g, _ in todo:
+    empty[g] = empty_call_ms(devices[:g], statistic)
+  if todo:
+    defs, params, stats = split_layers(model)
+    params, stats = jax.tree.map(np.asarray, (params, stats))  # host: every load copies
+    src = datalib.synthetic(model, seed=0)
+    one = meshlib.batch_sharding(meshlib.stage_mesh(devices[:1]))
+    host = tuple(np.asarray(a) for a in datalib.batch_at(src, 0, global_batch, one, one))
+    work = []
+    for g, key in todo:
+      prefixes = [_Prefix(graph, prefix_stage(graph, k), defs, optimizer, list(devices[:g]))
                   for k in range(1, len(order) + 1)]
-        work.append((g, key, (params, stats, x, y), copies,
-                     [{p: [] for p in PHASES} for _ in copies]))
-      for i in range(passes):
-        for g, _, host, copies, samples in work:
-          for k, (cs, s) in enumerate(zip(copies, samples, strict=True)):
-            # every prefix fused (as a last stage); the whole model also split (fwd, bwd)
-            prefix_samples(threads, cs, host, repeats, warmup if i == 0 else 0, s,
-                           PHASES if k == len(copies) - 1 else ("fused",))
-          if progress is not None:
-            progress(f"in-context profile: pass {i + 1} of {passes}, {g} device(s) done")
-      for g, key, _, _, samples in work:
-        totals[g] = {"empty": empty[g],
-                     "fused": [STATISTICS[statistic](s["fused"]) for s in samples],
-                     **{p: STATISTICS[statistic](samples[-1][p]) for p in ("fwd", "bwd")}}
-        cache.store_entry(cache_dir, key, totals[g])
+      work.append((g, key, prefixes, [{p: [] for p in PHASES} for _ in prefixes]))
+    for i in range(passes):
+      for g, _, prefixes, samples in work:
+        for k, (prefix, s) in enumerate(zip(prefixes, samples, strict=True)):
+          # every prefix fused (as a last stage); the whole model also split (fwd, bwd)
+          prefix_samples(prefix, (params, stats, *host), repeats, warmup if i == 0 else 0, s,
+                         PHASES if k == len(prefixes) - 1 else ("fused",))
+        if progress is not None:
+          progress(f"in-context profile: pass {i + 1} of {passes}, {g} device(s) done")
+    for g, key, _, samples in work:
+      totals[g] = {"empty": empty[g],
+                   "fused": [STATISTICS[statistic](s["fused"]) for s in samples],
+                   **{p: STATISTICS[statistic](samples[-1][p]) for p in ("fwd", "bwd")}}
+      cache.store_entry(cache_dir, key, totals[g])
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in order}
   extra: dict[str, dict[str, float]] = {n: {} for n in order}
   for g in counts:
@@ -236,5 +240,5 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
                             "split_over_fused": {str(global_batch // g): (
                                 totals[g]["fwd"] + totals[g]["bwd"] - 2 * empty[g]) / max(
                                 totals[g]["fused"][-1] - empty[g], 1e-9) for g in counts},
-                            "includes_update": True})
+                            "includes_update": True, "includes_allreduce": True})
 
