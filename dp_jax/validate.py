@@ -53,7 +53,7 @@ class ValidationConfig:
   steps: int = 5  # timed steps per plan
   warmup: int = 2  # untimed steps per plan (the first compiles)
   group: int = 4  # plans held and interleaved at once
-  statistic: Statistic = Statistic.median  # of a layer's rounds and of a plan's timed steps
+  statistic: Statistic = Statistic.min  # of a prefix's rounds and of a plan's timed steps
   max_segments: int = 6  # a random plan cuts the layers into at most this many runs
   profile: ProfileMethod = ProfileMethod.in_context  # how layer times are measured
   profile_repeats: int = 3  # timed rounds per layer (prefix), count and pass
