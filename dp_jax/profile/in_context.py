@@ -28,7 +28,6 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +41,8 @@ from dp_jax.profile.loaded import STATISTICS
 from dp_jax.profile.measure import model_dtype
 from dp_jax.profile.table import ProfileTable
 from dp_jax.runtime import data as datalib
-from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime import mesh as meshlib
+from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.local_devices import cpu_cores
 from dp_jax.runtime.loss import cross_entropy
 from dp_jax.runtime.stages import Stage, group_stages, series_parallel_order
@@ -178,8 +177,8 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
   base = {"model": graph.model, "backend": jax.default_backend(),
           "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
           "cores": cpu_cores(), "statistic": statistic, "passes": passes, "repeats": repeats,
-          "method": METHOD, "layers": [[n, graph.node(n).kind, cache.attrs_hash(graph.node(n).attrs)]
-                                       for n in order]}
+          "method": METHOD,
+          "layers": [[n, graph.node(n).kind, cache.attrs_hash(graph.node(n).attrs)] for n in order]}
   totals: dict[int, dict[str, list[float]]] = {}
   todo = []
   for g in counts:
