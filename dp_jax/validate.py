@@ -29,13 +29,18 @@ from dp_jax.tracking import Run
 
 log = logging.getLogger("dp_jax.validate")
 COLUMNS = ("plan", "kind", "predicted_ms", "measured_ms", "error_pct", "stages", "devices_used",
-           "device_counts", "compute_ms", "sync_ms", "move_ms", "overhead_ms", "measured_min_ms",
-           "measured_max_ms")
+           "device_counts", "compute_ms", "sync_ms", "move_ms", "overhead_ms", "split_ms",
+           "measured_min_ms", "measured_max_ms")
 
 
 class Statistic(str, Enum):
   median = "median"
   min = "min"
+
+
+class ProfileMethod(str, Enum):
+  in_context = "in_context"  # every prefix's fused stage program (dp_jax.profile.in_context)
+  loaded = "loaded"  # every layer alone under its stage's load (dp_jax.profile.loaded)
 
 
 @dataclass
@@ -48,10 +53,11 @@ class ValidationConfig:
   steps: int = 5  # timed steps per plan
   warmup: int = 2  # untimed steps per plan (the first compiles)
   group: int = 4  # plans held and interleaved at once
-  statistic: Statistic = Statistic.median  # of a layer's rounds and of a plan's timed steps
+  statistic: Statistic = Statistic.min  # of a prefix's rounds and of a plan's timed steps
   max_segments: int = 6  # a random plan cuts the layers into at most this many runs
-  profile_repeats: int = 5  # timed rounds per layer, count and pass
-  profile_passes: int = 3  # passes over all layers (the min over all their rounds is kept)
+  profile: ProfileMethod = ProfileMethod.in_context  # how layer times are measured
+  profile_repeats: int = 3  # timed rounds per layer (prefix), count and pass
+  profile_passes: int = 2  # passes over all layers (prefixes), spreading samples over time
   refresh_calibration: bool = False
   cache_dir: str = ".cache/dp_jax/profiles"
 
@@ -103,7 +109,7 @@ def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int, cal) ->
   """The planner's evaluation of `assignment` plus the local overhead term, in ms."""
   from dp_jax import workflow
   from dp_jax.planner import evaluate_plan
-  from dp_jax.planner.local_overhead import overhead_ms
+  from dp_jax.planner.local_overhead import overhead_ms, split_extra_ms
 
   opts = workflow.plan_options(cfg.planner, g, cfg.batch_size)
   opts.pop("num_devices")
@@ -111,12 +117,21 @@ def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int, cal) ->
   ev = evaluate_plan(graph, profile, cluster, assignment, global_batch=cfg.batch_size,
                      num_devices=g, **opts)
   params = {n.name: n.params for n in graph.nodes}
+  # every stage but the one holding the model's output runs split forward/backward programs
+  split = split_extra_ms(profile.meta.get("split_extra_ms") or {},
+                         [(s.layers, cfg.batch_size // s.placement[1]) for s in ev.stages
+                          if graph.sink not in s.layers])
+  update = 0.0 if profile.meta.get("includes_update") else cal.update_ns_per_param
   over = overhead_ms([s.layers for s in ev.stages], params, dispatch_us=cal.dispatch_us,
-                     stage_us=cal.stage_us, update_ns_per_param=cal.update_ns_per_param)
-  return {"predicted_ms": ev.iteration_ms + over, "stages": len(ev.stages),
+                     stage_us=cal.stage_us, update_ns_per_param=update, split_ms=split)
+  sync = sum(s.sync_ms for s in ev.stages)
+  # a profile measured on the stage's devices has the all-reduce inside (serial on XLA:CPU,
+  # planner.overlap_allreduce=false): the cluster's priced all-reduce is not added again
+  counted = 0.0 if profile.meta.get("includes_allreduce") else sync
+  return {"predicted_ms": ev.iteration_ms - sync + counted + over, "stages": len(ev.stages),
           "compute_ms": sum(s.compute_ms for s in ev.stages),
-          "sync_ms": sum(s.sync_ms for s in ev.stages),
-          "move_ms": sum(m.ms for m in ev.moves), "overhead_ms": over}
+          "sync_ms": counted,
+          "move_ms": sum(m.ms for m in ev.moves), "overhead_ms": over, "split_ms": split}
 
 
 def scatter_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -166,6 +181,7 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
   from dp_jax import agreement, workflow, zoo
   from dp_jax.planner import candidate_counts
   from dp_jax.planner.options import PlanOptions
+  from dp_jax.profile.in_context import in_context_profile
   from dp_jax.profile.loaded import loaded_profile
   from dp_jax.profile.local_links import load_or_calibrate
   from dp_jax.runtime.plan_timing import time_plans
@@ -191,9 +207,14 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
   counts = candidate_counts(PlanOptions(num_devices=g, global_batch=cfg.batch_size,
                                         device_counts=workflow.enum_value(
                                             cfg.planner.device_counts)))
-  profile = loaded_profile(model, graph, cfg.batch_size, counts, cache_dir=vc.cache_dir,
-                           repeats=vc.profile_repeats, passes=vc.profile_passes,
-                           statistic=stat, devices=devices)
+  if workflow.enum_value(vc.profile) == "in_context":
+    profile = in_context_profile(model, graph, cfg.batch_size, counts, cache_dir=vc.cache_dir,
+                                 repeats=vc.profile_repeats, passes=vc.profile_passes,
+                                 statistic=stat, devices=devices, progress=print)
+  else:
+    profile = loaded_profile(model, graph, cfg.batch_size, counts, cache_dir=vc.cache_dir,
+                             repeats=vc.profile_repeats, passes=vc.profile_passes,
+                             statistic=stat, devices=devices)
   profile.save(out_dir / "profile.json")
   plans = plan_set(graph, profile, cluster, cfg, g)
   rows = []

@@ -7,8 +7,9 @@
 
 Validate app on this machine's JAX backend with one device per core (docs/validation.md):
 vgg16 at 32x32 and the tiny GPT-2, B = 32, data parallelism, the planner's burst plans at
-A = 1.5, 2, inf (duplicates dropped) and 11 random valid plans each; a plan's measured time
-is the median of its timed steps, steps of up to 4 plans interleaved. Columns: the error
+A = 1.5, 2, inf (duplicates dropped) and 10 random valid plans each; layers profiled in
+context (every prefix as the runtime's stage program); a plan's measured time is the min of
+its timed steps, the steps of all its plans interleaved. Columns: the error
 summary of each model (median and max absolute % error, Spearman rank correlation over plans,
 median predicted / measured); per-plan rows are in <model>_validation.csv, and scatter.png
 draws them all.

@@ -1,21 +1,45 @@
-"""The local runtime's costs the per-layer profile does not see: stage calls and the update.
+"""The local runtime's costs the per-layer profile does not see: stage calls, splits, the update.
 
 The planner prices compute, all-reduce and moves (dp_jax.planner.evaluate). Running a plan
 also pays, per step: the host dispatch of its one program when it has one stage; what each
-further stage adds (a forward and a backward program instead of one fused program, their
-hand-offs and the cotangent plumbing, measured in place on a toy model); and the optimizer
-update of every parameter (inside those programs, not in the forward/backward profile). All
-are measured by dp_jax.profile.local_links; the sum is added to evaluate()'s iteration_ms.
+further stage adds in host work (its calls, hand-offs and cotangent plumbing, measured in place
+on a toy model: `stage_us`); the forward/backward split of every stage but the last, which
+runs a forward and a backward program instead of one fused program (measured per layer by
+dp_jax.profile.in_context: profile.meta["split_extra_ms"]); and the optimizer update of every
+parameter unless the profile already includes it (dp_jax.profile.loaded does not). All are
+measured (dp_jax.profile.local_links, dp_jax.profile.in_context); the sum is added to
+evaluate()'s iteration_ms.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 
 def overhead_ms(stage_layers: Sequence[Sequence[str]], params_of: Mapping[str, int], *,
-                dispatch_us: float, stage_us: float, update_ns_per_param: float) -> float:
-  """One dispatch, stage_us per stage after the first, the update of every parameter; in ms."""
+                dispatch_us: float, stage_us: float, update_ns_per_param: float,
+                split_ms: float = 0.0) -> float:
+  """One dispatch, stage_us per stage after the first, the split of non-last stages (split_ms)
+  and the update of every parameter; in ms."""
   params = sum(params_of.get(n, 0) for layers in stage_layers for n in layers)
   extra = max(len(stage_layers) - 1, 0)
-  return (dispatch_us + extra * stage_us) / 1e3 + params * update_ns_per_param / 1e6
+  return ((dispatch_us + extra * stage_us) / 1e3 + split_ms
+          + params * update_ns_per_param / 1e6)
+
+
+def split_extra_ms(split_extra: Mapping[str, Mapping[str, float]],
+                   stages: Sequence[tuple[Sequence[str], int]]) -> float:
+  """What the stages (layers, per-device batch) that are not the last cost more as split
+  forward and backward programs, from a profile's meta["split_extra_ms"] (layer -> batch ->
+  ms; a batch not measured: the nearest measured one, scaled linearly; 0 when absent)."""
+  total = 0.0
+  for layers, batch in stages:
+    for n in layers:
+      rows = split_extra.get(n) or {}
+      if str(batch) in rows:
+        total += rows[str(batch)]
+      elif rows:
+        near = min(rows, key=lambda s: abs(math.log(int(s) / batch)))
+        total += rows[near] * batch / int(near)
+  return total

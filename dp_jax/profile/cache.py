@@ -53,3 +53,28 @@ def store(cache_dir: str | Path, key: Mapping[str, Any], fwd_ms: float, bwd_ms: 
     f.write(body)
   os.replace(tmp, path)
   return path
+
+
+def load_entry(cache_dir: str | Path, key: Mapping[str, Any]) -> dict[str, Any] | None:
+  """A cached JSON object stored by store_entry for `key`, or None."""
+  path = _path(Path(cache_dir), key)
+  try:
+    d = json.loads(path.read_text())
+  except (FileNotFoundError, json.JSONDecodeError, OSError):
+    return None
+  if not isinstance(d, dict) or d.get("schema") != CACHE_SCHEMA or d.get("key") != dict(key):
+    return None
+  return d.get("value") if isinstance(d.get("value"), dict) else None
+
+
+def store_entry(cache_dir: str | Path, key: Mapping[str, Any], value: Mapping[str, Any]) -> Path:
+  """Write one JSON object for `key` atomically."""
+  path = _path(Path(cache_dir), key)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  body = json.dumps({"schema": CACHE_SCHEMA, "key": dict(key), "value": dict(value)}, indent=1,
+                    sort_keys=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+  with os.fdopen(fd, "w") as f:
+    f.write(body)
+  os.replace(tmp, path)
+  return path

@@ -122,18 +122,30 @@ def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: Checked
         owned[so].append(t)
   programs = []
   for s in stages:
-    m = meshlib.stage_mesh([devices[i] for i in s.devices], s.mesh_shape)
-    lay = {n: layout.layer_shardings(m, defs[n], plan.placements[n].params) for n in s.layers}
-    tied_sh = {tied_key(*defs[n].tied[k]): lay[n][k] for n in s.layers for k in defs[n].tied}
-    sp = StageProgram(s, m, meshlib.batch_sharding(m), meshlib.replicated(m),
-                      tuple(reads[s.index]), tuple(owned[s.index]), None, None, None, lay,
-                      tied_sh)
     last = s.index == len(stages) - 1
-    fns = _stage_functions(sp, defs, optimizer, graph.sink if last else None)
-    programs.append(dataclasses.replace(sp, **fns))
+    programs.append(stage_program(s, [devices[i] for i in s.devices], defs, optimizer,
+                                  graph.sink if last else None, reads[s.index], owned[s.index],
+                                  specs={n: plan.placements[n].params for n in s.layers}))
   everywhere = transfer.replicated_everywhere(devices[:plan.num_devices])
   return Program(graph.model, tuple(programs), defs, stage_of, plan.global_batch,
                  plan.num_devices, everywhere)
+
+
+def stage_program(stage: Stage, devices: list[jax.Device], defs: Mapping[str, LayerDef],
+                  optimizer: optax.GradientTransformation, sink: str | None,
+                  tied_in: Collection[str] = (), tied_owned: Collection[str] = (),
+                  loss_of: Callable = cross_entropy,
+                  specs: Mapping[str, Mapping[str, Any]] | None = None) -> StageProgram:
+  """One stage's programs on the (stage.mesh_shape) mesh of `devices`: fused
+  (loss_of(outs[sink], y)) when `sink` is given, as the last stage runs; else forward and
+  backward. specs: per layer, the PartitionSpecs of its split arrays (none: replicated)."""
+  m = meshlib.stage_mesh(devices, stage.mesh_shape)
+  specs = specs or {}
+  lay = {n: layout.layer_shardings(m, defs[n], specs.get(n, {})) for n in stage.layers}
+  tied_sh = {tied_key(*defs[n].tied[k]): lay[n][k] for n in stage.layers for k in defs[n].tied}
+  sp = StageProgram(stage, m, meshlib.batch_sharding(m), meshlib.replicated(m),
+                    tuple(tied_in), tuple(tied_owned), None, None, None, lay, tied_sh)
+  return dataclasses.replace(sp, **_stage_functions(sp, defs, optimizer, sink, loss_of))
 
 
 def init_state(program: Program, params: Mapping[str, Any], stats: Mapping[str, Any],
@@ -266,7 +278,8 @@ def _timed_call(timer: list[dict[str, Any]] | None):
 
 
 def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
-                     optimizer: optax.GradientTransformation, sink: str | None) -> dict[str, Any]:
+                     optimizer: optax.GradientTransformation, sink: str | None,
+                     loss_of: Callable = cross_entropy) -> dict[str, Any]:
   stage, batch = sp.stage, sp.batch
 
   def forward(params, stats, tied, ins, x):
@@ -308,7 +321,7 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
     def fused(params, stats, opt, tied, ins, x, y, extra):
       def loss_fn(params, tied, ins):
         outs, new_stats = forward(params, stats, tied, ins, x)
-        return cross_entropy(outs[sink], y), new_stats
+        return loss_of(outs[sink], y), new_stats
 
       (loss, new_stats), (g_p, g_tied, g_ins) = jax.value_and_grad(
           loss_fn, argnums=(0, 1, 2), has_aux=True)(params, tied, ins)

@@ -25,8 +25,11 @@ from dp_jax.runtime import mesh as meshlib
 
 
 def move(tree: Any, sharding: NamedSharding) -> Any:
-  """Every array leaf of `tree` placed on `sharding` (across processes when needed)."""
+  """Every array leaf of `tree` placed on `sharding` (across processes when needed); a tree
+  already there is returned as it is (no device_put call)."""
   if jax.process_count() == 1:
+    if all(getattr(a, "sharding", None) == sharding for a in jax.tree.leaves(tree)):
+      return tree
     return jax.device_put(tree, sharding)
   return jax.tree.map(lambda a: _move_array(a, sharding), tree)
 

@@ -1,0 +1,243 @@
+"""Layer times measured in context: the runtime's own stage programs on every prefix of the model.
+
+XLA compiles a layer alone into other code than inside a stage program (vgg16's 2x2-map
+convolutions on CPU: seconds alone, a fraction of that inside the model; docs/validation.md),
+so each layer is timed as the runtime runs it. For every prefix P_k (the first k layers in
+series-parallel order) and every device count g, the runtime's fused program of a stage
+holding P_k on devices 0..g-1 (dp_jax.runtime.step.stage_program: forward, backward, the
+gradient all-reduce over the g devices and the optimizer update, as the last stage runs; loss:
+the training loss for the whole model, the mean of the output for a shorter prefix) runs on
+the global batch B (per-device batch B // g). Layer k's cost is fused(P_k) - fused(P_k-1)
+(through the running maximum, so a noisy prefix never gives a negative cost; a trivial
+program's call stands for P_0, the dispatch being priced per stage call by
+dp_jax.planner.local_overhead), so the costs of any stage that starts at the first layer sum
+to its measured program, with the update, the all-reduce and the fusion with neighbours
+inside (meta: includes_update, includes_allreduce).
+
+A stage that is not the last runs a forward and a backward program instead; the whole model
+is also timed that way, and r = (fwd + bwd) / fused scales each layer:
+meta["split_extra_ms"][layer][b] = its cost x (r - 1), what it costs more in a stage that is
+not the last. The table's fwd/bwd division of a layer's cost follows the whole model's
+fwd / (fwd + bwd). `statistic` of `passes` passes over all prefixes of `repeats` rounds each;
+the prefix totals are cached (dp_jax.profile.cache, method in_context/2).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dp_jax.errors import UserError
+from dp_jax.graph import LayerGraph
+from dp_jax.profile import cache
+from dp_jax.profile.loaded import STATISTICS
+from dp_jax.profile.measure import model_dtype
+from dp_jax.profile.table import ProfileTable
+from dp_jax.runtime import data as datalib
+from dp_jax.runtime import mesh as meshlib
+from dp_jax.runtime.functional import split_layers
+from dp_jax.runtime.local_devices import cpu_cores
+from dp_jax.runtime.loss import cross_entropy
+from dp_jax.runtime.stages import Stage, group_stages, series_parallel_order
+from dp_jax.runtime.step import stage_program
+
+METHOD = "in_context/2"
+PHASES = ("fwd", "bwd", "fused")
+
+
+def prefix_stage(graph: LayerGraph, k: int) -> Stage:
+  """The stage holding the first k layers (series-parallel order), as group_stages cuts it."""
+  order = series_parallel_order(graph)
+  return group_stages(graph, {n: (0,) if i < k else (1,) for i, n in enumerate(order)})[0]
+
+
+def mean_loss(out, _y):
+  """The loss of a prefix that ends before the model's output: the mean of its output."""
+  return jnp.mean(out.astype(jnp.float32))
+
+
+class _Prefix:
+  """A prefix stage's split and fused programs on a device mesh; its state exists while timed."""
+
+  def __init__(self, graph: LayerGraph, stage: Stage, defs, optimizer,
+               devices: list[jax.Device]):
+    last = stage.layers[-1]
+    loss_of = cross_entropy if len(stage.layers) == len(graph.names) else mean_loss
+    self.stage = stage
+    self.split = stage_program(stage, devices, defs, optimizer, None)
+    self.fused = stage_program(stage, devices, defs, optimizer, last, loss_of=loss_of)
+    self.init = jax.jit(lambda p: {n: optimizer.init(v) for n, v in p.items()},
+                        out_shardings=self.split.replicated)
+    self.out_shapes = None
+
+  def load(self, params, stats, x, y) -> None:
+    """Fresh copies of the stage's params, stats, optimizer state and the batch, placed as the
+    runtime places them (host numpy in: new buffers, so donation never frees the originals)."""
+    rep, batch = self.split.replicated, self.split.batch
+    self.params = jax.device_put({n: params[n] for n in self.stage.layers}, rep)
+    self.stats = jax.device_put({n: stats[n] for n in self.stage.layers}, rep)
+    self.opt = self.init(self.params)
+    self.x, self.y = jax.device_put(x, batch), jax.device_put(y, batch)
+    if self.out_shapes is None:
+      self.out_shapes = jax.eval_shape(self.split.fwd, self.params, self.stats, {}, {}, self.x)[0]
+    self.cots = jax.device_put({e: (np.ones(s.shape, s.dtype),)
+                                for e, s in self.out_shapes.items()}, batch)
+    self.vjp = None
+
+  def drop(self) -> None:
+    self.params = self.stats = self.opt = self.x = self.y = self.cots = self.vjp = None
+
+  def fwd(self):
+    outs, self.vjp, self.stats = self.split.fwd(self.params, self.stats, {}, {}, self.x)
+    return outs, self.vjp
+
+  def bwd(self):
+    self.params, self.opt, _, _ = self.split.bwd(self.vjp, self.cots, self.params, {}, {},
+                                                 self.opt, {})
+    self.vjp = None
+    return self.params, self.opt
+
+  def fused_step(self):
+    loss, self.params, self.stats, self.opt, _, _ = self.fused.fused(
+        self.params, self.stats, self.opt, {}, {}, self.x, self.y, {})
+    return loss, self.params
+
+
+_CALLS = {"fwd": _Prefix.fwd, "bwd": _Prefix.bwd, "fused": _Prefix.fused_step}
+
+
+def prefix_samples(prefix: _Prefix, host: tuple, repeats: int, warmup: int,
+                   samples: dict[str, list[float]], phases=PHASES) -> None:
+  """`warmup` then `repeats` rounds of each of `phases` (wall ms), appended to `samples`."""
+  prefix.load(*host)
+  try:
+    for i in range(warmup + repeats):
+      for p in phases:
+        t0 = time.perf_counter()
+        jax.block_until_ready(_CALLS[p](prefix))
+        if i >= warmup:
+          samples[p].append((time.perf_counter() - t0) * 1e3)
+  finally:
+    prefix.drop()
+
+
+def empty_call_ms(devices: list[jax.Device], statistic: str, rounds: int = 50) -> float:
+  """The statistic of the wall ms of a trivial program on the mesh of `devices` (dispatch)."""
+  m = meshlib.stage_mesh(devices)
+  f = jax.jit(lambda v: v + 1)
+  v = jax.device_put(np.zeros((len(devices),), np.float32), meshlib.batch_sharding(m))
+  for _ in range(5):
+    jax.block_until_ready(f(v))
+  times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(v))
+    times.append((time.perf_counter() - t0) * 1e3)
+  return STATISTICS[statistic](times)
+
+
+def marginals(totals: list[float], empty: float) -> list[float]:
+  """Per-layer differences of prefix totals (P_0 = `empty`), through their running maximum."""
+  out, prev = [], empty
+  for t in totals:
+    t = max(t, prev)
+    out.append(t - prev)
+    prev = t
+  return out
+
+
+def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable[int], *,
+                       cache_dir: str | Path = cache.DEFAULT_CACHE_DIR, repeats: int = 3,
+                       warmup: int = 1, statistic: str = "median", passes: int = 2,
+                       devices: list[jax.Device] | None = None,
+                       optimizer: optax.GradientTransformation | None = None,
+                       progress: Callable[[str], None] | None = None) -> ProfileTable:
+  """Fwd/bwd ms of every layer at per-device batch B // g (a g-device stage), from prefixes."""
+  devices = devices or jax.devices()
+  counts = sorted({int(g) for g in counts})
+  if statistic not in STATISTICS:
+    raise UserError(f"statistic '{statistic}' is unknown (valid: {', '.join(STATISTICS)})")
+  bad = [g for g in counts if g < 1 or g > len(devices) or global_batch % g]
+  if bad or not counts:
+    raise UserError(f"device counts {bad or counts} must divide the batch {global_batch} and "
+                    f"be at most the {len(devices)} local devices")
+  if repeats < 1 or passes < 1 or warmup < 0:
+    raise UserError(f"repeats and passes must be >= 1 and warmup >= 0, got {repeats}, "
+                    f"{passes} and {warmup}")
+  optimizer = optimizer or optax.sgd(0.01, momentum=0.9)
+  order = series_parallel_order(graph)
+  dtype = model_dtype(model)
+  base = {"model": graph.model, "backend": jax.default_backend(),
+          "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
+          "cores": cpu_cores(), "statistic": statistic, "passes": passes, "repeats": repeats,
+          "method": METHOD,
+          "layers": [[n, graph.node(n).kind, cache.attrs_hash(graph.node(n).attrs)] for n in order]}
+  totals: dict[int, dict[str, list[float]]] = {}
+  todo = []
+  for g in counts:
+    key = {**base, "global_batch": global_batch, "devices": g}
+    hit = cache.load_entry(cache_dir, key)
+    if hit is not None:
+      totals[g] = hit
+    else:
+      todo.append((g, key))
+  empty = {g: totals[g]["empty"] for g in totals}
+  for g, _ in todo:
+    empty[g] = empty_call_ms(devices[:g], statistic)
+  if todo:
+    defs, params, stats = split_layers(model)
+    params, stats = jax.tree.map(np.asarray, (params, stats))  # host: every load copies
+    src = datalib.synthetic(model, seed=0)
+    one = meshlib.batch_sharding(meshlib.stage_mesh(devices[:1]))
+    host = tuple(np.asarray(a) for a in datalib.batch_at(src, 0, global_batch, one, one))
+    work = []
+    for g, key in todo:
+      prefixes = [_Prefix(graph, prefix_stage(graph, k), defs, optimizer, list(devices[:g]))
+                  for k in range(1, len(order) + 1)]
+      work.append((g, key, prefixes, [{p: [] for p in PHASES} for _ in prefixes]))
+    for i in range(passes):
+      for g, _, prefixes, samples in work:
+        for k, (prefix, s) in enumerate(zip(prefixes, samples, strict=True)):
+          # every prefix fused (as a last stage); the whole model also split (fwd, bwd)
+          prefix_samples(prefix, (params, stats, *host), repeats, warmup if i == 0 else 0, s,
+                         PHASES if k == len(prefixes) - 1 else ("fused",))
+        if progress is not None:
+          progress(f"in-context profile: pass {i + 1} of {passes}, {g} device(s) done")
+    for g, key, _, samples in work:
+      totals[g] = {"empty": empty[g],
+                   "fused": [STATISTICS[statistic](s["fused"]) for s in samples],
+                   **{p: STATISTICS[statistic](samples[-1][p]) for p in ("fwd", "bwd")}}
+      cache.store_entry(cache_dir, key, totals[g])
+  layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in order}
+  extra: dict[str, dict[str, float]] = {n: {} for n in order}
+  for g in counts:
+    b = global_batch // g
+    t = totals[g]
+    values = [*t["fused"], t["fwd"], t["bwd"], t["empty"]]
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+      raise UserError(f"a measured prefix time of {graph.model} at batch {b} is not finite")
+    fused = marginals(t["fused"], empty[g])
+    whole = max(t["fused"][-1] - empty[g], 1e-9)
+    split = max(t["fwd"] + t["bwd"] - 2 * empty[g], 1e-9)
+    fwd_share = (t["fwd"] - empty[g]) / split
+    for n, u in zip(order, fused, strict=True):
+      layers[n][b] = (u * fwd_share, u * (1 - fwd_share))
+      extra[n][str(b)] = u * (split / whole - 1)
+  return ProfileTable(model=graph.model, device=devices[0].device_kind, dtype=dtype,
+                      source="measured", layers=layers,
+                      meta={**{k: v for k, v in base.items() if k != "layers"},
+                            "warmup": warmup, "global_batch": global_batch, "counts": counts,
+                            "empty_round_ms": empty, "split_extra_ms": extra,
+                            "prefix_ms": {str(g): totals[g] for g in counts},
+                            "split_over_fused": {str(global_batch // g): (
+                                totals[g]["fwd"] + totals[g]["bwd"] - 2 * empty[g]) / max(
+                                totals[g]["fused"][-1] - empty[g], 1e-9) for g in counts},
+                            "includes_update": True, "includes_allreduce": True})
+
