@@ -24,6 +24,7 @@ the prefix totals are cached (dp_jax.profile.cache, method in_context/2).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -70,6 +71,7 @@ class _Prefix:
                devices: list[jax.Device]):
     last = stage.layers[-1]
     loss_of = cross_entropy if len(stage.layers) == len(graph.names) else mean_loss
+    stage = dataclasses.replace(stage, devices=tuple(range(len(devices))), mesh_shape=(0, 0))
     self.stage = stage
     self.split = stage_program(stage, devices, defs, optimizer, None)
     self.fused = stage_program(stage, devices, defs, optimizer, last, loss_of=loss_of)
