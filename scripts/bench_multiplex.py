@@ -12,7 +12,8 @@ thread (/proc), that all its threads stayed on its core.
 Foreground: GPT-2 (4 blocks, d_model 128, 64 tokens, vocabulary 512) at B=16, a burst
 layout over the N devices: the embedding and the first block on every device, every later
 layer on device 0 (the other devices idle while they run). Background: a smaller GPT-2
-(2 blocks, d_model 64, 32 tokens) at batch 4 per device on every device that has idle windows,
+(2 blocks, d_model 64, 32 tokens) at batch 64 per device (`--background-batch`; at 4 its pieces
+are so short that every cap admits them all) on every device that has idle windows,
 one piece per layer; each process dispatches pieces to the idle devices it owns (device 0 is
 never idle). The policy's profile (piece times, and the host's gap between two pieces, charged
 as the switch cost) is measured in each process on its own pinned core before the runs. The
@@ -48,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FG_BATCH, BG_BATCH = 16, 4
+FG_BATCH, BG_BATCH = 16, 64  # BG 64: pieces long enough that the cap binds (docs/orchestrator.md)
 FG_GPT2 = dict(n_layer=4, d_model=128, n_head=4, seq_len=64, vocab_size=512)
 BG_GPT2 = dict(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab_size=256)
 PROFILE_STEPS = 8  # the job's piece profile: median over the steps after the first
@@ -218,7 +219,7 @@ def worker(args) -> None:
   if mine:
     bg_model = build_model("gpt2_small", seed=1, **BG_GPT2)
     runners = build_runners(bg_model, "gpt2_small", [], optax.sgd(0.01, momentum=0.9),
-                            BG_BATCH, mine)
+                            args.background_batch, mine)
     first = next(iter(runners))
     pieces = measured_pieces(runners[first], steps=PROFILE_STEPS)
     for r in list(runners.values())[1:]:
@@ -314,7 +315,8 @@ def launch(args) -> int:
   with tempfile.TemporaryDirectory(prefix="bench_multiplex.") as tmp:
     outs = [Path(tmp) / f"result_{i}.json" for i in range(n)]
     argv = [str(Path(__file__).resolve()), "--worker", "--processes", str(n), "--alone",
-            str(args.alone), "--steps", str(args.steps), "--caps", *map(str, args.caps)]
+            str(args.alone), "--steps", str(args.steps), "--background-batch",
+            str(args.background_batch), "--caps", *map(str, args.caps)]
     procs = pinned.start(argv + ["--worker-out", str(Path(tmp) / "result_{process}.json")], n,
                          tmp, cores, cwd=ROOT)
     codes = pinned.wait(procs, args.timeout)
@@ -338,7 +340,7 @@ def launch(args) -> int:
           f"on {res['background_devices']}): threads confined to its core: {res['confined']}; "
           f"CPU/wall {res['cpu_over_wall']:.2f}; busy threads: {busy}")
     if res["background_step_ms"]:
-      print(f"  background gpt2_small x{BG_BATCH}: {len(res['profile_ms'])} pieces, "
+      print(f"  background gpt2_small x{args.background_batch}: {len(res['profile_ms'])} pieces, "
             f"{res['background_step_ms']:.1f} ms per step, {res['piece_gap_ms']:.2f} host ms "
             "per piece (measured on its core)")
   rows = merge(results)
@@ -363,12 +365,14 @@ def main() -> None:
   ap.add_argument("--steps", type=int, default=20, help="steps with the job per cap")
   ap.add_argument("--processes", type=int, default=0, help="pinned processes (0: one per core)")
   ap.add_argument("--timeout", type=float, default=900, help="seconds before the run is ended")
+  ap.add_argument("--background-batch", type=int, default=BG_BATCH,
+                  help="background batch per idle device (larger: longer pieces)")
   ap.add_argument("--out", type=Path, default=None, help="write the rows as a JSON list")
   ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args()
-  if args.alone < 3 or args.steps < 1:
-    sys.exit("error: --alone must be >= 3 and --steps >= 1")
+  if args.alone < 3 or args.steps < 1 or args.background_batch < 1:
+    sys.exit("error: --alone must be >= 3, --steps >= 1 and --background-batch >= 1")
   if args.worker:
     args.worker_out = args.worker_out.format(process=os.environ["DP_JAX_PROCESS_ID"])
     worker(args)
