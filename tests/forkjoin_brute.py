@@ -20,7 +20,7 @@ from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.search import build_tables, search
 from dp_jax.planner.structure import flat_layers, sharing_groups
-from dp_jax.planner.synthetic import linear_profile
+from dp_jax.planner.synthetic import linear_profile, random_layer
 
 
 def random_forkjoin(rng: np.random.Generator, max_branches: int = 3,
@@ -29,11 +29,7 @@ def random_forkjoin(rng: np.random.Generator, max_branches: int = 3,
   nodes: list[LayerNode] = []
 
   def node(inputs):
-    params = int(rng.integers(0, 3)) * int(rng.integers(1, 10**6))
-    nodes.append(LayerNode(name=f"n{len(nodes)}", kind="synthetic", inputs=tuple(inputs),
-                           params=params, param_bytes=4 * params,
-                           out_bytes_per_sample=int(rng.integers(1, 10**5))))
-    return nodes[-1].name
+    return random_layer(rng, nodes, inputs)
 
   fork = node([])
   ends, identity = [], False

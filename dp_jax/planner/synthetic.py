@@ -119,16 +119,21 @@ def linear_profile(graph: LayerGraph, batches, rng: np.random.Generator) -> Prof
                       layers=layers)
 
 
+def random_layer(rng: np.random.Generator, nodes: list[LayerNode], inputs) -> str:
+  """Append a synthetic layer with random parameters and output size; its name."""
+  params = int(rng.integers(0, 3)) * int(rng.integers(1, 10**6))
+  nodes.append(LayerNode(name=f"n{len(nodes)}", kind="synthetic", inputs=tuple(inputs),
+                         params=params, param_bytes=4 * params,
+                         out_bytes_per_sample=int(rng.integers(1, 10**5))))
+  return nodes[-1].name
+
+
 def random_series_parallel(rng: np.random.Generator, max_layers: int = 8) -> LayerGraph:
   """A random series-parallel graph: chains with (nested) fork/join blocks, identity branches."""
   nodes: list[LayerNode] = []
 
   def node(inputs):
-    params = int(rng.integers(0, 3)) * int(rng.integers(1, 10**6))
-    nodes.append(LayerNode(name=f"n{len(nodes)}", kind="synthetic", inputs=tuple(inputs),
-                           params=params, param_bytes=4 * params,
-                           out_bytes_per_sample=int(rng.integers(1, 10**5))))
-    return nodes[-1].name
+    return random_layer(rng, nodes, inputs)
 
   def chain(src, depth, allow_empty):
     cur = src

@@ -27,14 +27,22 @@ def _path(cache_dir: Path, key: Mapping[str, Any]) -> Path:
   return cache_dir / model / f"{digest}.json"
 
 
-def load(cache_dir: str | Path, key: Mapping[str, Any]) -> tuple[float, float] | None:
-  """Cached (fwd_ms, bwd_ms) for `key`, or None (absent, unreadable or another key's file)."""
+def _read(cache_dir: str | Path, key: Mapping[str, Any]) -> dict[str, Any] | None:
+  """The cache file of `key` as a dict, or None (absent, unreadable or another key's file)."""
   path = _path(Path(cache_dir), key)
   try:
     d = json.loads(path.read_text())
   except (FileNotFoundError, json.JSONDecodeError, OSError):
     return None
   if not isinstance(d, dict) or d.get("schema") != CACHE_SCHEMA or d.get("key") != dict(key):
+    return None
+  return d
+
+
+def load(cache_dir: str | Path, key: Mapping[str, Any]) -> tuple[float, float] | None:
+  """Cached (fwd_ms, bwd_ms) for `key`, or None (absent, unreadable or another key's file)."""
+  d = _read(cache_dir, key)
+  if d is None:
     return None
   f, w = d.get("fwd_ms"), d.get("bwd_ms")
   if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in (f, w)):
@@ -57,14 +65,8 @@ def store(cache_dir: str | Path, key: Mapping[str, Any], fwd_ms: float, bwd_ms: 
 
 def load_entry(cache_dir: str | Path, key: Mapping[str, Any]) -> dict[str, Any] | None:
   """A cached JSON object stored by store_entry for `key`, or None."""
-  path = _path(Path(cache_dir), key)
-  try:
-    d = json.loads(path.read_text())
-  except (FileNotFoundError, json.JSONDecodeError, OSError):
-    return None
-  if not isinstance(d, dict) or d.get("schema") != CACHE_SCHEMA or d.get("key") != dict(key):
-    return None
-  return d.get("value") if isinstance(d.get("value"), dict) else None
+  d = _read(cache_dir, key)
+  return d.get("value") if d is not None and isinstance(d.get("value"), dict) else None
 
 
 def store_entry(cache_dir: str | Path, key: Mapping[str, Any], value: Mapping[str, Any]) -> Path:

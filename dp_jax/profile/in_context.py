@@ -38,7 +38,7 @@ import optax
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
 from dp_jax.profile import cache
-from dp_jax.profile.loaded import STATISTICS
+from dp_jax.profile.loaded import STATISTICS, checked_counts
 from dp_jax.profile.measure import model_dtype
 from dp_jax.profile.table import ProfileTable
 from dp_jax.runtime import data as datalib
@@ -163,13 +163,7 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
                        progress: Callable[[str], None] | None = None) -> ProfileTable:
   """Fwd/bwd ms of every layer at per-device batch B // g (a g-device stage), from prefixes."""
   devices = devices or jax.devices()
-  counts = sorted({int(g) for g in counts})
-  if statistic not in STATISTICS:
-    raise UserError(f"statistic '{statistic}' is unknown (valid: {', '.join(STATISTICS)})")
-  bad = [g for g in counts if g < 1 or g > len(devices) or global_batch % g]
-  if bad or not counts:
-    raise UserError(f"device counts {bad or counts} must divide the batch {global_batch} and "
-                    f"be at most the {len(devices)} local devices")
+  counts = checked_counts(counts, global_batch, devices, statistic)
   if repeats < 1 or passes < 1 or warmup < 0:
     raise UserError(f"repeats and passes must be >= 1 and warmup >= 0, got {repeats}, "
                     f"{passes} and {warmup}")

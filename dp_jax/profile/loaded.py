@@ -68,12 +68,9 @@ def round_ms(threads: DeviceThreads, calls: list[Callable[[], object]], repeats:
   return STATISTICS[statistic](round_samples(threads, calls, repeats, warmup, budget_s))
 
 
-def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable[int], *,
-                   cache_dir: str | Path = cache.DEFAULT_CACHE_DIR, repeats: int = 5,
-                   warmup: int = 2, budget_s: float = 1.0, statistic: str = "min",
-                   passes: int = 3, devices: list[jax.Device] | None = None) -> ProfileTable:
-  """Fwd/bwd ms of every layer at per-device batch B // g with g copies at once, g in counts."""
-  devices = devices or jax.devices()
+def checked_counts(counts: Iterable[int], global_batch: int, devices: list[jax.Device],
+                   statistic: str) -> list[int]:
+  """The sorted distinct device counts, each dividing the batch and at most the devices."""
   counts = sorted({int(g) for g in counts})
   if statistic not in STATISTICS:
     raise UserError(f"statistic '{statistic}' is unknown (valid: {', '.join(STATISTICS)})")
@@ -81,6 +78,16 @@ def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable
   if bad or not counts:
     raise UserError(f"device counts {bad or counts} must divide the batch {global_batch} and "
                     f"be at most the {len(devices)} local devices")
+  return counts
+
+
+def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable[int], *,
+                   cache_dir: str | Path = cache.DEFAULT_CACHE_DIR, repeats: int = 5,
+                   warmup: int = 2, budget_s: float = 1.0, statistic: str = "min",
+                   passes: int = 3, devices: list[jax.Device] | None = None) -> ProfileTable:
+  """Fwd/bwd ms of every layer at per-device batch B // g with g copies at once, g in counts."""
+  devices = devices or jax.devices()
+  counts = checked_counts(counts, global_batch, devices, statistic)
   specs = {s.name: s for s in model.layer_specs()}
   structs = out_structs(model, graph)
   x = model.input_spec(1)
