@@ -20,11 +20,11 @@ from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.evaluate import Evaluation, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import MODES, PlanOptions
-from dp_jax.planner.plan import LayerPlan, Plan, sample_ranges
+from dp_jax.planner.plan import LayerPlan, Plan
 from dp_jax.planner.search import SHARDING_RULES, build_tables, chain_shardings, search
 from dp_jax.planner.sharded import Sharding
 from dp_jax.profile.table import ProfileTable
-from dp_jax.sharding import layer_sharding
+from dp_jax.sharding import layer_sharding, sample_ranges
 
 # Lagrange multipliers (ms per GB of saved activations) tried when the fastest plan overflows
 # device memory; the fastest plan that fits wins.
@@ -149,7 +149,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
     entry = {} if sh is None else {"sharding": layer_sharding(node, (count // m, m), sh[1])}
     layers.append(LayerPlan(
         name=node.name, devices=tuple(range(start, start + count)),
-        samples=sharded_sample_ranges(opts.global_batch, count, m),
+        samples=tuple(sample_ranges(opts.global_batch, count // m, m)),
         extra={**entry, "kind": node.kind, "per_device_batch": opts.global_batch // (count // m),
                "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
                "sync_ms": float(sync_share[node.name]),
@@ -191,9 +191,3 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   return Plan(model=model.graph.model, global_batch=opts.global_batch, num_devices=g,
               cluster=model.cluster.name, amplification_limit=float(opts.amplification_limit),
               layers=tuple(layers), predicted=predicted, planner_seconds=seconds, extra=more)
-
-
-def sharded_sample_ranges(batch: int, count: int, m: int) -> tuple[tuple[int, int], ...]:
-  """Device k of a (count / m, m) mesh holds sample range k // m of count / m."""
-  ranges = sample_ranges(batch, count // m)
-  return tuple(ranges[k // m] for k in range(count))

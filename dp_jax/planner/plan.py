@@ -165,9 +165,3 @@ def _layer(x: Any, batch: int, num_devices: int, where: str,
   if "sharding" in extra:
     extra["sharding"] = sharding
   return LayerPlan(str(x["name"]), tuple(devices), tuple(ranges), extra)
-
-
-def sample_ranges(batch: int, count: int) -> tuple[tuple[int, int], ...]:
-  """Contiguous equal ranges of the global batch, one per device, in order."""
-  per = batch // count
-  return tuple((i * per, (i + 1) * per) for i in range(count))
