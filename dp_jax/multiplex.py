@@ -10,14 +10,18 @@ what is left of the window; a piece that does not fit may still run if the time 
 the foreground (its predicted overrun) fits the iteration's budget, cap x alone iteration time,
 shared by all devices. Predictions are the profile corrected online by measured/predicted (a
 piece refused 8 times in a row has its correction moved halfway back to the profile, so a stale
-measurement cannot starve it; no correction goes below a quarter of the profile), and the
-measured slowdown of each iteration tightens (halves) the usable part of windows and the budget
-when it exceeds the cap and relaxes them again when it does not.
+measurement cannot starve it; no correction goes below a quarter of the profile). The slowdown
+feedback compares the mean of the last iterations (at most WINDOW, since the last tightening)
+with the alone iteration time: it tightens (halves) the usable part of windows and the budget
+only when that mean exceeds (1 + cap) x alone by more than the foreground's own step-to-step
+noise explains (a one-sided Student t test, `Admission.excess_threshold_ms`), and relaxes them
+again when the mean is within the cap.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +38,13 @@ STALE = 8  # refusals in a row after which a piece's correction moves back towar
 # that returned before its program ran), not a trend; without a floor, such measurements would
 # shrink predictions toward 0 and admit any piece into any window.
 RATIO_FLOOR = 0.25
+WINDOW = 8  # iterations whose mean time the slowdown feedback compares with the cap
+# One-sided 99% quantiles of Student's t for 1..30 degrees of freedom (any statistics table,
+# e.g. the NIST/SEMATECH e-Handbook, 1.3.6.7.2; tests/test_multiplex.py checks them against
+# scipy); beyond 30 the 30's value (slightly above the normal's 2.326: fewer false alarms).
+T99 = (31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764, 2.718, 2.681,
+       2.650, 2.624, 2.602, 2.583, 2.567, 2.552, 2.539, 2.528, 2.518, 2.508, 2.500, 2.492,
+       2.485, 2.479, 2.473, 2.467, 2.462, 2.457)
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,17 +144,28 @@ class Admission:
   """Admits pieces into idle windows under a per-iteration budget of added foreground time.
 
   cap: allowed slowdown (inf: none); alone_ms: the foreground's iteration time alone;
-  margin: a piece counts as predicted x (1 + margin); switch_ms: handing a device back to the
-  foreground after a piece (added to every piece's cost).
+  alone_steps_ms: the measured alone iterations alone_ms comes from (their spread is the
+  feedback's noise; none: no noise); margin: a piece counts as predicted x (1 + margin);
+  switch_ms: handing a device back to the foreground after a piece (added to every piece's
+  cost); window: how many iterations the slowdown feedback averages.
   """
 
   def __init__(self, pieces_ms: Sequence[float], *, cap: float, alone_ms: float,
-               margin: float = 0.0, switch_ms: float = 0.0, smoothing: float = SMOOTHING):
+               alone_steps_ms: Sequence[float] = (), margin: float = 0.0,
+               switch_ms: float = 0.0, smoothing: float = SMOOTHING, window: int = WINDOW):
     self.cap = check_cap(cap)
     self.alone_ms = float(alone_ms)
+    steps = [float(x) for x in alone_steps_ms if math.isfinite(x)]
+    self.alone_n = len(steps)
+    self.alone_sd_ms = statistics.stdev(steps) if len(steps) >= 2 else 0.0
     self.margin, self.switch = float(margin), float(switch_ms)
     self.correction = Correction(pieces_ms, smoothing)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+      raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    self.window = window
+    self.recent: list[float] = []  # measured iterations since the last tightening (<= window)
     self.usable = 1.0  # fraction of windows and budget in use; halved when the cap is exceeded
+    self.tightened = 0  # times the feedback halved `usable`
     self.budget_ms = self._budget()
     self.charged_ms = 0.0  # predicted overrun admitted this iteration
     self.admitted = 0
@@ -187,13 +209,38 @@ class Admission:
     """A finished piece's measured time (device time, without the switch)."""
     self.correction.observe(k, measured_ms)
 
+  def excess_threshold_ms(self, m: int | None = None) -> float:
+    """How far the mean of m measured iterations (default: those kept) may lie above
+    (1 + cap) x alone_ms before the feedback counts it as a real excess.
+
+    With s the standard deviation of the n alone steps, the mean of m iterations scatters
+    around the true alone time with a standard error of s / sqrt(m), and alone_ms (a mean or
+    median of the n steps) with about s / sqrt(n); for independent, roughly normal steps their
+    difference over s x sqrt(1/m + 1/n) is Student-t distributed with n - 1 degrees of freedom.
+    The threshold t_0.99(n - 1) x s x sqrt(1/m + 1/n) is therefore crossed by the foreground's
+    own noise, with no background at all, in at most 1% of the checks (one-sided), whatever
+    the noise's size; few alone steps widen it (t, 1/n), a real excess above it still tightens.
+    Without alone steps (n < 2) the noise is unknown and taken as 0.
+    """
+    m = len(self.recent) if m is None else m
+    if self.alone_n < 2 or m < 1:
+      return 0.0
+    t = T99[min(self.alone_n - 1, len(T99)) - 1]
+    return t * self.alone_sd_ms * math.sqrt(1.0 / m + 1.0 / self.alone_n)
+
   def next_iteration(self, measured_ms: float | None = None) -> None:
-    """Start a new iteration; measured_ms (the one that ended) feeds the slowdown back."""
-    if measured_ms is not None and self.bounded and self.alone_ms > 0:
-      slowdown = measured_ms / self.alone_ms - 1.0
-      if slowdown > self.cap:
+    """Start a new iteration; measured_ms (the one that ended) feeds the slowdown back: halve
+    `usable` when the mean of the kept iterations exceeds the cap by more than the noise
+    threshold (and start a new mean), give back RELAX when the mean is within the cap."""
+    if (measured_ms is not None and self.bounded and self.alone_ms > 0
+        and math.isfinite(measured_ms)):
+      self.recent = [*self.recent, float(measured_ms)][-self.window:]
+      excess_ms = statistics.fmean(self.recent) - (1.0 + self.cap) * self.alone_ms
+      if excess_ms > self.excess_threshold_ms():
         self.usable *= 0.5
-      else:
+        self.tightened += 1
+        self.recent = []  # the iterations from now on measure the tightened admission
+      elif excess_ms <= 0:
         self.usable = min(1.0, self.usable + RELAX)
     self.budget_ms = self._budget()
     self.charged_ms = 0.0

@@ -1,6 +1,6 @@
 """Multiplexing on honest local devices (one process per core): measured vs simulated per cap.
 
-    .venv/bin/python scripts/bench_multiplex.py [--caps 0.05 0.1 0.25 inf] [--alone 6]
+    .venv/bin/python scripts/bench_multiplex.py [--caps 0.05 0.1 0.25 inf] [--alone 10]
         [--steps 20] [--processes N] [--out results/multiplex/bench.json]
 
 Devices: N processes (default: one per core this shell may use), process i pinned to core i
@@ -20,18 +20,22 @@ as the switch cost) is measured in each process on its own pinned core before th
 cap is the whole foreground's: with k processes dispatching, each admits against cap / k.
 
 For each cap, in one run: a fresh hook, `alone` steps alone (two warm-up, the rest predict the
-windows), `steps` with the job, then `alone - 2` alone steps again. Measured: slowdown = mean
+windows; their spread is the noise the slowdown feedback allows for), `steps` with the job,
+then `alone - 2` alone steps again. Measured: slowdown = mean
 step with / mean of the alone steps before and after - 1 (process 0's clock; 0.15: 1.15x as
 long); background samples/s = completed steps x batch / time, summed over processes (steps
 finished after the foreground's last step do not count). Simulated: the same policy
 (dp_jax/multiplex.py) replayed by the simulator on each dispatching process's measured alone
 stage calls (devices without its job count as busy; after a held call, its probed move
-occupies every device) with its measured piece times, over the same number of steps;
-samples/s summed, added time summed. --out writes a JSON list of {cap ("inf" for no cap),
-measured_slowdown, background_samples_per_s, simulated_slowdown,
-simulated_background_samples_per_s, details}. Diagnostics: BENCH_SHOW_LOGS=1 prints a failed
-worker's log; BENCH_TIMERS=FILE writes every foreground call's start and end per step and
-process (perf_counter, one clock for all processes of the machine).
+occupies every device) with its measured piece times, over the same number of steps, each
+step's foreground scaled by a factor drawn (seeded) from the same process's alone steps over
+their median, and the policy given those steps, so both run the same feedback on the same
+noise; samples/s summed, added time summed (against the mean alone step under that noise).
+--out writes a JSON list of {cap ("inf" for no cap), measured_slowdown,
+background_samples_per_s, simulated_slowdown, simulated_background_samples_per_s, details}.
+Diagnostics: BENCH_SHOW_LOGS=1 prints a failed worker's log; BENCH_TIMERS=FILE writes every
+foreground call's start and end per step and process (perf_counter, one clock for all
+processes of the machine).
 """
 
 from __future__ import annotations
@@ -176,14 +180,22 @@ def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int
          "call_ms_with": call_ms(clock.calls, alone, alone + steps)}
   if runners and hook.admission is not None:
     calls = sim_calls(hook, n, set(runners), set(own))
-    sim = fill_measured(calls, n, job, cap=mine, iterations=steps, switch_ms=gap_ms)
+    # the same noise: the alone steps this process's policy learnt its feedback threshold from
+    sim = fill_measured(calls, n, job, cap=mine, iterations=steps, switch_ms=gap_ms,
+                        alone_steps_ms=hook.alone_steps_ms)
     total_ms = float(sim.iteration_ms.sum())
     row.update({
         "measured_over_profiled": hook.admission.correction.overall,
         "usable_fraction_at_end": hook.admission.usable,
+        "tightened": hook.admission.tightened,
+        "policy_alone_steps_ms": hook.alone_steps_ms,
+        "feedback_threshold_ms": hook.admission.excess_threshold_ms(hook.admission.window),
         "alone_calls_ms": [[list(d), ms, label] for d, ms, label in hook.alone_calls],
-        "simulated_alone_ms": sim.alone_ms,
-        "simulated_added_ms": float(sim.iteration_ms.mean() - sim.alone_ms),
+        "simulated_alone_ms": sim.alone_mean_ms,  # the mean alone step under the same noise
+        "simulated_baseline_ms": sim.alone_ms,
+        "simulated_added_ms": float(sim.iteration_ms.mean() - sim.alone_mean_ms),
+        "simulated_usable_fraction_at_end": sim.usable_at_end,
+        "simulated_tightened": sim.tightened,
         "simulated_samples_per_s": float(sim.bg_steps.sum()) * job.batch / total_ms * 1e3,
         "simulated_steps_per_iteration": float(sim.bg_steps.mean()),
         "simulated_piece_ms_per_s": float(sim.bg_work_ms.sum()) / total_ms * 1e3,
@@ -276,6 +288,10 @@ def merge(results: list[dict]) -> list[dict]:
            "simulated_piece_ms_per_s": sum(r["simulated_piece_ms_per_s"] for r in sim),
            "measured_over_profiled": [r.get("measured_over_profiled") for r in sim],
            "usable_fraction_at_end": [r.get("usable_fraction_at_end") for r in sim],
+           "simulated_usable_fraction_at_end": [r.get("simulated_usable_fraction_at_end")
+                                                for r in sim],
+           "tightened": [r.get("tightened") for r in sim],
+           "simulated_tightened": [r.get("simulated_tightened") for r in sim],
            "per_process": per}
     rows.append(row)
   return rows
@@ -361,7 +377,9 @@ def launch(args) -> int:
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--caps", nargs="+", type=float, default=[0.05, 0.1, 0.25, math.inf])
-  ap.add_argument("--alone", type=int, default=6, help="alone steps per cap (first two skipped)")
+  ap.add_argument("--alone", type=int, default=10,
+                  help="alone steps per cap (first two skipped; the rest give the windows and "
+                  "the feedback's noise)")
   ap.add_argument("--steps", type=int, default=20, help="steps with the job per cap")
   ap.add_argument("--processes", type=int, default=0, help="pinned processes (0: one per core)")
   ap.add_argument("--timeout", type=float, default=900, help="seconds before the run is ended")

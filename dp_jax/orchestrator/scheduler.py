@@ -11,12 +11,13 @@ before each piece, the thread asks the shared policy (dp_jax/multiplex.py) wheth
 predicted time fits what is left of the device's window or its overrun fits the iteration's
 budget; if not, it waits for the next window. Each piece is waited for and measured (one piece
 outstanding per device) and corrects the next predictions; each foreground step's time feeds
-the slowdown back. On CPU a program runs on the thread that dispatches it, so only separate
-threads let pieces run beside the foreground; on a GPU the same threads issue into each device's
-queue. With several processes, a process that owns none of a stage's devices is held until the
-call's predicted end, so that the move it would post next does not occupy its idle devices. A
-failing job (exception or non-finite loss) is logged and stopped; the foreground never reads
-background arrays.
+the slowdown back (the policy compares the mean of the last steps with the cap, beyond the
+noise of the alone steps it is given). On CPU a program runs on the thread that dispatches it,
+so only separate threads let pieces run beside the foreground; on a GPU the same threads issue
+into each device's queue. With several processes, a process that owns none of a stage's devices
+is held until the call's predicted end, so that the move it would post next does not occupy its
+idle devices. A failing job (exception or non-finite loss) is logged and stopped; the
+foreground never reads background arrays.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ class BackgroundScheduler:
     self.move_ms: dict[int, list[float]] = {}  # per held call: probe's end -> next call, ms
     self._released: tuple[int, float] | None = None  # (held call, when its hold ended)
     self.alone_calls: list[tuple[tuple[int, ...], float, str]] = []  # (devices, ms, stage:phase)
-    self.baseline_ms: float | None = None
+    self.baseline_ms: float | None = None  # median of alone_steps_ms
+    self.alone_steps_ms: list[float] = []  # the alone steps after the first two (their noise)
     self.threads: list[threading.Thread] = []
     self.stopping = False
     self.free_run = False  # pieces run without admission (drain, checkpoint)
@@ -244,8 +246,9 @@ class BackgroundScheduler:
     steps = list(zip(self.calls, self.step_starts[1:], strict=False))[SKIP_STEPS:]
     if not steps or not self.alive:
       return
-    self.baseline_ms = statistics.median(1e3 * (b - a) for a, b in zip(
-        self.step_starts[SKIP_STEPS:], self.step_starts[SKIP_STEPS + 1:], strict=False))
+    self.alone_steps_ms = [1e3 * (b - a) for a, b in zip(
+        self.step_starts[SKIP_STEPS:], self.step_starts[SKIP_STEPS + 1:], strict=False)]
+    self.baseline_ms = statistics.median(self.alone_steps_ms)
     seq = [(s, p, d) for s, p, d, _ in steps[-1][0]]
     durations = []
     for j in range(len(seq)):
@@ -262,7 +265,7 @@ class BackgroundScheduler:
                         for (s, p, d), ms in zip(seq, durations, strict=True)]
     self.windows = window_ms(durations, [d for *_, d in seq], self.window_end)
     self.admission = Admission(self.job.pieces_ms, cap=self.cap, alone_ms=self.baseline_ms,
-                               margin=self.margin)
+                               alone_steps_ms=self.alone_steps_ms, margin=self.margin)
 
   # --- dispatch threads ----------------------------------------------------------------------
 

@@ -14,9 +14,18 @@ Interference model (docs/simulator.md, "Background fill"):
   outlasts the window delays the foreground. The policy charges that predicted overrun to one
   budget per iteration (cap x alone iteration) shared by all devices, so the cap holds at
   admission (delays along the dependency graph are at most the sum of the overruns).
+- A piece starts only while its window is open: before the window's predicted end (the
+  policy) and before the closing foreground task is ready (the runtime's hook closes the
+  window when the foreground calls that task).
 - Delays propagate through the foreground's dependency graph (a re-timed schedule), over
   several iterations in a row; each iteration's simulated time feeds the policy's slowdown
   feedback. Devices with no foreground work run the job all the time.
+- Foreground noise (optional): given the measured alone iterations (`alone_steps_ms`), each
+  simulated iteration's foreground tasks are scaled by one factor drawn (seeded) from those
+  steps over their median, so the simulated foreground alone varies from step to step as the
+  measured one does around the baseline the runtime predicts from (their median), and the
+  policy gets the same steps, rescaled, to learn that noise from, as the runtime does.
+  Windows are still predicted from the un-noised schedule. Without them: no noise.
 """
 
 from __future__ import annotations
@@ -49,6 +58,9 @@ class Fill:
   warmup_ms: float  # the first iteration (its wrap windows had no previous tail to fill)
   pieces_admitted: int = 0
   pieces_refused: int = 0
+  alone_mean_ms: float = math.nan  # mean alone iteration under the noise (alone_ms without)
+  tightened: int = 0  # times the slowdown feedback halved the usable windows
+  usable_at_end: float = 1.0  # the policy's usable fraction after the last iteration
 
   @property
   def slowdown(self) -> np.ndarray:
@@ -68,31 +80,49 @@ def validate(cap: float, switch_ms: float, policy: str, iterations: int) -> None
     raise UserError(f"iterations must be an integer >= 1, got {iterations!r}")
 
 
+def noise_factors(alone_steps_ms) -> np.ndarray:
+  """Measured alone iterations over their median (the runtime's baseline); [1.0] if fewer
+  than two finite, positive ones (no noise)."""
+  steps = np.asarray([] if alone_steps_ms is None else alone_steps_ms, dtype=float).ravel()
+  steps = steps[np.isfinite(steps) & (steps > 0)]
+  return steps / np.median(steps) if len(steps) >= 2 else np.ones(1)
+
+
 def fill(tl: Timeline, classes: DeviceClasses, windows: list[Window], job: BackgroundJob, *,
          cap: float, switch_ms: float, policy: str = "fit", iterations: int = 4,
-         margin: float = 0.0, actual_ms: np.ndarray | None = None) -> Fill:
+         margin: float = 0.0, actual_ms: np.ndarray | None = None,
+         alone_steps_ms=None, seed: int = 0) -> Fill:
   """Run the policy over `iterations` steady iterations (after a warm-up one).
 
-  actual_ms: each piece's true time (default: its profiled time, the policy's prediction).
+  actual_ms: each piece's true time (default: its profiled time, the policy's prediction);
+  alone_steps_ms: measured alone iterations whose spread is the foreground's noise (seeded by
+  `seed`; default: none, no noise).
   """
   validate(cap, switch_ms, policy, iterations)
   actual = job.pieces_ms if actual_ms is None else np.asarray(actual_ms, dtype=float)
   if actual.shape != job.pieces_ms.shape:
     raise ValueError(f"actual_ms has {actual.shape} pieces, the job {job.pieces_ms.shape}")
+  factors = noise_factors(alone_steps_ms)
+  noisy = len(factors) >= 2
   admission = Admission(job.pieces_ms, cap=cap, alone_ms=tl.iteration_ms, margin=margin,
-                        switch_ms=switch_ms)
-  sim = _Sim(tl, classes, windows, job, actual, admission, iterations)
+                        switch_ms=switch_ms,
+                        alone_steps_ms=tl.iteration_ms * factors if noisy else ())
+  scale = (np.random.default_rng(seed).choice(factors, size=iterations + 2) if noisy
+           else np.ones(iterations + 2))
+  sim = _Sim(tl, classes, windows, job, actual, admission, iterations, scale)
   times, work, steps, free, events = sim.run()
   return Fill(float(cap), tl.iteration_ms, sim.used, times[1:], work[1:], steps[1:], free[1:],
-              tuple(events), float(times[0]), admission.admitted, admission.refused)
+              tuple(events), float(times[0]), admission.admitted, admission.refused,
+              tl.iteration_ms * float(factors.mean()), admission.tightened, admission.usable)
 
 
 class _Sim:
   """Re-times the foreground task graph with the pieces the policy admits."""
 
-  def __init__(self, tl, classes, windows, job, actual, admission, iterations):
+  def __init__(self, tl, classes, windows, job, actual, admission, iterations, scale):
     self.tl, self.classes, self.windows, self.job = tl, classes, windows, job
     self.actual, self.policy, self.iterations = actual, admission, iterations
+    self.scale = scale  # per iteration (warm-up first): the foreground's noise factor
     self.order = np.lexsort((np.arange(len(tl.tasks)), tl.start_ms))
     self.deps = [t.deps for t in tl.tasks]
     self.dur = [t.duration_ms for t in tl.tasks]
@@ -107,11 +137,13 @@ class _Sim:
                     for a, c in t.spans] for t in tl.tasks]
     self.used = np.zeros(len(windows), dtype=bool)
 
-  def pieces(self, w: int, c: int, opened: float, nxt: np.ndarray) -> list[tuple[float, float]]:
-    """Pieces the policy admits into window w of class c, as (start, end) device times."""
+  def pieces(self, w: int, c: int, opened: float, closes: float,
+             nxt: np.ndarray) -> list[tuple[float, float]]:
+    """Pieces the policy admits into window w of class c, as (start, end) device times; none
+    starts at or after `closes`, when the closing foreground task is ready."""
     length, t, out = self.windows[w].length_ms, 0.0, []
     n = len(self.actual)
-    while self.policy.admit(int(nxt[c]), length - t):
+    while opened + t < closes and self.policy.admit(int(nxt[c]), length - t):
       k = int(nxt[c])
       a = float(self.actual[k])
       self.policy.observe(k, a)
@@ -141,6 +173,7 @@ class _Sim:
       start, end = np.zeros(n), np.zeros(n)
       done: set[int] = set()
       bg = 0.0
+      dur = [d * float(self.scale[k]) for d in self.dur]
       last = k == self.iterations
       keep = k >= self.iterations
       for i in self.order:
@@ -153,7 +186,7 @@ class _Sim:
             continue  # the first iteration has no previous tail
           c = self.windows[w].cls
           opened = max(last_end[c], bg_until[c])
-          ran = self.pieces(w, c, opened, nxt)
+          ran = self.pieces(w, c, opened, ready, nxt)
           if ran:
             bg += sum(e - s for s, e in ran) * self.sizes[c]
             bg_until[c] = ran[-1][1] + self.policy.switch
@@ -162,10 +195,10 @@ class _Sim:
         s = ready
         for lo, hi in self.ranges[i]:
           s = max(s, float(bg_until[lo:hi].max()))
-        start[i], end[i] = s, s + self.dur[i]
+        start[i], end[i] = s, s + dur[i]
         for lo, hi in self.ranges[i]:
           np.maximum(last_end[lo:hi], end[i], out=last_end[lo:hi])
-      finish = float(end.max()) if n else origin + tl.iteration_ms
+      finish = float(end.max()) if n else origin + tl.iteration_ms * float(self.scale[k])
       period = finish - origin
       free.append(sum(period * self.sizes[c] for c in idle_classes))
       bg += free[-1]

@@ -2,7 +2,8 @@
 
 On CPU the runtime's stage calls run one after another, so the alone step is a chain of tasks,
 each on its call's devices for its measured time; filling it with the shared policy predicts
-what the runtime's orchestrator should get from the same windows (scripts/bench_multiplex.py).
+what the runtime's orchestrator should get from the same windows (scripts/bench_multiplex.py),
+on the same foreground noise when given the measured alone steps.
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ def chain_timeline(calls: Sequence[tuple[Sequence[int], float, str]],
 
 def fill_measured(calls: Sequence[tuple[Sequence[int], float, str]], num_devices: int,
                   job: BackgroundJob, *, cap: float, iterations: int, switch_ms: float = 0.0,
-                  actual_ms: np.ndarray | None = None) -> Fill:
-  """The shared policy replayed on a measured alone step."""
+                  actual_ms: np.ndarray | None = None,
+                  alone_steps_ms: Sequence[float] | None = None, seed: int = 0) -> Fill:
+  """The shared policy replayed on a measured alone step (with the measured alone steps'
+  noise when given, dp_jax/sim/fill.py)."""
   tl = chain_timeline(calls, num_devices)
   classes = device_classes(tl)
   return fill(tl, classes, idle_windows(tl, classes), job, cap=cap, switch_ms=switch_ms,
-              iterations=iterations, actual_ms=actual_ms)
+              iterations=iterations, actual_ms=actual_ms, alone_steps_ms=alone_steps_ms,
+              seed=seed)
