@@ -1,6 +1,7 @@
 """The multiplexing policy: admission keeps the added foreground time within the cap (+ error)."""
 
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -8,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_jax.errors import UserError
-from dp_jax.multiplex import RATIO_FLOOR, Admission, Correction, layer_groups, step_pieces
+from dp_jax.multiplex import (
+  RATIO_FLOOR,
+  T99,
+  WINDOW,
+  Admission,
+  Correction,
+  layer_groups,
+  step_pieces,
+)
 
 
 def run_windows(policy, windows_ms, actual_of, pieces):
@@ -122,6 +131,79 @@ def test_slowdown_above_the_cap_tightens_admission_and_recovers():
   for _ in range(10):
     policy.next_iteration(100.0)
   assert policy.usable == 1.0 and policy.budget_ms == pytest.approx(10.0)
+
+
+def noisy_ms(rng, n, mean=100.0, amplitude=0.05):
+  """n iteration times of a foreground alone: mean x (1 +- amplitude), uniform."""
+  return list(mean * (1 + rng.uniform(-amplitude, amplitude, n)))
+
+
+@pytest.mark.parametrize("n_alone", [4, 8])
+def test_the_foregrounds_own_noise_never_tightens_the_feedback_at_cap_0_05(n_alone):
+  seeds, old_rule = 50, 0
+  for seed in range(seeds):
+    rng = np.random.default_rng(seed)
+    alone = noisy_ms(rng, n_alone)
+    policy = Admission([1.0], cap=0.05, alone_ms=statistics.median(alone), alone_steps_ms=alone)
+    # the rule before: one iteration's slowdown against the cap, no noise
+    single = Admission([1.0], cap=0.05, alone_ms=statistics.median(alone), window=1)
+    for ms in noisy_ms(rng, 100):  # no background at all
+      policy.next_iteration(ms)
+      single.next_iteration(ms)
+      assert policy.usable == 1.0 and policy.budget_ms == pytest.approx(0.05 * policy.alone_ms)
+    old_rule += single.tightened > 0
+  assert old_rule >= seeds // 4  # the single-iteration rule throttles on noise alone
+
+
+@pytest.mark.parametrize("n_alone", [4, 8])
+def test_a_real_sustained_excess_still_tightens_and_recovers_when_it_ends(n_alone):
+  for seed in range(50):
+    rng = np.random.default_rng(seed)
+    alone = noisy_ms(rng, n_alone)
+    policy = Admission([1.0], cap=0.05, alone_ms=statistics.median(alone), alone_steps_ms=alone)
+    slow = [1.2 * ms for ms in noisy_ms(rng, 40)]  # 20% slower: 15% over the cap
+    for i, ms in enumerate(slow):
+      policy.next_iteration(ms)
+      if i + 1 == WINDOW:
+        assert policy.tightened >= 1
+    assert policy.usable <= 0.5 ** 3
+    for ms in noisy_ms(rng, 40):  # the excess ends
+      policy.next_iteration(ms)
+    assert policy.usable == 1.0
+
+
+def test_the_noise_threshold_shrinks_with_more_iterations_and_more_alone_steps():
+  rng = np.random.default_rng(0)
+  alone = noisy_ms(rng, 16)
+  few = Admission([1.0], cap=0.1, alone_ms=100.0, alone_steps_ms=alone[:4])
+  many = Admission([1.0], cap=0.1, alone_ms=100.0, alone_steps_ms=alone)
+  s4, s16 = statistics.stdev(alone[:4]), statistics.stdev(alone)
+  assert few.excess_threshold_ms(1) == pytest.approx(T99[2] * s4 * math.sqrt(1 + 1 / 4))
+  assert many.excess_threshold_ms(8) == pytest.approx(T99[14] * s16 * math.sqrt(1 / 8 + 1 / 16))
+  assert many.excess_threshold_ms(8) < many.excess_threshold_ms(1)
+  assert Admission([1.0], cap=0.1, alone_ms=100.0).excess_threshold_ms(8) == 0.0  # no noise
+
+
+def test_the_t_quantiles_are_students():
+  stats = pytest.importorskip("scipy.stats")
+  assert T99 == pytest.approx([stats.t.ppf(0.99, d) for d in range(1, len(T99) + 1)], abs=1e-3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(alone=st.lists(st.floats(50.0, 150.0), max_size=10),
+       measured=st.lists(st.floats(0.0, 400.0), min_size=1, max_size=40),
+       cap=st.sampled_from([0.0, 0.05, 0.1, 0.25]),
+       windows=st.lists(st.floats(0.0, 20.0), min_size=1, max_size=6),
+       profile=st.lists(st.floats(0.01, 15.0), min_size=1, max_size=6))
+def test_the_feedback_never_raises_the_budget_above_the_cap(alone, measured, cap, windows,
+                                                           profile):
+  base = statistics.median(alone) if alone else 100.0
+  policy = Admission(profile, cap=cap, alone_ms=base, alone_steps_ms=alone, switch_ms=0.1)
+  for ms in measured:
+    policy.next_iteration(ms)
+    assert 0 < policy.usable <= 1.0 and policy.budget_ms <= cap * base + 1e-9
+    added, _ = run_windows(policy, windows, lambda p: p, len(profile))  # exact predictions
+    assert policy.charged_ms <= cap * base + 1e-9 and added <= cap * base + 1e-9
 
 
 def test_groups_and_pieces_of_a_step():

@@ -2,6 +2,7 @@
 
 import logging
 import math
+import statistics
 import threading
 
 import jax
@@ -172,6 +173,17 @@ def test_a_process_holds_its_foreground_thread_only_while_a_stage_has_none_of_it
     assert hook.held_s <= (PROBES + 1) * hook.durations[j] / 1e3 + 1e-3
     # the first PROBES holds measure the move (hold end -> next call), the next ones end early
     assert len(hook.move_ms[j]) == PROBES and hook.lead_ms(j) == min(hook.move_ms[j]) > 0
+
+
+def test_the_policy_gets_the_alone_steps_the_baseline_comes_from(tiny):
+  runners, job = tiny
+  hook = make_background_hook(job, runners, start_after=6, slowdown_cap=0.1)
+  fake_steps(hook, 7)
+  hook.drain()
+  steps = hook.alone_steps_ms
+  assert len(steps) == 4 and hook.baseline_ms == statistics.median(steps)
+  assert hook.admission.alone_n == 4
+  assert hook.admission.alone_sd_ms == pytest.approx(statistics.stdev(steps))
 
 
 def test_background_checkpoint_round_trips(tiny, tmp_path):
