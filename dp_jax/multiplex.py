@@ -218,9 +218,10 @@ class Admission:
     median of the n steps) with about s / sqrt(n); for independent, roughly normal steps their
     difference over s x sqrt(1/m + 1/n) is Student-t distributed with n - 1 degrees of freedom.
     The threshold t_0.99(n - 1) x s x sqrt(1/m + 1/n) is therefore crossed by the foreground's
-    own noise, with no background at all, in at most 1% of the checks (one-sided), whatever
-    the noise's size; few alone steps widen it (t, 1/n), a real excess above it still tightens.
-    Without alone steps (n < 2) the noise is unknown and taken as 0.
+    own noise, with no background at all, with probability 1% per check (one-sided; the checks
+    of one run share alone_ms's error, so they are not independent), whatever the noise's
+    size; few alone steps widen it (t, 1/n), a real excess above it still tightens. Without
+    alone steps (n < 2) the noise is unknown and taken as 0.
     """
     m = len(self.recent) if m is None else m
     if self.alone_n < 2 or m < 1:

@@ -64,7 +64,7 @@ class Fill:
 
   @property
   def slowdown(self) -> np.ndarray:
-    """Per iteration: with background / alone - 1."""
+    """Per iteration: with background / alone - 1 (the foreground's noise included)."""
     return self.iteration_ms / self.alone_ms - 1.0
 
 
