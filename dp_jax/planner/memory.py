@@ -103,23 +103,11 @@ def capacity_bytes(model: CostModel) -> float:
   return model.cluster.memory_gb_per_device * GB
 
 
-def fits_alone(model: CostModel) -> np.ndarray:
-  """(L, C) bool: the layer fits on its devices by itself; raises naming a layer that never does."""
-  if not model.options.check_memory:
-    return np.ones(model.compute_ms.shape, dtype=bool)
-  need = layer_bytes(model)
-  ok = need <= capacity_bytes(model)
-  for i in np.flatnonzero(~ok.any(axis=1)):
-    name = model.names[i]
-    raise UserError(
-        f"layer '{name}' does not fit in {model.cluster.memory_gb_per_device:g} GB per device on "
-        f"{model.cluster.name} at any device count: it needs {need[i].min() / GB:.2f} GB "
-        f"(params+grads+optimizer {model.state_bytes[i] / GB:.2f} GB); use devices with more "
-        "memory or a smaller global batch")
-  return ok
-
-
-def _need(model: CostModel, name: str, count: int, sharding: Sharding | None = None) -> float:
+def layer_need(model: CostModel, name: str, count: int, sharding: Sharding | None = None
+               ) -> float:
+  """Bytes a device holding only this layer needs on `count` devices: samples (None) keeps
+  every parameter and B / count samples' activations; a weight sharding (m, split) its
+  parameter share and B / (count / m) samples' activations as the split keeps them."""
   i = model.row[name]
   share = sharded.param_share(model.graph.node(name), sharding)
   d = count if sharded.is_samples(sharding) else count // sharding[0]
@@ -128,13 +116,62 @@ def _need(model: CostModel, name: str, count: int, sharding: Sharding | None = N
   return float(model.state_bytes[i] * share + saved * (model.batch // d))
 
 
+def weight_splits_that_fit(model: CostModel, row: int, column: int,
+                           allowed: tuple[str, ...] = ("samples", "weights")
+                           ) -> tuple[Sharding, ...]:
+  """The weight shardings (m, split) of layer `row` on counts[column] devices that fit alone
+  (all of them when memory is not checked)."""
+  name, count = model.names[row], int(model.counts[column])
+  cands = sharded.candidates(model.graph.node(name), count, allowed)[1:]
+  if not model.options.check_memory:
+    return tuple(cands)
+  cap = capacity_bytes(model)
+  return tuple(sh for sh in cands if layer_need(model, name, count, sh) <= cap)
+
+
+def weight_fits(model: CostModel) -> dict[tuple[int, int], tuple[Sharding, ...]]:
+  """(row, column) -> the weight shardings that fit the layer alone on counts[column] devices
+  under planner.sharding (empty without weights)."""
+  if "weights" not in model.options.sharding:
+    return {}
+  out = {}
+  for r in range(len(model.names)):
+    for c in range(len(model.counts)):
+      fit = weight_splits_that_fit(model, r, c, model.options.sharding)
+      if fit:
+        out[(r, c)] = fit
+  return out
+
+
+def fits_alone(model: CostModel) -> np.ndarray:
+  """(L, C) bool: the layer fits on its devices by itself splitting samples; raises naming a
+  layer that fits at no count, neither splitting samples nor (planner.sharding with weights)
+  under any weight split."""
+  if not model.options.check_memory:
+    return np.ones(model.compute_ms.shape, dtype=bool)
+  need = layer_bytes(model)
+  ok = need <= capacity_bytes(model)
+  weights = "weights" in model.options.sharding
+  for i in np.flatnonzero(~ok.any(axis=1)):
+    split = any(weight_splits_that_fit(model, i, c) for c in range(len(model.counts)))
+    if weights and split:
+      continue  # only a weight split fits it: the planner's masks offer those
+    hint = "; planner.sharding=[samples,weights] can split its weights to fit" if split else ""
+    raise UserError(
+        f"layer '{model.names[i]}' does not fit in {model.cluster.memory_gb_per_device:g} GB per "
+        f"device on {model.cluster.name} at any device count: it needs {need[i].min() / GB:.2f} "
+        f"GB (params+grads+optimizer {model.state_bytes[i] / GB:.2f} GB){hint}; use devices with "
+        "more memory or a smaller global batch")
+  return ok
+
+
 def device_bytes(model: CostModel, assignment: Mapping[str, Placement],
                  shardings: Mapping[str, Sharding] | None = None) -> np.ndarray:
   """Bytes each job device holds under the assignment and weight shardings (index = device)."""
   shardings = shardings or {}
   per_device = np.zeros(model.options.num_devices + 1)
   for name, (start, count) in assignment.items():
-    need = _need(model, name, count, shardings.get(name))
+    need = layer_need(model, name, count, shardings.get(name))
     per_device[start] += need
     per_device[start + count] -= need
   return np.cumsum(per_device)[:-1]
@@ -146,7 +183,7 @@ def largest_layer_on(model: CostModel, assignment: Mapping[str, Placement], devi
   best, best_bytes = "", -1.0
   for name, (start, count) in assignment.items():
     if start <= device < start + count:
-      need = _need(model, name, count, (shardings or {}).get(name))
+      need = layer_need(model, name, count, (shardings or {}).get(name))
       if need > best_bytes:
         best, best_bytes = name, need
   return best
