@@ -3,7 +3,9 @@ amplification limit applies to the layer's time under that split, and every laye
 fits per the memory model (planner, plan JSON and simulator alike)."""
 
 import dataclasses
+import importlib.util
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,3 +128,23 @@ def test_offers_keep_splits_within_the_limit_or_the_least_amplifying():
   assert kept == {k for k, a in amps.items() if a == ranked[0]}
   everything = offers(model, math.inf, fits, fit)  # no limit: whatever fits
   assert np.array_equal(everything.samples, fits) and everything.weights == fit
+
+
+def _script():
+  path = Path(__file__).resolve().parents[1] / "scripts" / "check_sharded_memory.py"
+  spec = importlib.util.spec_from_file_location("check_sharded_memory", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [("vgg16_32", "classifier.0", (2, 4), "out"),
+                                  ("vgg16_32", "classifier.2", (2, 4), "in"),
+                                  ("gpt2_d64", "h.0", (2, 4), "heads")])
+def test_split_activations_are_what_the_runtime_keeps(case):
+  """Predicted bytes a device keeps for a split layer's backward vs the runtime's stage program
+  (its VJP residuals split by samples and the stage input it holds)."""
+  row = _script().measure(*case)
+  assert row["predicted_bytes"] == pytest.approx(row["runtime_bytes"], rel=0.05)
+  assert row["predicted_bytes"] < row["unsplit_predicted_bytes"] or case[3] != "heads"

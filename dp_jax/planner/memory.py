@@ -4,14 +4,14 @@ A device holding a layer on g devices at global batch B keeps:
 - the layer's parameters, gradients and optimizer state (param_bytes + params x (grad bytes +
   optimizer bytes per parameter)); a copy on every device holding the layer, or under a weight
   sharding on a (d, m) mesh the split parameters' 1/m share plus the replicated ones whole
-  (dp_jax/planner/sharded.py);
+  (sharded.param_share; the runtime's optimizer state follows its parameter, runtime/layout.py);
 - the activations the layer saves for its backward pass for its B / g samples: the bytes of
   the residuals of the layer's forward-with-residuals program, per sample, as traced by XLA
   (LayerNode.saved_bytes_per_sample, dp_jax/trace.py); graphs without them (hand-written
   files) fall back to the layer's output. Saved bytes are rescaled from the traced dtype to the
   profile's (mixed fp16 saves 2-byte activations). A weight-sharded layer keeps them for its
-  B / d samples, the part its split keeps whole (its gathered input; a block's input and output)
-  in full and the rest / m (sharded.saved_per_sample).
+  B / d samples: what its split keeps whole over the model group in full, the rest / m
+  (split_saved_per_sample).
 Pure numpy: no JAX.
 """
 
@@ -55,6 +55,31 @@ def saved_bytes_per_sample(node: LayerNode, element_scale: float = 1.0) -> float
   return float(saved) * element_scale
 
 
+# Activations the runtime's heads-split GPT-2 block keeps whole over the model group besides
+# its input, in block outputs per sample: 8 (+ 8 per-token layer-norm statistics, left out).
+# Measured here: the per-device residuals of the runtime's stage program (runtime/step.py,
+# `fwd`: jax.vjp inside jit) on two tiny GPT-2 configurations (d_model 32 and 64), for meshes
+# (4, 2) and (2, 4): scripts/check_sharded_memory.py.
+HEADS_WHOLE_OUTPUTS = 8
+
+
+def split_saved_per_sample(saved: float, in_bytes: float, out_bytes: float,
+                           sharding: Sharding | None) -> float:
+  """Activation bytes per sample a device keeps for the layer's backward under `sharding`:
+  what the split keeps whole plus the rest / m. Whole: the layer's input for every split (it
+  arrives split by samples only, replicated over the model group, and the stage holds it until
+  its backward: runtime/step.py keeps `ins` with the VJP); a heads-split block also
+  HEADS_WHOLE_OUTPUTS outputs' worth (its layer norms and residual stream). Split / m: an
+  out-split layer's output slice, an in-split layer's partial output, a block's attention and
+  MLP activations."""
+  if sharded.is_samples(sharding):
+    return saved
+  m, split = sharding
+  whole = in_bytes + (HEADS_WHOLE_OUTPUTS * out_bytes if split == "heads" else 0.0)
+  kept = min(saved, whole)
+  return kept + (saved - kept) / m
+
+
 def job_bytes(graph: LayerGraph, batch: int, *, grad_bytes_per_param: float = 4,
               optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4,
               element_scale: float = 1.0) -> float:
@@ -69,6 +94,8 @@ def placed_bytes(graph: LayerGraph, layers: Iterable[Mapping], num_devices: int,
                  param_bytes_per_param: float = 4, element_scale: float = 1.0) -> np.ndarray:
   """(devices,) bytes each device holds under plan-JSON layers ({name, devices, samples})."""
   nodes = {n.name: n for n in graph.nodes}
+  first_input = float(np.prod(graph.input_shape)) * np.dtype(graph.input_dtype).itemsize \
+      if graph.input_shape else 0.0  # the model input, in its own dtype (as costs.py)
   used = np.zeros(num_devices)
   for layer in layers:
     n = nodes[layer["name"]]
@@ -78,9 +105,10 @@ def placed_bytes(graph: LayerGraph, layers: Iterable[Mapping], num_devices: int,
     state = sharded.param_share(n, sh) * state_bytes(n, grad_bytes_per_param,
                                                      optimizer_bytes_per_param,
                                                      param_bytes_per_param)
-    ins = sum(nodes[p].out_bytes_per_sample for p in n.inputs) * element_scale
-    per_sample = sharded.saved_per_sample(saved_bytes_per_sample(n, element_scale), ins,
-                                          n.out_bytes_per_sample * element_scale, sh)
+    ins = (sum(nodes[p].out_bytes_per_sample for p in n.inputs) * element_scale if n.inputs
+           else first_input)
+    per_sample = split_saved_per_sample(saved_bytes_per_sample(n, element_scale), ins,
+                                        n.out_bytes_per_sample * element_scale, sh)
     for d, (a, b) in zip(layer["devices"], layer["samples"], strict=True):
       used[d] += state + (b - a) * per_sample
   return used
@@ -111,8 +139,8 @@ def layer_need(model: CostModel, name: str, count: int, sharding: Sharding | Non
   i = model.row[name]
   share = sharded.param_share(model.graph.node(name), sharding)
   d = count if sharded.is_samples(sharding) else count // sharding[0]
-  saved = sharded.saved_per_sample(model.saved_bytes[i], model.in_bytes[i], model.out_bytes[i],
-                                   sharding)
+  saved = split_saved_per_sample(model.saved_bytes[i], model.in_bytes[i], model.out_bytes[i],
+                                 sharding)
   return float(model.state_bytes[i] * share + saved * (model.batch // d))
 
 
