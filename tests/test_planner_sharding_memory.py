@@ -4,13 +4,15 @@ fits per the memory model (planner, plan JSON and simulator alike)."""
 
 import dataclasses
 import importlib.util
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from apps import assert_one_line_error, run_app
 from test_planner_sharding import WEIGHTS, cost_model, mlp_graph
-from test_planner_zoo import cluster
+from test_planner_zoo import cluster, graph
 
 from dp_jax.errors import UserError
 from dp_jax.planner import Plan, make_plan, memory, sharded
@@ -148,3 +150,27 @@ def test_split_activations_are_what_the_runtime_keeps(case):
   row = _script().measure(*case)
   assert row["predicted_bytes"] == pytest.approx(row["runtime_bytes"], rel=0.05)
   assert row["predicted_bytes"] < row["unsplit_predicted_bytes"] or case[3] != "heads"
+
+
+VGG16_SMALL = ("model=vgg16", "cluster=a100_nvlink_8", "cluster.memory_gb_per_device=1",
+               "batch_size=8", "profile=deeppool_a100")
+
+
+@pytest.mark.slow
+def test_plan_app_fits_vgg16_on_a_1gb_device_only_by_splitting_weights(tmp_path):
+  """A hypothetical 1 GB device: classifier.0's state alone (1.64 GB) fits no samples split."""
+  (tmp_path / "s").mkdir()
+  (tmp_path / "w").mkdir()
+  samples = run_app("plan", *VGG16_SMALL, "planner.sharding=[samples]", cwd=tmp_path / "s")
+  assert_one_line_error(samples, "layer 'classifier.0' does not fit in 1 GB per device",
+                        "planner.sharding=[samples,weights] can split its weights")
+  weights = run_app("plan", *VGG16_SMALL, "planner.sharding=[samples,weights]",
+                    cwd=tmp_path / "w")
+  assert weights.returncode == 0, weights.stderr
+  plan = json.loads((tmp_path / "w" / "run" / "plan.json").read_text())
+  split = {lp["name"]: lp["sharding"] for lp in plan["layers"] if "sharding" in lp}
+  assert "classifier.0" in split, split
+  assert plan["predicted"]["memory_peak_gb"] <= 1.0
+  used = memory.placed_bytes(graph("vgg16"), plan["layers"], 8, element_scale=0.5)  # fp16
+  assert used.max() <= 1e9
+  assert used.max() / memory.GB == pytest.approx(plan["predicted"]["memory_peak_gb"], rel=1e-9)
