@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from apps import assert_one_line_error, run_app
 from test_planner_sharding import WEIGHTS, cost_model, mlp_graph
-from test_planner_zoo import cluster, graph
+from test_planner_zoo import a100_profile, cluster, graph
 
 from dp_jax.errors import UserError
 from dp_jax.planner import Plan, make_plan, memory, sharded
-from dp_jax.planner.amplification import offers, sharded_amplification
+from dp_jax.planner.amplification import amplification, offers, sharded_amplification
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.options import PlanOptions
 from dp_jax.profile.analytic import analytic_profile
@@ -174,3 +174,27 @@ def test_plan_app_fits_vgg16_on_a_1gb_device_only_by_splitting_weights(tmp_path)
   used = memory.placed_bytes(graph("vgg16"), plan["layers"], 8, element_scale=0.5)  # fp16
   assert used.max() <= 1e9
   assert used.max() / memory.GB == pytest.approx(plan["predicted"]["memory_peak_gb"], rel=1e-9)
+
+
+def test_limit_applies_to_the_time_under_the_split_vgg16_across_nodes():
+  """dgx_a100, G=32, A=2: split layers sit on counts where their samples split would amplify
+  past the limit; each within it under its split, as the plan records."""
+  g, prof = graph("vgg16"), a100_profile("vgg16")
+  kw = dict(num_devices=32, global_batch=32, amplification_limit=2.0)
+  p = make_plan(g, prof, cluster("dgx_a100"), sharding=WEIGHTS, **kw)
+  samples = make_plan(g, prof, cluster("dgx_a100"), **kw)
+  assert p.predicted["iteration_ms"] <= samples.predicted["iteration_ms"] * (1 + 1e-9)
+  model = build_cost_model(g, prof, cluster("dgx_a100"),
+                           PlanOptions(sharding=WEIGHTS, **kw))
+  amp = amplification(model)
+  beyond = 0
+  for lp in p.layers:
+    if "sharding" not in lp.extra:
+      continue
+    count = len(lp.devices)
+    sh = (lp.sharding["mesh"][1], lp.sharding["split"])
+    a = sharded_amplification(model, lp.name, count, sh)
+    assert lp.extra["amplification"] == pytest.approx(a)
+    assert a <= 2.0 * (1 + 1e-12), (lp.name, a)
+    beyond += amp[model.row[lp.name], int(np.searchsorted(model.counts, count))] > 2.0
+  assert beyond, "some split layer should sit where its samples split exceeds the limit"

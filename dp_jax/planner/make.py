@@ -14,7 +14,12 @@ from dp_jax.cluster import ClusterSpec
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
 from dp_jax.planner import memory, sharded
-from dp_jax.planner.amplification import allowed_counts, amplification, offers
+from dp_jax.planner.amplification import (
+  allowed_counts,
+  amplification,
+  offers,
+  sharded_amplification,
+)
 from dp_jax.planner.baseline import data_parallel
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.evaluate import Evaluation, evaluate
@@ -137,6 +142,14 @@ def _fits(model: CostModel, assignment: Mapping[str, Placement],
   return bool(used.max() <= memory.capacity_bytes(model))
 
 
+def _amplification(model: CostModel, amp: np.ndarray, name: str, count: int,
+                   sh: Sharding | None, column: int) -> float:
+  """The layer's amplification as the limit saw it: under its weight sharding, if any."""
+  if sh is None:
+    return float(amp[model.row[name], column])
+  return sharded_amplification(model, name, count, sh)
+
+
 def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evaluation,
                baseline: tuple[int, Evaluation], *, seconds: float,
                extra: Mapping[str, Any] | None = None,
@@ -173,7 +186,8 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
                "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
                "sync_ms": float(sync_share[node.name]),
                "move_in_ms": float(moved_in.get(node.name, 0.0)),
-               "amplification": float(amp[model.row[node.name], column]) if in_table else None,
+               "amplification": _amplification(model, amp, node.name, count, sh, column)
+                                if in_table else None,
                "stage": stage_of[node.name]}))
   used = memory.device_bytes(model, assignment, shardings)
   dp_used = memory.device_bytes(model, {n: (0, dp_count) for n in model.names})
