@@ -198,3 +198,13 @@ def test_limit_applies_to_the_time_under_the_split_vgg16_across_nodes():
     assert a <= 2.0 * (1 + 1e-12), (lp.name, a)
     beyond += amp[model.row[lp.name], int(np.searchsorted(model.counts, count))] > 2.0
   assert beyond, "some split layer should sit where its samples split exceeds the limit"
+
+
+def test_what_each_split_keeps_whole():
+  saved, x, y = 1000.0, 100.0, 10.0
+  assert memory.split_saved_per_sample(saved, x, y, None) == saved
+  for split in ("out", "in"):  # the input arrives whole over the model group
+    assert memory.split_saved_per_sample(saved, x, y, (4, split)) == x + (saved - x) / 4
+  whole = x + memory.HEADS_WHOLE_OUTPUTS * y
+  assert memory.split_saved_per_sample(saved, x, y, (2, "heads")) == whole + (saved - whole) / 2
+  assert memory.split_saved_per_sample(50.0, x, y, (4, "out")) == 50.0  # never above unsplit

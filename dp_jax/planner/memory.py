@@ -162,7 +162,10 @@ def weight_fits(model: CostModel) -> dict[tuple[int, int], tuple[Sharding, ...]]
   under planner.sharding (empty without weights)."""
   if "weights" not in model.options.sharding:
     return {}
-  out = {}
+  hit = model._cache.get("weight_fits")
+  if hit is not None:
+    return hit
+  out = model._cache["weight_fits"] = {}
   for r in range(len(model.names)):
     for c in range(len(model.counts)):
       fit = weight_splits_that_fit(model, r, c, model.options.sharding)
