@@ -14,7 +14,12 @@ from dp_jax.cluster import ClusterSpec
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
 from dp_jax.planner import memory, sharded
-from dp_jax.planner.amplification import allowed_counts, amplification
+from dp_jax.planner.amplification import (
+  allowed_counts,
+  amplification,
+  offers,
+  sharded_amplification,
+)
 from dp_jax.planner.baseline import data_parallel
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.evaluate import Evaluation, evaluate
@@ -72,13 +77,28 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
 
   With weight sharding allowed, one search per sharding rule (search.SHARDING_RULES: samples
   only, dominant, cheapest); the fitting plan evaluate() prices fastest wins, so it is never
-  slower than the samples-only plan."""
+  slower than the samples-only plan. The weight rules search the options amplification.offers
+  gives: every (count, sharding) that fits alone (memory.weight_fits) within the limit, so a
+  layer whose samples split does not fit may still get a weight split that does."""
   allowed = allowed_counts(model, limit, fits)
-  rules = SHARDING_RULES if "weights" in model.options.sharding else SHARDING_RULES[:1]
+  weights = "weights" in model.options.sharding
+  rules = SHARDING_RULES if weights else SHARDING_RULES[:1]
+  offer = offers(model, limit, fits, memory.weight_fits(model)) if weights else None
+
+  def tables(rule, penalty=None):
+    if rule == "samples":
+      return build_tables(model, allowed, penalty_ms=penalty)
+    return build_tables(model, offer.samples, penalty_ms=penalty, rule=rule,
+                        offers=offer.weights)
+
+  if not allowed.any(axis=1).all():  # some layer fits only under a weight split
+    rules = tuple(r for r in rules if r != "samples")
   found: list[tuple[float, dict, dict]] = []
+  tried = None
   for rule in rules:
-    assignment, shardings = _search(build_tables(model, allowed, rule=rule))
-    if _fits(model, assignment, shardings):
+    assignment, shardings = _search(tables(rule))
+    tried = (assignment, shardings) if assignment else tried
+    if assignment and _fits(model, assignment, shardings):
       found.append((evaluate(model, assignment, shardings).iteration_ms, assignment, shardings))
   if found:
     _, assignment, shardings = min(found, key=lambda x: x[0])
@@ -87,9 +107,9 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
   act_gb = memory.activation_bytes(model) / memory.GB
   for lam in MEMORY_PENALTIES_MS_PER_GB:
     for rule in rules:
-      candidate, shards = _search(build_tables(model, allowed, penalty_ms=lam * act_gb,
-                                               rule=rule))
-      if _fits(model, candidate, shards):
+      candidate, shards = _search(tables(rule, lam * act_gb))
+      tried = (candidate, shards) if candidate else tried
+      if candidate and _fits(model, candidate, shards):
         found.append((evaluate(model, candidate, shards).iteration_ms, candidate, shards))
   if baseline is not None:
     count = baseline[0]
@@ -98,14 +118,18 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
     if allowed[:, column].all() and _fits(model, dp):
       found.append((baseline[1].iteration_ms, dp, {}))
   if not found:
-    memory.check_fits(model, candidate, shardings=shards)  # raises, naming the device
+    if tried is None:
+      raise UserError(f"no plan of {model.graph.model} on {model.options.num_devices} devices "
+                      f"places every layer where it fits under amplification limit {limit:g}; "
+                      "raise planner.amplification_limit or use more devices")
+    memory.check_fits(model, tried[0], shardings=tried[1])  # raises, naming the device
   _, assignment, shardings = min(found, key=lambda x: x[0])
   ev = evaluate(model, assignment, shardings)
   return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings)
 
 
 def _search(tables) -> tuple[dict[str, Placement], dict[str, Sharding]]:
-  """The search's assignment and the weight shardings of its layers."""
+  """The search's assignment and the weight shardings of its layers (empty: none exists)."""
   assignment, _ = search(tables)
   return assignment, chain_shardings(tables, assignment)
 
@@ -116,6 +140,14 @@ def _fits(model: CostModel, assignment: Mapping[str, Placement],
     return True
   used = memory.device_bytes(model, assignment, shardings)
   return bool(used.max() <= memory.capacity_bytes(model))
+
+
+def _amplification(model: CostModel, amp: np.ndarray, name: str, count: int,
+                   sh: Sharding | None, column: int) -> float:
+  """The layer's amplification as the limit saw it: under its weight sharding, if any."""
+  if sh is None:
+    return float(amp[model.row[name], column])
+  return sharded_amplification(model, name, count, sh)
 
 
 def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evaluation,
@@ -154,7 +186,8 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
                "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
                "sync_ms": float(sync_share[node.name]),
                "move_in_ms": float(moved_in.get(node.name, 0.0)),
-               "amplification": float(amp[model.row[node.name], column]) if in_table else None,
+               "amplification": _amplification(model, amp, node.name, count, sh, column)
+                                if in_table else None,
                "stage": stage_of[node.name]}))
   used = memory.device_bytes(model, assignment, shardings)
   dp_used = memory.device_bytes(model, {n: (0, dp_count) for n in model.names})

@@ -4,14 +4,14 @@ A device holding a layer on g devices at global batch B keeps:
 - the layer's parameters, gradients and optimizer state (param_bytes + params x (grad bytes +
   optimizer bytes per parameter)); a copy on every device holding the layer, or under a weight
   sharding on a (d, m) mesh the split parameters' 1/m share plus the replicated ones whole
-  (dp_jax/planner/sharded.py);
+  (sharded.param_share; the runtime's optimizer state follows its parameter, runtime/layout.py);
 - the activations the layer saves for its backward pass for its B / g samples: the bytes of
   the residuals of the layer's forward-with-residuals program, per sample, as traced by XLA
   (LayerNode.saved_bytes_per_sample, dp_jax/trace.py); graphs without them (hand-written
   files) fall back to the layer's output. Saved bytes are rescaled from the traced dtype to the
   profile's (mixed fp16 saves 2-byte activations). A weight-sharded layer keeps them for its
-  B / d samples, the part its split keeps whole (its gathered input; a block's input and output)
-  in full and the rest / m (sharded.saved_per_sample).
+  B / d samples: what its split keeps whole over the model group in full, the rest / m
+  (split_saved_per_sample).
 Pure numpy: no JAX.
 """
 
@@ -55,6 +55,31 @@ def saved_bytes_per_sample(node: LayerNode, element_scale: float = 1.0) -> float
   return float(saved) * element_scale
 
 
+# Activations the runtime's heads-split GPT-2 block keeps whole over the model group besides
+# its input, in block outputs per sample: 8 (+ 8 per-token layer-norm statistics, left out).
+# Measured here: the per-device residuals of the runtime's stage program (runtime/step.py,
+# `fwd`: jax.vjp inside jit) on two tiny GPT-2 configurations (d_model 32 and 64), for meshes
+# (4, 2) and (2, 4): scripts/check_sharded_memory.py.
+HEADS_WHOLE_OUTPUTS = 8
+
+
+def split_saved_per_sample(saved: float, in_bytes: float, out_bytes: float,
+                           sharding: Sharding | None) -> float:
+  """Activation bytes per sample a device keeps for the layer's backward under `sharding`:
+  what the split keeps whole plus the rest / m. Whole: the layer's input for every split (it
+  arrives split by samples only, replicated over the model group, and the stage holds it until
+  its backward: runtime/step.py keeps `ins` with the VJP); a heads-split block also
+  HEADS_WHOLE_OUTPUTS outputs' worth (its layer norms and residual stream). Split / m: an
+  out-split layer's output slice, an in-split layer's partial output, a block's attention and
+  MLP activations."""
+  if sharded.is_samples(sharding):
+    return saved
+  m, split = sharding
+  whole = in_bytes + (HEADS_WHOLE_OUTPUTS * out_bytes if split == "heads" else 0.0)
+  kept = min(saved, whole)
+  return kept + (saved - kept) / m
+
+
 def job_bytes(graph: LayerGraph, batch: int, *, grad_bytes_per_param: float = 4,
               optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4,
               element_scale: float = 1.0) -> float:
@@ -69,6 +94,8 @@ def placed_bytes(graph: LayerGraph, layers: Iterable[Mapping], num_devices: int,
                  param_bytes_per_param: float = 4, element_scale: float = 1.0) -> np.ndarray:
   """(devices,) bytes each device holds under plan-JSON layers ({name, devices, samples})."""
   nodes = {n.name: n for n in graph.nodes}
+  first_input = float(np.prod(graph.input_shape)) * np.dtype(graph.input_dtype).itemsize \
+      if graph.input_shape else 0.0  # the model input, in its own dtype (as costs.py)
   used = np.zeros(num_devices)
   for layer in layers:
     n = nodes[layer["name"]]
@@ -78,9 +105,10 @@ def placed_bytes(graph: LayerGraph, layers: Iterable[Mapping], num_devices: int,
     state = sharded.param_share(n, sh) * state_bytes(n, grad_bytes_per_param,
                                                      optimizer_bytes_per_param,
                                                      param_bytes_per_param)
-    ins = sum(nodes[p].out_bytes_per_sample for p in n.inputs) * element_scale
-    per_sample = sharded.saved_per_sample(saved_bytes_per_sample(n, element_scale), ins,
-                                          n.out_bytes_per_sample * element_scale, sh)
+    ins = (sum(nodes[p].out_bytes_per_sample for p in n.inputs) * element_scale if n.inputs
+           else first_input)
+    per_sample = split_saved_per_sample(saved_bytes_per_sample(n, element_scale), ins,
+                                        n.out_bytes_per_sample * element_scale, sh)
     for d, (a, b) in zip(layer["devices"], layer["samples"], strict=True):
       used[d] += state + (b - a) * per_sample
   return used
@@ -103,29 +131,69 @@ def capacity_bytes(model: CostModel) -> float:
   return model.cluster.memory_gb_per_device * GB
 
 
+def layer_need(model: CostModel, name: str, count: int, sharding: Sharding | None = None
+               ) -> float:
+  """Bytes a device holding only this layer needs on `count` devices: samples (None) keeps
+  every parameter and B / count samples' activations; a weight sharding (m, split) its
+  parameter share and B / (count / m) samples' activations as the split keeps them."""
+  i = model.row[name]
+  share = sharded.param_share(model.graph.node(name), sharding)
+  d = count if sharded.is_samples(sharding) else count // sharding[0]
+  saved = split_saved_per_sample(model.saved_bytes[i], model.in_bytes[i], model.out_bytes[i],
+                                 sharding)
+  return float(model.state_bytes[i] * share + saved * (model.batch // d))
+
+
+def weight_splits_that_fit(model: CostModel, row: int, column: int,
+                           allowed: tuple[str, ...] = ("samples", "weights")
+                           ) -> tuple[Sharding, ...]:
+  """The weight shardings (m, split) of layer `row` on counts[column] devices that fit alone
+  (all of them when memory is not checked)."""
+  name, count = model.names[row], int(model.counts[column])
+  cands = sharded.candidates(model.graph.node(name), count, allowed)[1:]
+  if not model.options.check_memory:
+    return tuple(cands)
+  cap = capacity_bytes(model)
+  return tuple(sh for sh in cands if layer_need(model, name, count, sh) <= cap)
+
+
+def weight_fits(model: CostModel) -> dict[tuple[int, int], tuple[Sharding, ...]]:
+  """(row, column) -> the weight shardings that fit the layer alone on counts[column] devices
+  under planner.sharding (empty without weights)."""
+  if "weights" not in model.options.sharding:
+    return {}
+  hit = model._cache.get("weight_fits")
+  if hit is not None:
+    return hit
+  out = model._cache["weight_fits"] = {}
+  for r in range(len(model.names)):
+    for c in range(len(model.counts)):
+      fit = weight_splits_that_fit(model, r, c, model.options.sharding)
+      if fit:
+        out[(r, c)] = fit
+  return out
+
+
 def fits_alone(model: CostModel) -> np.ndarray:
-  """(L, C) bool: the layer fits on its devices by itself; raises naming a layer that never does."""
+  """(L, C) bool: the layer fits on its devices by itself splitting samples; raises naming a
+  layer that fits at no count, neither splitting samples nor (planner.sharding with weights)
+  under any weight split."""
   if not model.options.check_memory:
     return np.ones(model.compute_ms.shape, dtype=bool)
   need = layer_bytes(model)
   ok = need <= capacity_bytes(model)
+  weights = "weights" in model.options.sharding
   for i in np.flatnonzero(~ok.any(axis=1)):
-    name = model.names[i]
+    split = any(weight_splits_that_fit(model, i, c) for c in range(len(model.counts)))
+    if weights and split:
+      continue  # only a weight split fits it: the planner's masks offer those
+    hint = "; planner.sharding=[samples,weights] can split its weights to fit" if split else ""
     raise UserError(
-        f"layer '{name}' does not fit in {model.cluster.memory_gb_per_device:g} GB per device on "
-        f"{model.cluster.name} at any device count: it needs {need[i].min() / GB:.2f} GB "
-        f"(params+grads+optimizer {model.state_bytes[i] / GB:.2f} GB); use devices with more "
-        "memory or a smaller global batch")
+        f"layer '{model.names[i]}' does not fit in {model.cluster.memory_gb_per_device:g} GB per "
+        f"device on {model.cluster.name} at any device count: it needs {need[i].min() / GB:.2f} "
+        f"GB (params+grads+optimizer {model.state_bytes[i] / GB:.2f} GB){hint}; use devices with "
+        "more memory or a smaller global batch")
   return ok
-
-
-def _need(model: CostModel, name: str, count: int, sharding: Sharding | None = None) -> float:
-  i = model.row[name]
-  share = sharded.param_share(model.graph.node(name), sharding)
-  d = count if sharded.is_samples(sharding) else count // sharding[0]
-  saved = sharded.saved_per_sample(model.saved_bytes[i], model.in_bytes[i], model.out_bytes[i],
-                                   sharding)
-  return float(model.state_bytes[i] * share + saved * (model.batch // d))
 
 
 def device_bytes(model: CostModel, assignment: Mapping[str, Placement],
@@ -134,7 +202,7 @@ def device_bytes(model: CostModel, assignment: Mapping[str, Placement],
   shardings = shardings or {}
   per_device = np.zeros(model.options.num_devices + 1)
   for name, (start, count) in assignment.items():
-    need = _need(model, name, count, shardings.get(name))
+    need = layer_need(model, name, count, shardings.get(name))
     per_device[start] += need
     per_device[start + count] -= need
   return np.cumsum(per_device)[:-1]
@@ -146,7 +214,7 @@ def largest_layer_on(model: CostModel, assignment: Mapping[str, Placement], devi
   best, best_bytes = "", -1.0
   for name, (start, count) in assignment.items():
     if start <= device < start + count:
-      need = _need(model, name, count, (shardings or {}).get(name))
+      need = layer_need(model, name, count, (shardings or {}).get(name))
       if need > best_bytes:
         best, best_bytes = name, need
   return best

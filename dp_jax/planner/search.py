@@ -94,6 +94,7 @@ class _Tables:
   prefix_band: np.ndarray | None = None  # (L, C) all-reduce bandwidth on the prefix [0, count)
   prefix_params: np.ndarray | None = None  # (L, C) bool: the layer all-reduces gradients there
   shardings: dict = field(default_factory=dict)  # (row, column) -> weight sharding on the prefix
+  prefix_allowed: np.ndarray | None = None  # (L, C) chains on prefixes: allowed, or a sharding
   chained: set = field(default_factory=set)  # layers the last reconstruction placed on prefixes
   edges: dict = field(default_factory=dict)
   lanes: tuple | None = None
@@ -124,11 +125,13 @@ SHARDING_RULES = ("samples", "dominant", "cheapest")  # samples: no weight shard
 
 
 def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray | None = None,
-                 rule: str = "samples"):
+                 rule: str = "samples", offers: dict | None = None):
   """Tables for one search; `penalty_ms` (L, C) is added to compute (memory repair only).
 
   With planner.sharding including weights, each (layer, count) on the prefix [0, count) takes
-  one sharding by `rule` (choose_sharding; "samples": none); lanes split samples.
+  one sharding by `rule` (choose_sharding; "samples": none); lanes split samples. `allowed`
+  masks samples; `offers` ((row, column) -> weight shardings, amplification.offers) limits
+  the shardings, and one is taken wherever samples is not allowed.
   """
   k = model.counts
   cl = model.cluster
@@ -143,6 +146,7 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
   compute, bwd = compute_k[link0, :, cols].T, bwd_k[link0, :, cols].T
   prefix_band = band[link0, :, cols].T
   prefix_params = np.repeat((model.grad_bytes > 0)[:, None], len(k), axis=1)
+  prefix_allowed = allowed.copy()
   shardings = {}
   if rule not in SHARDING_RULES:
     raise ValueError(f"unknown sharding rule {rule!r}")
@@ -151,28 +155,32 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
       node = model.graph.node(name)
       for c, g in enumerate(k):
         cands = candidates(node, int(g), model.options.sharding)[1:]
+        if offers is not None:
+          cands = [sh for sh in cands if sh in offers.get((r, c), ())]
         if not cands:
           continue
-        pick = choose_sharding(model, name, int(g), cands,
-                               (compute[r, c], bwd[r, c], prefix_band[r, c]), rule)
+        base = (compute[r, c], bwd[r, c], prefix_band[r, c]) if allowed[r, c] else None
+        pick = choose_sharding(model, name, int(g), cands, base, rule)
         if pick is not None:
           sh, (total, back, sent) = pick
           shardings[(r, c)] = sh
           compute[r, c], bwd[r, c], prefix_band[r, c] = total, back, sent
           prefix_params[r, c] = syncs(model, name, int(g), sh)
+          prefix_allowed[r, c] = True
   if penalty_ms is not None:
     compute_k = compute_k + penalty_ms[None]
     compute = compute + penalty_ms
   return _Tables(model=model, counts=k, budget=model.options.num_devices, allowed=allowed,
                  compute=compute, bwd=bwd, compute_k=compute_k, bwd_k=bwd_k, band=band,
                  lat=lat, link0=link0, has_params=model.grad_bytes > 0, prefix_band=prefix_band,
-                 prefix_params=prefix_params, shardings=shardings)
+                 prefix_params=prefix_params, shardings=shardings, prefix_allowed=prefix_allowed)
 
 
-def choose_sharding(model: CostModel, name: str, count: int, cands: list, samples: tuple,
+def choose_sharding(model: CostModel, name: str, count: int, cands: list, samples: tuple | None,
                     rule: str = "samples"):
   """A weight sharding of a layer on the prefix [0, count) (samples = its (fwd + bwd, bwd,
-  all-reduce bandwidth) there), or None for samples.
+  all-reduce bandwidth) there; None: samples is not offered, any candidate may win), or None
+  for samples.
 
   A stage's cost is sum(compute) + latency + max over layers l of (bandwidth of layers <= l)
   - (backward of layers < l) with overlap (else + sum(bandwidth)). rule "dominant": only a
@@ -182,7 +190,7 @@ def choose_sharding(model: CostModel, name: str, count: int, cands: list, sample
   without overlap). Either way the least compute + bandwidth (then compute) wins.
   """
   overlap = model.options.overlap_allreduce and rule == "dominant"
-  c0, b0, a0 = samples
+  c0, b0, a0 = samples if samples is not None else (0.0, 0.0, 0.0)
   slack = 1e-9 * (1.0 + c0 + a0)
   best = None
   for sh in cands:
@@ -191,7 +199,7 @@ def choose_sharding(model: CostModel, name: str, count: int, cands: list, sample
     keys = [total + sent - c0 - a0]
     if overlap:
       keys += [total - c0, total + sent - back - (c0 + a0 - b0)]
-    if max(keys) > slack:
+    if samples is not None and max(keys) > slack:
       continue
     rank = (total + sent, total)
     if best is None or rank < best[0]:
@@ -267,7 +275,8 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
   cum_comp = np.vstack([zeros, np.cumsum(t.compute[flat], axis=0)])
   cum_a = np.vstack([zeros, np.cumsum(band, axis=0)])
   cum_b = np.vstack([zeros, np.cumsum(bwd, axis=0)])
-  cum_bad = np.vstack([zeros, np.cumsum(~t.allowed[flat], axis=0)])
+  placeable = t.allowed if t.prefix_allowed is None else t.prefix_allowed
+  cum_bad = np.vstack([zeros, np.cumsum(~placeable[flat], axis=0)])
   cum_p = np.vstack([zeros, np.cumsum(t.prefix_params[flat], axis=0)])
   reach = cum_a[1:] - cum_b[:-1]  # sent through l minus backward hidden before l
   lat = t.lat[t.link0, cols]

@@ -104,18 +104,6 @@ def param_share(node: LayerNode, sharding: Sharding | None) -> float:
   return f / m + (1.0 - f)
 
 
-def saved_per_sample(saved: float, in_bytes: float, out_bytes: float,
-                     sharding: Sharding | None) -> float:
-  """Activation bytes per sample a device keeps for the layer's backward: what the split keeps
-  whole (out: its gathered input; heads: the block's input and output; in: nothing) plus the
-  rest / m (the split's residuals: its output slice, a block's attention and MLP activations)."""
-  if is_samples(sharding):
-    return saved
-  m, split = sharding
-  kept = min(saved, {"out": in_bytes, "in": 0.0, "heads": in_bytes + out_bytes}[split])
-  return kept + (saved - kept) / m
-
-
 # --- compute at the sharded shape ------------------------------------------------------------
 
 
