@@ -141,23 +141,29 @@ def test_evaluate_refuses_a_sharding_the_layer_cannot_have():
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_dominant_sharding_is_never_worse_than_samples_in_a_stage(overlap):
+def test_exact_tables_offer_every_sharding_or_one_no_worse(overlap):
   g = mlp_graph(16384)
   model = cost_model(g, cluster("a100_nvlink_8"), sharding=WEIGHTS, overlap_allreduce=overlap)
-  t = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool), rule="dominant")
-  assert not build_tables(model, np.ones(model.compute_ms.shape, dtype=bool)).shardings
-  cheapest = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool), rule="cheapest")
-  assert cheapest.shardings, "a 16k-wide layer on 8 devices should shard its weights"
-  if not overlap:  # both rules agree when the cost is separable
-    assert t.shardings == cheapest.shardings
-  # every dominant choice, put in a stage next to the layer before it, costs no more than samples
-  for (r, c), sh in t.shardings.items():
-    p = (0, int(model.counts[c]))
-    name = model.names[r]
-    for layers in ((name,), ("fc1", "relu", "fc2")):
-      if name not in layers:
-        continue
-      assert sum(model.stage(layers, p, {name: sh})) <= sum(model.stage(layers, p)) + 1e-9
+  mask = np.ones(model.compute_ms.shape, dtype=bool)
+  assert build_tables(model, mask).options is None  # the samples rule: no weight sharding
+  opts = build_tables(model, mask, rule="exact").options
+  assert any(sh is not None for row in opts.shardings for cell in row for sh in cell), \
+      "a 16k-wide layer on 8 devices should offer weight shardings"
+  dropped = 0
+  for r, name in enumerate(model.names):
+    for c, count in enumerate(model.counts):
+      p = (0, int(count))
+      kept = [(opts.compute[r, c, o], opts.compute[r, c, o] + opts.band[r, c, o],
+               opts.compute[r, c, o] + opts.band[r, c, o] - opts.bwd[r, c, o])
+              for o in range(len(opts.shardings[r][c]))]
+      for sh in sharded.candidates(g.node(name), int(count), WEIGHTS):
+        sh = None if sh[1] == "samples" else sh
+        total, back = model.layer_ms(name, p, sh)
+        sent = model.band_ms(name, p, sh)
+        keys = (total, total + sent, total + sent - back)  # what a stage's cost grows with
+        assert any(all(x <= y + 1e-9 for x, y in zip(k, keys, strict=True)) for k in kept)
+        dropped += sh not in opts.shardings[r][c]
+  assert dropped, "some sharding should be dominated"
 
 
 def test_weights_off_gives_todays_plan_exactly():

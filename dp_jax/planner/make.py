@@ -71,8 +71,8 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
   """Fastest plan under `limit` that fits in memory (Lagrange repair when the sum overflows).
 
   With weight sharding allowed, one search per sharding rule (search.SHARDING_RULES: samples
-  only, dominant, cheapest); the fitting plan evaluate() prices fastest wins, so it is never
-  slower than the samples-only plan."""
+  only, and exact: every layer's sharding chosen per stage, stage_choice); the fitting plan
+  evaluate() prices fastest wins, so it is never slower than the samples-only plan."""
   allowed = allowed_counts(model, limit, fits)
   rules = SHARDING_RULES if "weights" in model.options.sharding else SHARDING_RULES[:1]
   found: list[tuple[float, dict, dict]] = []

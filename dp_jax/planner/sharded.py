@@ -23,6 +23,8 @@ from dataclasses import replace
 from functools import cache
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from dp_jax.cluster import allgather_ms, allreduce_ms, group_collective_ms, strided_volume_ms
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph, LayerNode
@@ -169,7 +171,7 @@ def _model_groups(fn, cluster, nbytes: float, start: int, d: int, m: int) -> flo
   """The slowest model group's collective (the d groups run side by side)."""
   if m <= 1 or nbytes <= 0:
     return 0.0
-  return max(float(fn(cluster, nbytes, start + i * m, m)) for i in range(d))
+  return float(np.max(fn(cluster, nbytes, start + m * np.arange(d), np.full(d, m))))
 
 
 def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
