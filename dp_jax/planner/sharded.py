@@ -13,7 +13,9 @@ Compute: the profile's time at per-device batch B/d times the analytic roofline'
 the sharded shape to the whole layer at that batch (dp_jax/profile/analytic.py), so measured
 and imported tables both work. Weight gradients: each device holds 1/m of the split
 parameters (replicated ones whole) and all-reduces them over its data group (d devices,
-stride m); none when d = 1. Collectives: dp_jax/cluster.py. Pure Python and numpy: no JAX.
+stride m); none when d = 1. Collectives: dp_jax/cluster.py (the d model groups, or m data
+groups, side by side: the slowest counts). Which sharding each layer of a stage takes is
+chosen exactly by dp_jax/planner/stage_choice.py. Pure Python and numpy: no JAX.
 """
 
 from __future__ import annotations
