@@ -32,6 +32,14 @@ def test_no_assignment_beats_the_planner_on_small_chains(overlap):
     assert margin(seed, layers=3, overlap=overlap) <= TOLERANCE, seed
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_no_prefix_assignment_beats_the_planner_on_a_fork_join_block(overlap):
+  """Merged and serialized blocks (branches on prefixes share device 0) with weight shardings:
+  the planner, which may also run the branches on disjoint lanes, is never slower."""
+  for seed in range(6):
+    assert margin(seed, layers=1, overlap=overlap, forkjoin=True) <= TOLERANCE, seed
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("layers", [4, 5])
