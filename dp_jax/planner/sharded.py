@@ -235,9 +235,3 @@ def band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding) -> fl
   return _data_groups(model, grad_bytes(model, name, sharding), p, sharding[0],
                       strided_volume_ms)
 
-
-def syncs(model: CostModel, name: str, count: int, sharding: Sharding | None) -> bool:
-  """Whether the layer all-reduces weight gradients on `count` devices."""
-  if model.grad_bytes[model.row[name]] <= 0:
-    return False
-  return is_samples(sharding) or count // sharding[0] > 1

@@ -20,9 +20,9 @@ bandwidth a); a = 0 when the option all-reduces nothing (d = 1, or no parameters
   the frontier of undominated states (`prune`) keeps the optimum; for the same reason an option
   with no larger c, c + a and c + a - b than another is never worse (`build`).
 
-A stage of evaluate() that holds both kinds' layers is priced by the sync stage (a stage whose
-layers all take a = 0 options pays nothing there and the no-sync stage prices it exactly, the
-sync stage's latency is then an over-estimate the minimum discards). Pure numpy, no JAX.
+evaluate() prices a stage whose layers all take a = 0 options as the no-sync stage does, any
+other as the sync stage does; the sync stage's price of an all-a = 0 stage is too high by the
+latency, which the minimum of the two discards. Pure Python and numpy, no JAX.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class Options:
   paid_pick: np.ndarray  # (L, C) its option index
 
   def sharding(self, row: int, column: int, option: int):
+    """The weight sharding (m, split) of an option, None for samples."""
     return self.shardings[row][column][option]
 
 
