@@ -25,7 +25,7 @@ from dp_jax.planner import Plan, make_plan, memory, sharded
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
-from dp_jax.planner.search import build_tables
+from dp_jax.planner.search import build_tables, chain_shardings, search
 from dp_jax.profile.analytic import analytic_profile
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.metrics import metrics
@@ -164,6 +164,24 @@ def test_exact_tables_offer_every_sharding_or_one_no_worse(overlap):
         assert any(all(x <= y + 1e-9 for x, y in zip(k, keys, strict=True)) for k in kept)
         dropped += sh not in opts.shardings[r][c]
   assert dropped, "some sharding should be dominated"
+
+
+def test_offers_limit_the_shardings_and_place_a_layer_samples_cannot_take():
+  g = mlp_graph(16384)
+  model = cost_model(g, cluster("a100_nvlink_8"), sharding=WEIGHTS)
+  r, c = model.row["fc1"], int(np.searchsorted(model.counts, 8))
+  allowed = np.ones(model.compute_ms.shape, dtype=bool)
+  allowed[r, :] = False
+  allowed[r, 0] = True  # fc1 splits samples on one device only
+  t = build_tables(model, allowed, rule="exact")  # no offers: shardings only where samples is
+  assignment, _ = search(t)
+  assert assignment["fc1"] == (0, 1) and "fc1" not in chain_shardings(t, assignment)
+  t = build_tables(model, allowed, rule="exact", offers={(r, c): ((8, "out"),)})
+  assert [sh for sh in t.options.shardings[r][c] if sh] == [(8, "out")]
+  assignment, value = search(t)
+  shardings = chain_shardings(t, assignment)
+  assert assignment["fc1"] == (0, 8) and shardings["fc1"] == (8, "out")
+  assert evaluate(model, assignment, shardings).iteration_ms == pytest.approx(value, rel=1e-9)
 
 
 def test_weights_off_gives_todays_plan_exactly():

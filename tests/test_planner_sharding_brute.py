@@ -108,6 +108,6 @@ def test_open_stage_states_price_a_stage_as_stage_sync_ms():
     best = min(best, sum(comp[r, 0, o] for r, o in enumerate(pick)) + lat + exposed)
   p = q = np.full((1, 1, 1), lat)
   for r in range(layers):
-    p, q, _ = stage_choice.prune(*stage_choice.step(p, q, opts, r, np.ones(1, dtype=bool)))
+    p, q, _ = stage_choice.prune(*stage_choice.step(p, q, opts, r))
   assert p.min() == pytest.approx(best, rel=1e-12)
   assert p.shape[0] < width ** layers  # dominated states were dropped

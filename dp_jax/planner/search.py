@@ -131,12 +131,14 @@ SHARDING_RULES = ("samples", "exact")  # samples: no weight sharding
 
 
 def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray | None = None,
-                 rule: str = "samples"):
+                 rule: str = "samples", offers: dict | None = None):
   """Tables for one search; `penalty_ms` (L, C) is added to compute (memory repair only).
 
   With planner.sharding including weights and rule "exact", every (layer, count) on the
   prefix [0, count) offers its undominated weight shardings (stage_choice) and the chain DP
-  picks them per stage exactly; lanes split samples.
+  picks them per stage exactly; lanes split samples. `allowed` masks samples; `offers`
+  ((row, column) -> weight shardings) limits the shardings (None: every one where samples is
+  allowed), and a prefix cell with only shardings is placeable.
   """
   k = model.counts
   cl = model.cluster
@@ -155,7 +157,7 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
     raise ValueError(f"unknown sharding rule {rule!r}")
   options = None
   if "weights" in model.options.sharding and rule == "exact":
-    options = stage_choice.build(model, compute, bwd, prefix_band)
+    options = stage_choice.build(model, compute, bwd, prefix_band, allowed, offers)
   if penalty_ms is not None:
     compute_k = compute_k + penalty_ms[None]
     compute = compute + penalty_ms
@@ -236,7 +238,8 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
   cum_comp = np.vstack([zeros, np.cumsum(t.compute[flat], axis=0)])
   cum_a = np.vstack([zeros, np.cumsum(band, axis=0)])
   cum_b = np.vstack([zeros, np.cumsum(bwd, axis=0)])
-  cum_bad = np.vstack([zeros, np.cumsum(~t.allowed[flat], axis=0)])
+  placeable = t.allowed if t.options is None else np.isfinite(t.options.paid)
+  cum_bad = np.vstack([zeros, np.cumsum(~placeable[flat], axis=0)])
   cum_p = np.vstack([zeros, np.cumsum(t.prefix_params[flat], axis=0)])
   reach = cum_a[1:] - cum_b[:-1]  # sent through l minus backward hidden before l
   lat = t.lat[t.link0, cols]
@@ -246,7 +249,8 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
     free = opts.free[flat]
     cum_free = np.vstack([zeros, np.cumsum(np.where(np.isfinite(free), free, 0.0), axis=0)])
     cum_none = np.vstack([zeros, np.cumsum(~np.isfinite(free), axis=0)])
-    cum_paid = np.vstack([zeros, np.cumsum(opts.paid[flat], axis=0)])
+    paid = opts.paid[flat]  # infinite where masked (cum_bad)
+    cum_paid = np.vstack([zeros, np.cumsum(np.where(np.isfinite(paid), paid, 0.0), axis=0)])
   front = None  # open sync stages with overlap (stage_choice): (P, Q), (S, F, C) each
   nodes = [k for k, it in enumerate(chain.items) if isinstance(it, str)]
   position = {k: i for i, k in enumerate(nodes)}
@@ -320,7 +324,7 @@ def _advance(t: _Tables, sol: _ChainSol, front, pos: int, fresh: np.ndarray | No
     start = p.shape[0]
     p, q = np.concatenate([p, fresh[None]]), np.concatenate([q, fresh[None]])
   row = int(sol.flat[pos])
-  p, q, src = stage_choice.prune(*stage_choice.step(p, q, t.options, row, t.allowed[row]))
+  p, q, src = stage_choice.prune(*stage_choice.step(p, q, t.options, row))
   sol.back[pos] = (src, start)
   return p, q
 

@@ -46,7 +46,7 @@ class Options:
   shardings: list  # [row][column] -> list of O weight shardings (None: samples)
   free: np.ndarray  # (L, C) least compute of an option with band 0 (infinite if none)
   free_pick: np.ndarray  # (L, C) its option index
-  paid: np.ndarray  # (L, C) least compute + band
+  paid: np.ndarray  # (L, C) least compute + band (infinite: no option, the cell is masked)
   paid_pick: np.ndarray  # (L, C) its option index
 
   def sharding(self, row: int, column: int, option: int):
@@ -67,27 +67,34 @@ def undominated(rows: list) -> list:
   return keep
 
 
-def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray) -> Options:
+def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed: np.ndarray,
+          offers: dict | None = None) -> Options:
   """Options of every (layer, count) on the prefix: samples (compute, bwd, band given, (L, C))
-  and every weight sharding planner.sharding allows there (priced by the cost model)."""
+  where `allowed` (L, C), and the weight shardings planner.sharding allows there (priced by the
+  cost model) that `offers` ((row, column) -> shardings) lists; offers None: every one, where
+  samples is allowed. A cell with no option is infinite."""
   k = model.counts
-  cells = {}  # (row, column) -> (kept options, free index or None, paid index)
+  cells = {}  # (row, column) -> (kept options, free index or None, paid index or None)
   for r, name in enumerate(model.names):
     node = model.graph.node(name)
     for c, g in enumerate(k):
-      opts = [(float(compute[r, c]), float(bwd[r, c]), float(band[r, c]), None)]
+      opts = [(float(compute[r, c]), float(bwd[r, c]), float(band[r, c]), None)] \
+          if allowed[r, c] else []
       for sh in candidates(node, int(g), model.options.sharding)[1:]:
+        if (offers is None and not allowed[r, c]) or (
+            offers is not None and sh not in offers.get((r, c), ())):
+          continue
         total, back = model.layer_ms(name, (0, int(g)), sh)
         opts.append((float(total), float(back), float(model.band_ms(name, (0, int(g)), sh)), sh))
       free = min(((o[0], i) for i, o in enumerate(opts) if o[2] <= 0), default=None)
-      paid = min((o[0] + o[2], i) for i, o in enumerate(opts))
+      paid = min(((o[0] + o[2], i) for i, o in enumerate(opts)), default=None)
       kept = undominated(opts)
       for extra in (free, paid):  # the separable stages' picks stay selectable
         if extra is not None and opts[extra[1]] not in kept:
           kept.append(opts[extra[1]])
-      cells[(r, c)] = (kept, None if free is None else kept.index(opts[free[1]]),
-                       kept.index(opts[paid[1]]))
-  shape = (len(model.names), len(k), max(len(v[0]) for v in cells.values()))
+      cells[(r, c)] = (kept, *(None if x is None else kept.index(opts[x[1]])
+                               for x in (free, paid)))
+  shape = (len(model.names), len(k), max(1, max(len(v[0]) for v in cells.values())))
   out = Options(np.full(shape, INF), np.zeros(shape), np.zeros(shape),
                 [[None] * len(k) for _ in model.names], np.full(shape[:2], INF),
                 np.zeros(shape[:2], dtype=np.int64), np.full(shape[:2], INF),
@@ -98,7 +105,8 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray) -> Opti
     out.shardings[r][c] = [o[3] for o in kept]
     if free is not None:
       out.free[r, c], out.free_pick[r, c] = kept[free][0], free
-    out.paid[r, c], out.paid_pick[r, c] = kept[paid][0] + kept[paid][2], paid
+    if paid is not None:
+      out.paid[r, c], out.paid_pick[r, c] = kept[paid][0] + kept[paid][2], paid
   return out
 
 
@@ -109,10 +117,10 @@ def add_compute(opts: Options, extra_ms: np.ndarray) -> None:
   opts.paid = opts.paid + extra_ms
 
 
-def step(p: np.ndarray, q: np.ndarray, opts: Options, row: int, allowed: np.ndarray):
+def step(p: np.ndarray, q: np.ndarray, opts: Options, row: int):
   """Every state (S, F, C) extended by every option of `row` on each count: (S*O, F, C) P
-  and Q; candidate n is state n // O with option n % O. `allowed` (C,) masks counts."""
-  c = np.where(allowed[:, None], opts.compute[row], INF).T[None, :, None, :]  # (1, O, 1, C)
+  and Q; candidate n is state n // O with option n % O."""
+  c = opts.compute[row].T[None, :, None, :]  # (1, O, 1, C)
   a = opts.band[row].T[None, :, None, :]
   b = opts.bwd[row].T[None, :, None, :]
   p2 = np.maximum(p[:, None] + c, q[:, None] + c + a)
