@@ -25,7 +25,7 @@ from dp_jax.planner import Plan, make_plan, memory, sharded
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
-from dp_jax.planner.search import build_tables
+from dp_jax.planner.search import build_tables, chain_shardings, search
 from dp_jax.profile.analytic import analytic_profile
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.metrics import metrics
@@ -141,23 +141,47 @@ def test_evaluate_refuses_a_sharding_the_layer_cannot_have():
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_dominant_sharding_is_never_worse_than_samples_in_a_stage(overlap):
+def test_exact_tables_offer_every_sharding_or_one_no_worse(overlap):
   g = mlp_graph(16384)
   model = cost_model(g, cluster("a100_nvlink_8"), sharding=WEIGHTS, overlap_allreduce=overlap)
-  t = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool), rule="dominant")
-  assert not build_tables(model, np.ones(model.compute_ms.shape, dtype=bool)).shardings
-  cheapest = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool), rule="cheapest")
-  assert cheapest.shardings, "a 16k-wide layer on 8 devices should shard its weights"
-  if not overlap:  # both rules agree when the cost is separable
-    assert t.shardings == cheapest.shardings
-  # every dominant choice, put in a stage next to the layer before it, costs no more than samples
-  for (r, c), sh in t.shardings.items():
-    p = (0, int(model.counts[c]))
-    name = model.names[r]
-    for layers in ((name,), ("fc1", "relu", "fc2")):
-      if name not in layers:
-        continue
-      assert sum(model.stage(layers, p, {name: sh})) <= sum(model.stage(layers, p)) + 1e-9
+  mask = np.ones(model.compute_ms.shape, dtype=bool)
+  assert build_tables(model, mask).options is None  # the samples rule: no weight sharding
+  opts = build_tables(model, mask, rule="exact").options
+  assert any(sh is not None for row in opts.shardings for cell in row for sh in cell), \
+      "a 16k-wide layer on 8 devices should offer weight shardings"
+  dropped = 0
+  for r, name in enumerate(model.names):
+    for c, count in enumerate(model.counts):
+      p = (0, int(count))
+      kept = [(opts.compute[r, c, o], opts.compute[r, c, o] + opts.band[r, c, o],
+               opts.compute[r, c, o] + opts.band[r, c, o] - opts.bwd[r, c, o])
+              for o in range(len(opts.shardings[r][c]))]
+      for sh in sharded.candidates(g.node(name), int(count), WEIGHTS):
+        sh = None if sh[1] == "samples" else sh
+        total, back = model.layer_ms(name, p, sh)
+        sent = model.band_ms(name, p, sh)
+        keys = (total, total + sent, total + sent - back)  # what a stage's cost grows with
+        assert any(all(x <= y + 1e-9 for x, y in zip(k, keys, strict=True)) for k in kept)
+        dropped += sh not in opts.shardings[r][c]
+  assert dropped, "some sharding should be dominated"
+
+
+def test_offers_limit_the_shardings_and_place_a_layer_samples_cannot_take():
+  g = mlp_graph(16384)
+  model = cost_model(g, cluster("a100_nvlink_8"), sharding=WEIGHTS)
+  r, c = model.row["fc1"], int(np.searchsorted(model.counts, 8))
+  allowed = np.ones(model.compute_ms.shape, dtype=bool)
+  allowed[r, :] = False
+  allowed[r, 0] = True  # fc1 splits samples on one device only
+  t = build_tables(model, allowed, rule="exact")  # no offers: shardings only where samples is
+  assignment, _ = search(t)
+  assert assignment["fc1"] == (0, 1) and "fc1" not in chain_shardings(t, assignment)
+  t = build_tables(model, allowed, rule="exact", offers={(r, c): ((8, "out"),)})
+  assert [sh for sh in t.options.shardings[r][c] if sh] == [(8, "out")]
+  assignment, value = search(t)
+  shardings = chain_shardings(t, assignment)
+  assert assignment["fc1"] == (0, 8) and shardings["fc1"] == (8, "out")
+  assert evaluate(model, assignment, shardings).iteration_ms == pytest.approx(value, rel=1e-9)
 
 
 def test_weights_off_gives_todays_plan_exactly():

@@ -76,10 +76,11 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
   """Fastest plan under `limit` that fits in memory (Lagrange repair when the sum overflows).
 
   With weight sharding allowed, one search per sharding rule (search.SHARDING_RULES: samples
-  only, dominant, cheapest); the fitting plan evaluate() prices fastest wins, so it is never
-  slower than the samples-only plan. The weight rules search the options amplification.offers
-  gives: every (count, sharding) that fits alone (memory.weight_fits) within the limit, so a
-  layer whose samples split does not fit may still get a weight split that does."""
+  only, and exact: every layer's sharding chosen per stage, stage_choice); the fitting plan
+  evaluate() prices fastest wins, so it is never slower than the samples-only plan. The exact
+  rule searches the options amplification.offers gives: samples where it fits within the limit
+  and every (count, sharding) that fits alone (memory.weight_fits) within the limit, so a layer
+  whose samples split does not fit may still get a weight split that does."""
   allowed = allowed_counts(model, limit, fits)
   weights = "weights" in model.options.sharding
   rules = SHARDING_RULES if weights else SHARDING_RULES[:1]

@@ -18,10 +18,16 @@ evaluate() would not cut them; that never helps (latency is paid once, exposure 
 sub-additive), so the minimum is evaluate()'s optimum. Cost O(items^2 C + items C^3) per
 chain with C candidate counts.
 
-Weight sharding (planner.sharding with weights): the prefix tables (compute, bwd,
-prefix_band, prefix_params) hold, per (layer, count), one sharding chosen by a rule
-(choose_sharding), so the DP above is unchanged and exact given that choice; lanes split
-samples. make.plan_for_limit runs one search per rule and keeps the faster plan.
+Weight sharding (planner.sharding with weights, rule "exact"): each (layer, count) on the
+prefix offers samples and its undominated weight shardings (stage_choice), and a stage takes
+the best combination exactly: a run's cost is the least of a no-sync stage (every layer on an
+option that all-reduces nothing, no latency: cumulative sums) and a sync stage (latency once;
+without overlap cumulative sums of compute + bandwidth; with overlap the open-stage states
+(P, Q) of stage_choice, whose Pareto frontier per (fork count, count) is carried from layer to
+layer, new stages entering it at every node item). So the chain DP is exact over placements
+on prefixes and per-layer shardings jointly (tests/test_planner_sharding_brute.py checks it by
+brute force); lanes split samples. make.plan_for_limit also runs the samples-only search and
+keeps the faster plan that fits.
 
 Block DP. A block's cost is a matrix over (fork count, join count): serialized sums the
 branch chains (each solved once with its fork context); concurrent runs the lane search
@@ -58,6 +64,7 @@ import numpy as np
 
 from dp_jax.cluster import class_bus_GBps, class_latency_ms, link_class, volume_ms
 from dp_jax.graph import Chain, Parallel
+from dp_jax.planner import stage_choice
 from dp_jax.planner.costs import (
   CostModel,
   Placement,
@@ -65,7 +72,6 @@ from dp_jax.planner.costs import (
   move_from_parts,
   move_parts,
 )
-from dp_jax.planner.sharded import candidates, syncs
 from dp_jax.planner.structure import first_layer, flat_layers, last_layer
 
 # Single-input elementwise layers: XLA fuses them into their producer (DeepPool's ReLUs run in
@@ -93,9 +99,9 @@ class _Tables:
   has_params: np.ndarray
   prefix_band: np.ndarray | None = None  # (L, C) all-reduce bandwidth on the prefix [0, count)
   prefix_params: np.ndarray | None = None  # (L, C) bool: the layer all-reduces gradients there
-  shardings: dict = field(default_factory=dict)  # (row, column) -> weight sharding on the prefix
-  prefix_allowed: np.ndarray | None = None  # (L, C) chains on prefixes: allowed, or a sharding
-  chained: set = field(default_factory=set)  # layers the last reconstruction placed on prefixes
+  options: stage_choice.Options | None = None  # weight shardings on the prefix (rule "exact")
+  chained: dict = field(default_factory=dict)  # layer -> sharding (None: samples) of the layers
+  # the last reconstruction placed on prefixes
   edges: dict = field(default_factory=dict)
   lanes: tuple | None = None
 
@@ -121,17 +127,18 @@ class _Tables:
     return self.lanes
 
 
-SHARDING_RULES = ("samples", "dominant", "cheapest")  # samples: no weight sharding
+SHARDING_RULES = ("samples", "exact")  # samples: no weight sharding
 
 
 def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray | None = None,
                  rule: str = "samples", offers: dict | None = None):
   """Tables for one search; `penalty_ms` (L, C) is added to compute (memory repair only).
 
-  With planner.sharding including weights, each (layer, count) on the prefix [0, count) takes
-  one sharding by `rule` (choose_sharding; "samples": none); lanes split samples. `allowed`
-  masks samples; `offers` ((row, column) -> weight shardings, amplification.offers) limits
-  the shardings, and one is taken wherever samples is not allowed.
+  With planner.sharding including weights and rule "exact", every (layer, count) on the
+  prefix [0, count) offers its undominated weight shardings (stage_choice) and the chain DP
+  picks them per stage exactly; lanes split samples. `allowed` masks samples; `offers`
+  ((row, column) -> weight shardings) limits the shardings (None: every one where samples is
+  allowed), and a prefix cell with only shardings is placeable.
   """
   k = model.counts
   cl = model.cluster
@@ -146,78 +153,27 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
   compute, bwd = compute_k[link0, :, cols].T, bwd_k[link0, :, cols].T
   prefix_band = band[link0, :, cols].T
   prefix_params = np.repeat((model.grad_bytes > 0)[:, None], len(k), axis=1)
-  prefix_allowed = allowed.copy()
-  shardings = {}
   if rule not in SHARDING_RULES:
     raise ValueError(f"unknown sharding rule {rule!r}")
-  if "weights" in model.options.sharding and rule != "samples":
-    for r, name in enumerate(model.names):
-      node = model.graph.node(name)
-      for c, g in enumerate(k):
-        cands = candidates(node, int(g), model.options.sharding)[1:]
-        if offers is not None:
-          cands = [sh for sh in cands if sh in offers.get((r, c), ())]
-        if not cands:
-          continue
-        base = (compute[r, c], bwd[r, c], prefix_band[r, c]) if allowed[r, c] else None
-        pick = choose_sharding(model, name, int(g), cands, base, rule)
-        if pick is not None:
-          sh, (total, back, sent) = pick
-          shardings[(r, c)] = sh
-          compute[r, c], bwd[r, c], prefix_band[r, c] = total, back, sent
-          prefix_params[r, c] = syncs(model, name, int(g), sh)
-          prefix_allowed[r, c] = True
+  options = None
+  if "weights" in model.options.sharding and rule == "exact":
+    options = stage_choice.build(model, compute, bwd, prefix_band, allowed, offers)
   if penalty_ms is not None:
     compute_k = compute_k + penalty_ms[None]
     compute = compute + penalty_ms
+    if options is not None:
+      stage_choice.add_compute(options, penalty_ms)
   return _Tables(model=model, counts=k, budget=model.options.num_devices, allowed=allowed,
                  compute=compute, bwd=bwd, compute_k=compute_k, bwd_k=bwd_k, band=band,
                  lat=lat, link0=link0, has_params=model.grad_bytes > 0, prefix_band=prefix_band,
-                 prefix_params=prefix_params, shardings=shardings, prefix_allowed=prefix_allowed)
-
-
-def choose_sharding(model: CostModel, name: str, count: int, cands: list, samples: tuple | None,
-                    rule: str = "samples"):
-  """A weight sharding of a layer on the prefix [0, count) (samples = its (fwd + bwd, bwd,
-  all-reduce bandwidth) there; None: samples is not offered, any candidate may win), or None
-  for samples.
-
-  A stage's cost is sum(compute) + latency + max over layers l of (bandwidth of layers <= l)
-  - (backward of layers < l) with overlap (else + sum(bandwidth)). rule "dominant": only a
-  sharding that costs no more than samples in every stage it can sit in (its compute, compute
-  + bandwidth and, with overlap, compute + bandwidth - backward all no larger; it never syncs
-  more). rule "cheapest": any sharding with no larger compute + bandwidth (the stage cost
-  without overlap). Either way the least compute + bandwidth (then compute) wins.
-  """
-  overlap = model.options.overlap_allreduce and rule == "dominant"
-  c0, b0, a0 = samples if samples is not None else (0.0, 0.0, 0.0)
-  slack = 1e-9 * (1.0 + c0 + a0)
-  best = None
-  for sh in cands:
-    total, back = model.layer_ms(name, (0, count), sh)
-    sent = model.band_ms(name, (0, count), sh)
-    keys = [total + sent - c0 - a0]
-    if overlap:
-      keys += [total - c0, total + sent - back - (c0 + a0 - b0)]
-    if samples is not None and max(keys) > slack:
-      continue
-    rank = (total + sent, total)
-    if best is None or rank < best[0]:
-      best = (rank, sh, (total, back, sent))
-  return None if best is None else (best[1], best[2])
+                 prefix_params=prefix_params, options=options)
 
 
 def chain_shardings(t: _Tables, assignment: dict) -> dict:
   """Weight shardings of the layers the last reconstruction placed on prefixes (layer ->
   (m, split)); the others split samples."""
-  out = {}
-  for name in t.chained:
-    start, count = assignment[name]
-    c = int(np.searchsorted(t.counts, count))
-    sh = t.shardings.get((t.model.row[name], c))
-    if start == 0 and sh is not None:
-      out[name] = sh
-  return out
+  return {name: sh for name, sh in t.chained.items()
+          if sh is not None and assignment[name][0] == 0}
 
 
 def _run_sync(t: _Tables, rows: np.ndarray, kind: int) -> np.ndarray:
@@ -247,6 +203,13 @@ class _ChainSol:
   blocks: dict = field(default_factory=dict)  # block item -> _BlockSol
   exit: np.ndarray | None = None  # (F, C) cost through the move into the join, per join count
   arg_exit: np.ndarray | None = None
+  kind: dict = field(default_factory=dict)  # node item -> (F, C) which stage ends there (RUN_*)
+  state: dict = field(default_factory=dict)  # node item -> (F, C) its open-stage state (RUN_OPEN)
+  back: dict = field(default_factory=dict)  # flat position -> (sources, start slot)
+
+
+# How the stage that ends at a node item was priced (weight sharding, stage_choice):
+RUN_SAMPLES, RUN_FREE, RUN_PAID, RUN_OPEN = 0, 1, 2, 3
 
 
 def _minplus(v: np.ndarray, m: np.ndarray):
@@ -275,12 +238,20 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
   cum_comp = np.vstack([zeros, np.cumsum(t.compute[flat], axis=0)])
   cum_a = np.vstack([zeros, np.cumsum(band, axis=0)])
   cum_b = np.vstack([zeros, np.cumsum(bwd, axis=0)])
-  placeable = t.allowed if t.prefix_allowed is None else t.prefix_allowed
+  placeable = t.allowed if t.options is None else np.isfinite(t.options.paid)
   cum_bad = np.vstack([zeros, np.cumsum(~placeable[flat], axis=0)])
   cum_p = np.vstack([zeros, np.cumsum(t.prefix_params[flat], axis=0)])
   reach = cum_a[1:] - cum_b[:-1]  # sent through l minus backward hidden before l
   lat = t.lat[t.link0, cols]
   overlap = t.model.options.overlap_allreduce
+  opts = t.options
+  if opts is not None:  # weight shardings: separable stages by cumulative sums (stage_choice)
+    free = opts.free[flat]
+    cum_free = np.vstack([zeros, np.cumsum(np.where(np.isfinite(free), free, 0.0), axis=0)])
+    cum_none = np.vstack([zeros, np.cumsum(~np.isfinite(free), axis=0)])
+    paid = opts.paid[flat]  # infinite where masked (cum_bad)
+    cum_paid = np.vstack([zeros, np.cumsum(np.where(np.isfinite(paid), paid, 0.0), axis=0)])
+  front = None  # open sync stages with overlap (stage_choice): (P, Q), (S, F, C) each
   nodes = [k for k, it in enumerate(chain.items) if isinstance(it, str)]
   position = {k: i for i, k in enumerate(nodes)}
   vin = np.empty((len(nodes), enter.shape[0], len(cols)))
@@ -292,6 +263,9 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
   for k, item in enumerate(items):
     if isinstance(item, Parallel):
       sol.blocks[k] = _solve_block(t, item)
+      if front is not None:  # a sync stage runs on through the merged block
+        for pos in range(*spans[k]):
+          front = _advance(t, sol, front, pos, None)
       continue
     i = position[k]
     if k == 0:
@@ -301,20 +275,81 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
     else:
       vin[i], sol.arg_in[k] = _minplus(sol.value[k - 2], sol.blocks[k - 1].cost)
     e, s = spans[k][1], starts[: i + 1]
-    if overlap:
-      suffix = np.maximum.accumulate(reach[:e][::-1], axis=0)[::-1]
-      exposed = suffix[s] - (cum_a[s] - cum_b[s])
+    if opts is None:
+      if overlap:
+        suffix = np.maximum.accumulate(reach[:e][::-1], axis=0)[::-1]
+        exposed = suffix[s] - (cum_a[s] - cum_b[s])
+      else:
+        exposed = cum_a[e] - cum_a[s]
+      sync = np.where((cum_p[e] - cum_p[s]) > 0, lat[None, :] + exposed, 0.0)
+      run = cum_comp[e] - cum_comp[s] + sync
+      kind = np.full(run.shape, RUN_SAMPLES)
     else:
-      exposed = cum_a[e] - cum_a[s]
-    sync = np.where((cum_p[e] - cum_p[s]) > 0, lat[None, :] + exposed, 0.0)
-    run = cum_comp[e] - cum_comp[s] + sync
+      run = np.where(cum_none[e] - cum_none[s] > 0, INF, cum_free[e] - cum_free[s])
+      kind = np.full(run.shape, RUN_FREE)
+      if not overlap:
+        paid = lat[None, :] + cum_paid[e] - cum_paid[s]
+        kind[paid < run] = RUN_PAID
+        run = np.minimum(run, paid)
     run[(cum_bad[e] - cum_bad[s]) > 0] = INF
     run[no_start[: i + 1]] = INF  # an elementwise layer stays on its producer's devices
     total = vin[: i + 1] + run[:, None, :]
     best = total.argmin(axis=0)
     sol.value[k] = np.take_along_axis(total, best[None], axis=0)[0]
     sol.arg_start[k] = node_ids[best]
+    if opts is None:
+      continue
+    sol.kind[k] = kind[best, cols[None, :]]
+    if overlap:
+      fresh = None if no_start[i] else vin[i] + lat[None, :]
+      front = _advance(t, sol, front, spans[k][0], fresh)
+      if front is not None:
+        state = front[0].argmin(axis=0)
+        value = np.take_along_axis(front[0], state[None], axis=0)[0]
+        better = value < sol.value[k]
+        sol.value[k] = np.where(better, value, sol.value[k])
+        sol.kind[k] = np.where(better, RUN_OPEN, sol.kind[k])
+        sol.state[k] = state
   return sol
+
+
+def _advance(t: _Tables, sol: _ChainSol, front, pos: int, fresh: np.ndarray | None):
+  """Open sync stages (stage_choice) extended by the layer at flat position `pos`; `fresh`
+  (F, C): the cost before a stage that starts there, its latency included (None: none may)."""
+  if front is None and fresh is None:
+    return None
+  p, q = front if front is not None else (np.empty((0, *fresh.shape)),) * 2
+  start = -1
+  if fresh is not None:
+    start = p.shape[0]
+    p, q = np.concatenate([p, fresh[None]]), np.concatenate([q, fresh[None]])
+  row = int(sol.flat[pos])
+  p, q, src = stage_choice.prune(*stage_choice.step(p, q, t.options, row))
+  sol.back[pos] = (src, start)
+  return p, q
+
+
+def _stage_shardings(t: _Tables, sol: _ChainSol, k: int, f: int, g: int):
+  """(start item, [sharding per flat position of the stage]) of the stage ending at node
+  item k for fork count f and count g (weight sharding)."""
+  opts, lo, hi = t.options, None, sol.spans[k][1]
+  kind = int(sol.kind[k][f, g])
+  if kind != RUN_OPEN:
+    i = int(sol.arg_start[k][f, g])
+    pick = opts.free_pick if kind == RUN_FREE else opts.paid_pick
+    return i, [opts.sharding(int(r), g, int(pick[r, g])) for r in sol.flat[sol.spans[i][0]: hi]]
+  width = opts.compute.shape[2]
+  state, out, pos = int(sol.state[k][f, g]), [], hi - 1
+  while lo is None:
+    src, start = sol.back[pos]
+    state, option = divmod(int(src[state, f, g]), width)
+    out.append(opts.sharding(int(sol.flat[pos]), g, option))
+    if state == start:
+      lo = pos
+    pos -= 1
+  i = next(j for j, span in enumerate(sol.spans) if span[0] == lo and isinstance(
+      sol.chain.items[j], str))
+  return i, out[::-1]
 
 
 def _close_branch(t: _Tables, sol: _ChainSol) -> None:
@@ -807,10 +842,14 @@ def _place_chain(t: _Tables, sol: _ChainSol, f: int, g: int, out: dict) -> None:
   """Write the placements of the best plan of `sol` for fork count f and last count g."""
   items, k = sol.chain.items, len(sol.chain.items) - 1
   while True:
-    i = int(sol.arg_start[k][f, g])
-    for r in sol.flat[sol.spans[i][0]: sol.spans[k][1]]:
+    if t.options is None:
+      i = int(sol.arg_start[k][f, g])
+      shards = [None] * (sol.spans[k][1] - sol.spans[i][0])
+    else:
+      i, shards = _stage_shardings(t, sol, k, f, g)
+    for r, sh in zip(sol.flat[sol.spans[i][0]: sol.spans[k][1]], shards, strict=True):
       out[t.model.names[r]] = (0, int(t.counts[g]))
-      t.chained.add(t.model.names[r])
+      t.chained[t.model.names[r]] = sh
     if i == 0:
       return
     prev = int(sol.arg_in[i][f, g])

@@ -13,7 +13,9 @@ Compute: the profile's time at per-device batch B/d times the analytic roofline'
 the sharded shape to the whole layer at that batch (dp_jax/profile/analytic.py), so measured
 and imported tables both work. Weight gradients: each device holds 1/m of the split
 parameters (replicated ones whole) and all-reduces them over its data group (d devices,
-stride m); none when d = 1. Collectives: dp_jax/cluster.py. Pure Python and numpy: no JAX.
+stride m); none when d = 1. Collectives: dp_jax/cluster.py (the d model groups, or m data
+groups, side by side: the slowest counts). Which sharding each layer of a stage takes is
+chosen exactly by dp_jax/planner/stage_choice.py. Pure Python and numpy: no JAX.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import math
 from dataclasses import replace
 from functools import cache
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from dp_jax.cluster import allgather_ms, allreduce_ms, group_collective_ms, strided_volume_ms
 from dp_jax.errors import UserError
@@ -157,7 +161,7 @@ def _model_groups(fn, cluster, nbytes: float, start: int, d: int, m: int) -> flo
   """The slowest model group's collective (the d groups run side by side)."""
   if m <= 1 or nbytes <= 0:
     return 0.0
-  return max(float(fn(cluster, nbytes, start + i * m, m)) for i in range(d))
+  return float(np.max(fn(cluster, nbytes, start + m * np.arange(d), np.full(d, m))))
 
 
 def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
@@ -219,9 +223,3 @@ def band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding) -> fl
   return _data_groups(model, grad_bytes(model, name, sharding), p, sharding[0],
                       strided_volume_ms)
 
-
-def syncs(model: CostModel, name: str, count: int, sharding: Sharding | None) -> bool:
-  """Whether the layer all-reduces weight gradients on `count` devices."""
-  if model.grad_bytes[model.row[name]] <= 0:
-    return False
-  return is_samples(sharding) or count // sharding[0] > 1
