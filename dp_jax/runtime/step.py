@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
-from dp_jax.runtime import layout, transfer
+from dp_jax.runtime import layout, residuals, transfer
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.functional import LayerDef, apply_layer
 from dp_jax.runtime.loss import cross_entropy
@@ -331,7 +331,8 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
     return {"fused": jax.jit(fused, donate_argnums=(0, 1, 2))}
 
   def fwd(params, stats, tied, ins, x):
-    f = lambda params, tied, ins: forward(params, stats, tied, ins, x)  # noqa: E731
+    f = jax.checkpoint(lambda params, tied, ins: forward(params, stats, tied, ins, x),
+                       policy=residuals.saved)
     outs, vjp, new_stats = jax.vjp(f, params, tied, ins, has_aux=True, saveable_args=False)
     return outs, vjp, new_stats
 
