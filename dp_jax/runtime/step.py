@@ -1,9 +1,11 @@
 """The burst-parallel train step: one jitted program per stage, device_put between stages.
 
-Forward and backward (exact, nothing recomputed):
+Forward and backward (exact: the same gradients, to rounding):
   - every stage but the last runs `fwd`: its layers under jax.vjp inside one jit. It returns
     the exported activations, the VJP (its residuals are outputs of the jit and stay on the
-    stage's devices) and the new batch-norm statistics. saveable_args=False keeps the params
+    stage's devices) and the new batch-norm statistics. The residuals are only the layers'
+    matmul and convolution outputs (runtime/residuals.py: jax.checkpoint with that policy);
+    `bwd` recomputes the cheap rest from them. saveable_args=False keeps the params
     and inputs out of the residuals (no copies); `bwd` receives them again and restores them
     with vjp.replace(args_res=[...]) in their original structure. Both are public, documented
     parts of jax.vjp (its docstring, and JAX's "First-class VJPs" guide: the VJP object is a
