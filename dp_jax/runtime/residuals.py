@@ -8,7 +8,8 @@ keeps far fewer, because XLA fuses the cheap elementwise work into the backward'
 SAVED keeps only the outputs of matrix products and convolutions (3-5 arrays, 2.1-2.6 MB per
 block); the backward recomputes the rest (norms, activations, softmax, pooling) from them.
 The values are the same functions of the same inputs (gradients agree to rounding; the
-exactness tests hold), only where they are computed moves.
+exactness tests hold), only where they are computed moves. The planner's memory model still
+counts plain jax.vjp's residuals (dp_jax/trace.py), an upper bound for these stages.
 """
 
 from __future__ import annotations
