@@ -9,7 +9,7 @@ SAVED keeps only the outputs of matrix products and convolutions (3-5 arrays, 2.
 block); the backward recomputes the rest (norms, activations, softmax, pooling) from them.
 The values are the same functions of the same inputs (gradients agree to rounding; the
 exactness tests hold), only where they are computed moves. The planner's memory model still
-counts plain jax.vjp's residuals (dp_jax/trace.py), an upper bound for these stages.
+counts plain jax.vjp's residuals (dp_jax/trace.py): more than these stages keep.
 """
 
 from __future__ import annotations
