@@ -5,7 +5,7 @@ backward reads must be an output of the forward: a buffer written to memory, han
 Python as an array and passed in again. Plain jax.vjp keeps every intermediate the backward
 uses (a tiny GPT-2 block: 36 arrays, 9.3 MB at batch 32); one fused forward+backward program
 keeps far fewer, because XLA fuses the cheap elementwise work into the backward's kernels.
-SAVED keeps only the outputs of matrix products and convolutions (3-5 arrays, 2.1-2.6 MB per
+`saved` keeps only the outputs of matrix products and convolutions (5 arrays, 2.6 MB per
 block); the backward recomputes the rest (norms, activations, softmax, pooling) from them.
 The values are the same functions of the same inputs (gradients agree to rounding; the
 exactness tests hold), only where they are computed moves. The planner's memory model still
