@@ -1,9 +1,11 @@
 """The burst-parallel train step: one jitted program per stage, device_put between stages.
 
-Forward and backward (exact, nothing recomputed):
+Forward and backward (exact: the same gradients, to rounding):
   - every stage but the last runs `fwd`: its layers under jax.vjp inside one jit. It returns
     the exported activations, the VJP (its residuals are outputs of the jit and stay on the
-    stage's devices) and the new batch-norm statistics. saveable_args=False keeps the params
+    stage's devices) and the new batch-norm statistics. The residuals are only the layers'
+    matmul and convolution outputs (runtime/residuals.py: jax.checkpoint with that policy);
+    `bwd` recomputes the cheap rest from them. saveable_args=False keeps the params
     and inputs out of the residuals (no copies); `bwd` receives them again and restores them
     with vjp.replace(args_res=[...]) in their original structure. Both are public, documented
     parts of jax.vjp (its docstring, and JAX's "First-class VJPs" guide: the VJP object is a
@@ -40,7 +42,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
-from dp_jax.runtime import layout, transfer
+from dp_jax.runtime import layout, residuals, transfer
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.functional import LayerDef, apply_layer
 from dp_jax.runtime.loss import cross_entropy
@@ -331,7 +333,8 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
     return {"fused": jax.jit(fused, donate_argnums=(0, 1, 2))}
 
   def fwd(params, stats, tied, ins, x):
-    f = lambda params, tied, ins: forward(params, stats, tied, ins, x)  # noqa: E731
+    f = jax.checkpoint(lambda params, tied, ins: forward(params, stats, tied, ins, x),
+                       policy=residuals.saved)
     outs, vjp, new_stats = jax.vjp(f, params, tied, ins, has_aux=True, saveable_args=False)
     return outs, vjp, new_stats
 
