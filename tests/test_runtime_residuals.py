@@ -40,7 +40,7 @@ def residuals(name: str, devices: range, shardings=None, layer: str | None = Non
     ins = transfer.move({i: acts[i] for i in sp.stage.inputs if i != INPUT}, sp.batch)
     x_in = jax.device_put(x, sp.batch) if INPUT in sp.stage.inputs else None
     if mine(sp.stage.layers[0]):
-      return stage_residuals(sp, p, st, {}, ins, x_in)
+      return stage_residuals(sp, p, st, {}, ins, x_in)[1]
     acts.update(sp.fwd(p, st, {}, ins, x_in)[0])
   raise AssertionError("no stage ran the layer")
 

@@ -30,10 +30,10 @@ class Residual:
 
 def stage_residuals(sp, params: Mapping[str, Any], stats: Mapping[str, Any],
                     tied: Mapping[str, Any], ins: Mapping[str, jax.Array],
-                    x: jax.Array | None) -> list[Residual]:
+                    x: jax.Array | None) -> tuple[Any, list[Residual]]:
   """Run stage program `sp`'s forward once on these arguments (its own layers' params and
-  stats, tied values, inputs split by samples; the stats are donated) and describe every
-  residual leaf."""
+  stats, tied values, inputs split by samples; the stats are donated): its VJP and a
+  description of every residual leaf."""
   doubled = jax.eval_shape(sp.fwd, params, stats, tied, _doubled(ins), _doubled(x))[1]
   _, vjp, _ = sp.fwd(params, stats, tied, ins, x)
   rows = []
@@ -43,7 +43,7 @@ def stage_residuals(sp, params: Mapping[str, Any], stats: Mapping[str, Any],
       per_device[s.device] = per_device.get(s.device, 0) + s.data.nbytes
     rows.append(Residual(tuple(a.shape), str(a.dtype), str(a.sharding.spec), int(a.nbytes),
                          max(per_device.values()), tuple(a2.shape) != tuple(a.shape)))
-  return rows
+  return vjp, rows
 
 
 def _doubled(tree):
