@@ -5,8 +5,10 @@ jax.nn.dot_product_attention were whole-batch copies on every device."""
 
 import jax
 import pytest
-from runtime_helpers import batches, make_model, sgd
+from flax import nnx
+from runtime_helpers import TINY_GPT2, batches, make_model, sgd
 
+from dp_jax.models import gpt2
 from dp_jax.runtime import transfer
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.plan_check import check_plan
@@ -18,11 +20,17 @@ from dp_jax.runtime.step import build_program, init_state
 BATCH = 8
 
 
+def small(name: str):
+  """The runtime tests' model; GPT-2 with one block, to keep the test short."""
+  return gpt2.GPT2(**{**TINY_GPT2, "n_layer": 1}, rngs=nnx.Rngs(0)) if name == "gpt2" else (
+      make_model(name))
+
+
 def residuals(name: str, devices: range, shardings=None, layer: str | None = None):
   """Residuals of the stage running `layer` on `devices`, the others on two other devices
   (default: every layer but the last on `devices`, so that stage is not the fused last one);
   the stages before it run their forward first to give it its inputs."""
-  model = make_model(name)
+  model = small(name)
   graph = structure_graph(model, name)
   mine = (lambda n: n == layer) if layer else (lambda n: n != graph.names[-1])
   others = range(devices.stop, devices.stop + 2) if devices.stop < 8 else range(2)
@@ -60,8 +68,9 @@ def test_samples_split_stage_keeps_each_per_sample_residual_split(name):
       r.global_bytes for r in per_sample)
 
 
-@pytest.mark.parametrize("name,layer,mesh,split", [("digits_cnn", "conv2", (2, 4), "out"),
-                                                   ("gpt2", "h.0", (4, 2), "heads")])
+@pytest.mark.parametrize("name,layer,mesh,split", [
+    ("digits_cnn", "conv2", (2, 4), "out"),
+    pytest.param("gpt2", "h.0", (4, 2), "heads", marks=pytest.mark.slow)])
 def test_weight_split_layer_keeps_each_per_sample_residual_split_by_samples(name, layer, mesh,
                                                                             split):
   rows = residuals(name, range(8), {layer: (mesh, split)}, layer)
