@@ -146,9 +146,10 @@ def _script():
                                   ("gpt2_d64", "h.0", (2, 4), "heads")])
 def test_split_activations_are_what_the_runtime_keeps(case):
   """Predicted bytes a device keeps for a split layer's backward vs the runtime's stage program
-  (its VJP residuals split by samples and the stage input it holds)."""
+  (its VJP residuals and the stage input it holds; none of them whole-batch)."""
   row = _script().measure(*case)
   assert row["predicted_bytes"] == pytest.approx(row["runtime_bytes"], rel=0.05)
+  assert row["runtime_unsplit_per_sample_bytes"] == 0
   assert row["predicted_bytes"] < row["unsplit_predicted_bytes"] or case[3] != "heads"
 
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dp_jax.models import init
+from dp_jax.models import init, ops
 from dp_jax.models.base import GraphModel, LayerSpec, chain
 
 PRESETS = {"gpt2_small": dict(n_layer=12, d_model=768, n_head=12),
@@ -65,7 +65,7 @@ class CausalSelfAttention(nnx.Module):
     b, t, d = x_BxTxD.shape
     qkv_BxTxNx3xH = self.c_attn(x_BxTxD).reshape(b, t, self.n_head, 3, d // self.n_head)
     q, k, v = (qkv_BxTxNx3xH[:, :, :, i] for i in range(3))
-    y_BxTxNxH = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    y_BxTxNxH = ops.causal_attention(q, k, v)
     return self.c_proj(y_BxTxNxH.reshape(b, t, d))
 
 

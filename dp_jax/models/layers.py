@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dp_jax.models import init
+from dp_jax.models import init, ops
 
 
 def pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -54,7 +54,7 @@ class Conv2d(nnx.Module):
         y = grouped_batch_norm(self.bn, y, self.stats_groups)
       else:
         y = self.bn(y)
-    return jax.nn.relu(y) if self.activation == "relu" else y
+    return ops.relu(y) if self.activation == "relu" else y
 
   def attrs(self) -> dict[str, Any]:
     return {"in_channels": self.in_channels, "out_channels": self.out_channels,
@@ -107,7 +107,7 @@ class ReLU(nnx.Module):
   kind = "relu"
 
   def __call__(self, x):
-    return jax.nn.relu(x)
+    return ops.relu(x)
 
   def attrs(self) -> dict[str, Any]:
     return {}
@@ -187,7 +187,7 @@ class Add(nnx.Module):
     y = xs[0]
     for x in xs[1:]:
       y = y + x
-    return jax.nn.relu(y) if self.activation == "relu" else y
+    return ops.relu(y) if self.activation == "relu" else y
 
   def attrs(self) -> dict[str, Any]:
     return {"activation": self.activation}
