@@ -118,12 +118,13 @@ def choices(model, name: str, anywhere: bool = False
   return out
 
 
-def brute_force(model, anywhere: bool = False) -> tuple[float, dict, dict]:
+def brute_force(model, anywhere: bool | frozenset = False) -> tuple[float, dict, dict]:
   """The least iteration_ms over every per-layer (placement, sharding) (`choices`), its
-  assignment and shardings."""
+  assignment and shardings; `anywhere`: True, or the layers that may leave the prefix."""
   names = model.names
   best, arg = math.inf, ({}, {})
-  for combo in itertools.product(*(choices(model, n, anywhere) for n in names)):
+  free = set(names) if anywhere is True else set(anywhere or ())
+  for combo in itertools.product(*(choices(model, n, n in free) for n in names)):
     a = {n: p for n, (p, _) in zip(names, combo, strict=True)}
     s = {n: sh for n, (_, sh) in zip(names, combo, strict=True) if sh is not None}
     ms = evaluate(model, a, s).iteration_ms
@@ -175,13 +176,16 @@ def off_prefix(assignment: dict) -> set[str]:
   return {n for n, (s, _) in assignment.items() if s}
 
 
-def survey(seeds, overlap: bool, layers: int = 1) -> list[tuple]:
+def survey(seeds, overlap: bool, layers: int = 1, branches_only: bool = False) -> list[tuple]:
   """(seed, margin of the brute force over every placement and sharding, the winner's
-  concurrent weight-sharded layers, its off-prefix layers) per fork/join seed."""
+  concurrent weight-sharded layers, its off-prefix layers) per fork/join seed;
+  `branches_only`: the fork and the join stay on prefixes (a quicker check of the lanes)."""
   rows = []
   for seed in seeds:
     model = random_model(seed, layers=layers, overlap=overlap, forkjoin=True)
-    best, a, s = brute_force(model, anywhere=True)
+    ends = {model.names[0], model.names[-1]}
+    anywhere = frozenset(set(model.names) - ends) if branches_only else True
+    best, a, s = brute_force(model, anywhere=anywhere)
     ms, _, _ = planner(model)
     rows.append((seed, ms / best - 1, concurrent_shardings(model, a, s), off_prefix(a)))
   return rows

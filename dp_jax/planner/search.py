@@ -8,7 +8,8 @@ The objective is exactly evaluate() (dp_jax/planner/evaluate.py) over this plan 
   contiguous lane [s, s + count) with its branches one after another at that count, lanes
   disjoint and anywhere in [0, G) in any order (one group on one lane is allowed too); in
   the exact tier (below) a group of one short branch may also change device count inside its
-  lane, its layers on any ranges within the lane [lo, hi) they span.
+  lane, its layers on any ranges within the lane [lo, hi) they span, and with weight sharding
+  each of its layers may take any sharding offered on its count.
 
 Chain DP. V[k][f, g]: least cost of the chain up to node item k, given the enclosing fork
 runs on count f and node k on count g. A stage is a run of items i..k on one count g, so
@@ -26,7 +27,10 @@ without overlap cumulative sums of compute + bandwidth; with overlap the open-st
 (P, Q) of stage_choice, whose Pareto frontier per (fork count, count) is carried from layer to
 layer, new stages entering it at every node item). So the chain DP is exact over placements
 on prefixes and per-layer shardings jointly (tests/test_planner_sharding_brute.py checks it by
-brute force); lanes split samples. make.plan_for_limit also runs the samples-only search and
+brute force). In a concurrent block, a lane that holds one short branch (at most
+SHARDED_LAYOUTS per-layer (range, sharding) combinations) enumerates them exactly (_options),
+priced by the cost model's stages as evaluate() prices them; lanes that hold several branches,
+and longer branches, split samples. make.plan_for_limit also runs the samples-only search and
 keeps the faster plan that fits.
 
 Block DP. A block's cost is a matrix over (fork count, join count): serialized sums the
@@ -38,8 +42,9 @@ the block's size alone (n non-identity branches, C counts, G devices; cells = C^
   them; exact over the concurrent space above (every block of <= 3 branches at G = 4 in
   practice).
   Branches that are plain chains with at most OPTION_LAYOUTS layouts (placements^layers)
-  also get every count-changing layout inside a lane, less those another layout beats on
-  every term (forward, backward, each send and receive) within a hull no wider;
+  also get every count-changing layout inside a lane (with weight sharding: every layout and
+  per-layer sharding, at most SHARDED_LAYOUTS, else samples only), less those another layout
+  beats on every term (forward, backward, each send and receive) within a hull no wider;
 - groups: (3^n - 2^n) x cells <= GROUP_CELLS: the same space less count changes inside
   lanes, keeping per state the partial layout of least partial cost (exact for one lane, a
   heuristic for more);
@@ -49,10 +54,12 @@ the block's size alone (n non-identity branches, C counts, G devices; cells = C^
 
 Outside the space (evaluate() accepts them, the search never returns them): chains, forks and
 joins off the prefix [0, count); outside the exact tier, a branch that changes device count
-while another group runs beside it; a group of several branches on different ranges; lanes
-that interleave (one branch's layers on both sides of another's). No bound on what these cost
-is proven; tests/test_planner_forkjoin.py measures it by brute force over every assignment
-evaluate() accepts on random fork/join graphs at G = 4 and asserts FORKJOIN_MARGIN there.
+(or takes weight shardings) while another group runs beside it; weight shardings in a lane
+holding several branches; a group of several branches on different ranges; lanes that
+interleave (one branch's layers on both sides of another's). No bound on what these cost is
+proven; tests/test_planner_forkjoin.py (samples) and tests/test_planner_sharding_brute.py
+(weights) measure it by brute force over every assignment evaluate() accepts on random
+fork/join graphs at G = 4 and assert their margins there.
 """
 
 from __future__ import annotations
@@ -587,14 +594,13 @@ def _layouts(t: _Tables, lane: _Lane, places: list):
   """Every (placement, sharding) per layer of the lane's branch: (places, shards) pairs, shards
   () when the search splits samples only; None past OPTION_LAYOUTS (samples) or
   SHARDED_LAYOUTS (with weight shardings)."""
-  per_layer = len(places) ** len(lane.rows)
   if t.options is not None:
     layer_choices = [[((s, c), sh) for s, c in places for sh in _lane_shardings(t, r, c)]
                      for r in lane.rows]
     if np.prod([len(x) for x in layer_choices], dtype=float) <= SHARDED_LAYOUTS:
       return [(tuple(p for p, _ in combo), tuple(sh for _, sh in combo))
               for combo in itertools.product(*layer_choices)]
-  if per_layer > OPTION_LAYOUTS:
+  if len(places) ** len(lane.rows) > OPTION_LAYOUTS:
     return None
   return [(combo, ()) for combo in itertools.product(places, repeat=len(lane.rows))
           if all(t.allowed[r, c] for r, (_, c) in zip(lane.rows, combo, strict=True))]
