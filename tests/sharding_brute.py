@@ -59,9 +59,9 @@ def random_chain(rng: np.random.Generator, layers: int) -> LayerGraph:
       nodes=tuple(nodes))
 
 
-def random_forkjoin(rng: np.random.Generator, depth: int = 1) -> LayerGraph:
-  """A linear fork layer, two branches of `depth` width-keeping linear layers (or one of them an
-  identity), an add joining them."""
+def random_forkjoin(rng: np.random.Generator, depth: int = 1, branches: int = 2) -> LayerGraph:
+  """A linear fork layer, `branches` branches of `depth` width-keeping linear layers (each but
+  the first may be an identity), an add joining them."""
   seq, width = int(rng.choice([1, 4, 16])), int(rng.choice(WIDTHS[2:]))
   nodes: list[LayerNode] = []
 
@@ -75,7 +75,7 @@ def random_forkjoin(rng: np.random.Generator, depth: int = 1) -> LayerGraph:
   fin = int(rng.choice(WIDTHS[2:]))
   fork = linear((), fin, width)
   ends = []
-  for b in range(2):
+  for b in range(branches):
     cur = fork
     for _ in range(0 if b and rng.random() < 0.3 else depth):
       cur = linear((cur,), width, width)
@@ -87,11 +87,11 @@ def random_forkjoin(rng: np.random.Generator, depth: int = 1) -> LayerGraph:
 
 
 def random_model(seed: int, layers: int = 3, overlap: bool | None = None,
-                 forkjoin: bool = False):
+                 forkjoin: bool = False, branches: int = 2):
   """A cost model of a random chain (or fork/join block: `layers` is then the branch depth) on
   G = 4 devices, B = 4 or 8, weight sharding allowed."""
   rng = np.random.default_rng(seed)
-  graph = random_forkjoin(rng, layers) if forkjoin else random_chain(rng, layers)
+  graph = random_forkjoin(rng, layers, branches) if forkjoin else random_chain(rng, layers)
   batch = int(rng.choice([4, 8]))
   cluster = ClusterSpec("t", "A100-SXM4-40GB", 64, int(rng.choice([1, 2, 4])), 1e6,
                         float(rng.uniform(1, 300)), float(rng.uniform(0, 30)),
@@ -176,13 +176,15 @@ def off_prefix(assignment: dict) -> set[str]:
   return {n for n, (s, _) in assignment.items() if s}
 
 
-def survey(seeds, overlap: bool, layers: int = 1, branches_only: bool = False) -> list[tuple]:
+def survey(seeds, overlap: bool, layers: int = 1, branches_only: bool = False,
+           branches: int = 2) -> list[tuple]:
   """(seed, margin of the brute force over every placement and sharding, the winner's
   concurrent weight-sharded layers, its off-prefix layers) per fork/join seed;
   `branches_only`: the fork and the join stay on prefixes (a quicker check of the lanes)."""
   rows = []
   for seed in seeds:
-    model = random_model(seed, layers=layers, overlap=overlap, forkjoin=True)
+    model = random_model(seed, layers=layers, overlap=overlap, forkjoin=True,
+                         branches=branches)
     ends = {model.names[0], model.names[-1]}
     anywhere = frozenset(set(model.names) - ends) if branches_only else True
     best, a, s = brute_force(model, anywhere=anywhere)
