@@ -27,6 +27,7 @@ from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.make import plan_for_limit
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.sharded import candidates
+from dp_jax.planner.structure import flat_layers, sharing_groups
 from dp_jax.profile.analytic import analytic_profile
 
 WIDTHS = (6, 10, 64, 256, 1024, 2048, 4096, 8192)
@@ -58,9 +59,9 @@ def random_chain(rng: np.random.Generator, layers: int) -> LayerGraph:
       nodes=tuple(nodes))
 
 
-def random_forkjoin(rng: np.random.Generator, depth: int = 1) -> LayerGraph:
-  """A linear fork layer, two branches of `depth` width-keeping linear layers (or one of them an
-  identity), an add joining them."""
+def random_forkjoin(rng: np.random.Generator, depth: int = 1, branches: int = 2) -> LayerGraph:
+  """A linear fork layer, `branches` branches of `depth` width-keeping linear layers (each but
+  the first may be an identity), an add joining them."""
   seq, width = int(rng.choice([1, 4, 16])), int(rng.choice(WIDTHS[2:]))
   nodes: list[LayerNode] = []
 
@@ -74,7 +75,7 @@ def random_forkjoin(rng: np.random.Generator, depth: int = 1) -> LayerGraph:
   fin = int(rng.choice(WIDTHS[2:]))
   fork = linear((), fin, width)
   ends = []
-  for b in range(2):
+  for b in range(branches):
     cur = fork
     for _ in range(0 if b and rng.random() < 0.3 else depth):
       cur = linear((cur,), width, width)
@@ -86,11 +87,11 @@ def random_forkjoin(rng: np.random.Generator, depth: int = 1) -> LayerGraph:
 
 
 def random_model(seed: int, layers: int = 3, overlap: bool | None = None,
-                 forkjoin: bool = False):
+                 forkjoin: bool = False, branches: int = 2):
   """A cost model of a random chain (or fork/join block: `layers` is then the branch depth) on
   G = 4 devices, B = 4 or 8, weight sharding allowed."""
   rng = np.random.default_rng(seed)
-  graph = random_forkjoin(rng, layers) if forkjoin else random_chain(rng, layers)
+  graph = random_forkjoin(rng, layers, branches) if forkjoin else random_chain(rng, layers)
   batch = int(rng.choice([4, 8]))
   cluster = ClusterSpec("t", "A100-SXM4-40GB", 64, int(rng.choice([1, 2, 4])), 1e6,
                         float(rng.uniform(1, 300)), float(rng.uniform(0, 30)),
@@ -103,22 +104,27 @@ def random_model(seed: int, layers: int = 3, overlap: bool | None = None,
   return build_cost_model(graph, profile, cluster, opts)
 
 
-def choices(model, name: str) -> list[tuple[tuple[int, int], tuple[int, str] | None]]:
-  """Every (placement on the prefix, sharding) of one layer that evaluate() accepts."""
+def choices(model, name: str, anywhere: bool = False
+            ) -> list[tuple[tuple[int, int], tuple[int, str] | None]]:
+  """Every (placement, sharding) of one layer that evaluate() accepts: on the prefix [0, c),
+  or with `anywhere` on every contiguous range [s, s + c) of the G devices."""
   node = model.graph.node(name)
+  g = model.options.num_devices
   out = []
   for c in model.counts:
-    for sh in candidates(node, int(c), WEIGHTS):
-      out.append(((0, int(c)), None if sh[1] == "samples" else sh))
+    for s in range(g - int(c) + 1 if anywhere else 1):
+      for sh in candidates(node, int(c), WEIGHTS):
+        out.append(((s, int(c)), None if sh[1] == "samples" else sh))
   return out
 
 
-def brute_force(model) -> tuple[float, dict, dict]:
-  """The least iteration_ms over every per-layer (count, sharding), its assignment and
-  shardings."""
+def brute_force(model, anywhere: bool | frozenset = False) -> tuple[float, dict, dict]:
+  """The least iteration_ms over every per-layer (placement, sharding) (`choices`), its
+  assignment and shardings; `anywhere`: True, or the layers that may leave the prefix."""
   names = model.names
   best, arg = math.inf, ({}, {})
-  for combo in itertools.product(*(choices(model, n) for n in names)):
+  free = set(names) if anywhere is True else set(anywhere or ())
+  for combo in itertools.product(*(choices(model, n, n in free) for n in names)):
     a = {n: p for n, (p, _) in zip(names, combo, strict=True)}
     s = {n: sh for n, (_, sh) in zip(names, combo, strict=True) if sh is not None}
     ms = evaluate(model, a, s).iteration_ms
@@ -143,3 +149,45 @@ def margin(seed: int, **kw) -> float:
   if not kw.get("forkjoin"):
     assert ms >= best * (1 - 1e-9), (seed, ms, best)
   return ms / best - 1
+
+
+def concurrent_shardings(model, assignment: dict, shardings: dict) -> set[str]:
+  """Weight-sharded layers of branches that run beside another branch (concurrent lanes:
+  the block is neither merged nor one sharing group)."""
+  out = set()
+  for item in model.graph.decompose().items:
+    if isinstance(item, str):
+      continue
+    branches = [b for b in item.branches if b.items]
+    masks = []
+    for br in branches:
+      mask = 0
+      for n in flat_layers(br):
+        s, c = assignment[n]
+        mask |= ((1 << c) - 1) << s
+      masks.append(mask)
+    if len(sharing_groups(masks)) > 1:
+      out |= {n for br in branches for n in flat_layers(br) if n in shardings}
+  return out
+
+
+def off_prefix(assignment: dict) -> set[str]:
+  """Layers that do not start on device 0."""
+  return {n for n, (s, _) in assignment.items() if s}
+
+
+def survey(seeds, overlap: bool, layers: int = 1, branches_only: bool = False,
+           branches: int = 2) -> list[tuple]:
+  """(seed, margin of the brute force over every placement and sharding, the winner's
+  concurrent weight-sharded layers, its off-prefix layers) per fork/join seed;
+  `branches_only`: the fork and the join stay on prefixes (a quicker check of the lanes)."""
+  rows = []
+  for seed in seeds:
+    model = random_model(seed, layers=layers, overlap=overlap, forkjoin=True,
+                         branches=branches)
+    ends = {model.names[0], model.names[-1]}
+    anywhere = frozenset(set(model.names) - ends) if branches_only else True
+    best, a, s = brute_force(model, anywhere=anywhere)
+    ms, _, _ = planner(model)
+    rows.append((seed, ms / best - 1, concurrent_shardings(model, a, s), off_prefix(a)))
+  return rows

@@ -8,7 +8,8 @@ The objective is exactly evaluate() (dp_jax/planner/evaluate.py) over this plan 
   contiguous lane [s, s + count) with its branches one after another at that count, lanes
   disjoint and anywhere in [0, G) in any order (one group on one lane is allowed too); in
   the exact tier (below) a group of one short branch may also change device count inside its
-  lane, its layers on any ranges within the lane [lo, hi) they span.
+  lane, its layers on any ranges within the lane [lo, hi) they span, and with weight sharding
+  each of its layers may take any sharding offered on its count.
 
 Chain DP. V[k][f, g]: least cost of the chain up to node item k, given the enclosing fork
 runs on count f and node k on count g. A stage is a run of items i..k on one count g, so
@@ -26,7 +27,10 @@ without overlap cumulative sums of compute + bandwidth; with overlap the open-st
 (P, Q) of stage_choice, whose Pareto frontier per (fork count, count) is carried from layer to
 layer, new stages entering it at every node item). So the chain DP is exact over placements
 on prefixes and per-layer shardings jointly (tests/test_planner_sharding_brute.py checks it by
-brute force); lanes split samples. make.plan_for_limit also runs the samples-only search and
+brute force). In a concurrent block, a lane that holds one short branch (at most
+SHARDED_LAYOUTS per-layer (range, sharding) combinations) enumerates them exactly (_options),
+priced by the cost model's stages as evaluate() prices them; lanes that hold several branches,
+and longer branches, split samples. make.plan_for_limit also runs the samples-only search and
 keeps the faster plan that fits.
 
 Block DP. A block's cost is a matrix over (fork count, join count): serialized sums the
@@ -38,8 +42,9 @@ the block's size alone (n non-identity branches, C counts, G devices; cells = C^
   them; exact over the concurrent space above (every block of <= 3 branches at G = 4 in
   practice).
   Branches that are plain chains with at most OPTION_LAYOUTS layouts (placements^layers)
-  also get every count-changing layout inside a lane, less those another layout beats on
-  every term (forward, backward, each send and receive) within a hull no wider;
+  also get every count-changing layout inside a lane (with weight sharding: every layout and
+  per-layer sharding, at most SHARDED_LAYOUTS, else samples only), less those another layout
+  beats on every term (forward, backward, each send and receive) within a hull no wider;
 - groups: (3^n - 2^n) x cells <= GROUP_CELLS: the same space less count changes inside
   lanes, keeping per state the partial layout of least partial cost (exact for one lane, a
   heuristic for more);
@@ -49,10 +54,12 @@ the block's size alone (n non-identity branches, C counts, G devices; cells = C^
 
 Outside the space (evaluate() accepts them, the search never returns them): chains, forks and
 joins off the prefix [0, count); outside the exact tier, a branch that changes device count
-while another group runs beside it; a group of several branches on different ranges; lanes
-that interleave (one branch's layers on both sides of another's). No bound on what these cost
-is proven; tests/test_planner_forkjoin.py measures it by brute force over every assignment
-evaluate() accepts on random fork/join graphs at G = 4 and asserts FORKJOIN_MARGIN there.
+(or takes weight shardings) while another group runs beside it; weight shardings in a lane
+holding several branches; a group of several branches on different ranges; lanes that
+interleave (one branch's layers on both sides of another's). No bound on what these cost is
+proven; tests/test_planner_forkjoin.py (samples) and tests/test_planner_sharding_brute.py
+(weights) measure it by brute force over every assignment evaluate() accepts on random
+fork/join graphs at G = 4 and assert their margins there.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ from dp_jax.planner.costs import (
   move_from_parts,
   move_parts,
 )
+from dp_jax.planner.sharded import candidates
 from dp_jax.planner.structure import first_layer, flat_layers, last_layer
 
 # Single-input elementwise layers: XLA fuses them into their producer (DeepPool's ReLUs run in
@@ -100,8 +108,10 @@ class _Tables:
   prefix_band: np.ndarray | None = None  # (L, C) all-reduce bandwidth on the prefix [0, count)
   prefix_params: np.ndarray | None = None  # (L, C) bool: the layer all-reduces gradients there
   options: stage_choice.Options | None = None  # weight shardings on the prefix (rule "exact")
+  offers: dict | None = None  # (row, column) -> offered weight shardings (None: where allowed)
   chained: dict = field(default_factory=dict)  # layer -> sharding (None: samples) of the layers
   # the last reconstruction placed on prefixes
+  laned: dict = field(default_factory=dict)  # the same for layers it placed in concurrent lanes
   edges: dict = field(default_factory=dict)
   lanes: tuple | None = None
 
@@ -166,14 +176,17 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
   return _Tables(model=model, counts=k, budget=model.options.num_devices, allowed=allowed,
                  compute=compute, bwd=bwd, compute_k=compute_k, bwd_k=bwd_k, band=band,
                  lat=lat, link0=link0, has_params=model.grad_bytes > 0, prefix_band=prefix_band,
-                 prefix_params=prefix_params, options=options)
+                 prefix_params=prefix_params, options=options,
+                 offers=offers if options is not None else None)
 
 
 def chain_shardings(t: _Tables, assignment: dict) -> dict:
-  """Weight shardings of the layers the last reconstruction placed on prefixes (layer ->
-  (m, split)); the others split samples."""
-  return {name: sh for name, sh in t.chained.items()
-          if sh is not None and assignment[name][0] == 0}
+  """Weight shardings of the layers the last reconstruction placed (layer -> (m, split)): on
+  prefixes, or in concurrent lanes; the others split samples."""
+  out = {name: sh for name, sh in t.chained.items()
+         if sh is not None and assignment[name][0] == 0}
+  out.update((name, sh) for name, sh in t.laned.items() if sh is not None)
+  return out
 
 
 def _run_sync(t: _Tables, rows: np.ndarray, kind: int) -> np.ndarray:
@@ -430,6 +443,7 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
 EXACT_CELLS = 5e6
 GROUP_CELLS = 2e4
 OPTION_LAYOUTS = 64  # most layouts of one branch the exact tier enumerates
+SHARDED_LAYOUTS = 512  # the same with weight shardings (placements and shardings per layer)
 
 
 @dataclass
@@ -522,7 +536,8 @@ def _all_ranges(t: _Tables):
 
 @dataclass
 class _Option:
-  """One branch on several ranges inside its lane [lo, hi) (device count changes inside)."""
+  """One branch inside its lane [lo, hi): on several ranges (device count changes inside),
+  or with weight-sharded layers."""
 
   lo: int
   hi: int
@@ -531,6 +546,7 @@ class _Option:
   bwd: float
   into: np.ndarray  # (C,) the fork's send into the first layer, per fork count
   out: np.ndarray  # (C,) the last layer's send to the join, per join count
+  shards: tuple = ()  # (m, split) or None (samples) per layer; () when every layer splits samples
 
 
 def _branch_cost(t: _Tables, rows: np.ndarray, places: tuple, memo: dict) -> tuple[float, float]:
@@ -559,32 +575,90 @@ def _branch_cost(t: _Tables, rows: np.ndarray, places: tuple, memo: dict) -> tup
   return float(fwd), float(bwd)
 
 
+def _lane_shardings(t: _Tables, row: int, column: int) -> list:
+  """The shardings a lane layer may take on count `column`: samples where allowed (None), and
+  the weight shardings offered there (every one where samples is allowed when offers is None;
+  none without weight sharding)."""
+  out = [None] if t.allowed[row, column] else []
+  if t.options is None:
+    return out
+  node = t.model.graph.node(t.model.names[row])
+  for sh in candidates(node, int(t.counts[column]), t.model.options.sharding)[1:]:
+    if (sh in t.offers.get((row, column), ())) if t.offers is not None \
+        else t.allowed[row, column]:
+      out.append(sh)
+  return out
+
+
+def _layouts(t: _Tables, lane: _Lane, places: list):
+  """Every (placement, sharding) per layer of the lane's branch: (places, shards) pairs, shards
+  () when the search splits samples only; None past OPTION_LAYOUTS (samples) or
+  SHARDED_LAYOUTS (with weight shardings)."""
+  if t.options is not None:
+    layer_choices = [[((s, c), sh) for s, c in places for sh in _lane_shardings(t, r, c)]
+                     for r in lane.rows]
+    if np.prod([len(x) for x in layer_choices], dtype=float) <= SHARDED_LAYOUTS:
+      return [(tuple(p for p, _ in combo), tuple(sh for _, sh in combo))
+              for combo in itertools.product(*layer_choices)]
+  if len(places) ** len(lane.rows) > OPTION_LAYOUTS:
+    return None
+  return [(combo, ()) for combo in itertools.product(places, repeat=len(lane.rows))
+          if all(t.allowed[r, c] for r, (_, c) in zip(lane.rows, combo, strict=True))]
+
+
+def _sharded_branch_cost(t: _Tables, names: tuple, places: tuple, shards: tuple,
+                         k: np.ndarray) -> tuple[float, float]:
+  """(forward, backward) of a branch chain on `places` with weight shardings `shards`, as
+  evaluate() prices a chain (runs on one placement are stages; moves half each way)."""
+  model, fwd, bwd = t.model, 0.0, 0.0
+  spec = {n: sh for n, sh in zip(names, shards, strict=True) if sh is not None}
+  placed = [(s, int(k[c])) for s, c in places]
+  i = 0
+  while i < len(names):
+    j = i
+    while j + 1 < len(names) and placed[j + 1] == placed[i]:
+      j += 1
+    run = tuple(names[i: j + 1])
+    compute, sync = model.stage(run, placed[i], spec)
+    back = sum(model.layer_ms(n, placed[i], spec.get(n))[1] for n in run)
+    fwd, bwd = fwd + compute - back, bwd + back + sync
+    if j + 1 < len(names):
+      half = model.move(names[j], placed[j], placed[j + 1])[0] / 2
+      fwd, bwd = fwd + half, bwd + half
+    i = j + 1
+  return float(fwd), float(bwd)
+
+
 def _options(t: _Tables, lane: _Lane) -> list | None:
-  """Every way to run a short plain branch on ranges that change inside its lane, less those
-  another way (or a one-range lane) beats on every term within a hull no wider; None when
-  the branch is too long to enumerate (OPTION_LAYOUTS)."""
+  """Every way to run a short plain branch on ranges that change inside its lane (and, with
+  weight sharding, with its layers' weight shardings), less those another way (or a one-range
+  samples lane) beats on every term within a hull no wider; None when the branch is too long
+  to enumerate (_layouts)."""
   k, g = t.counts, t.budget
   places = [(s, c) for c in range(len(k)) for s in range(g - int(k[c]) + 1)]
-  if len(places) ** len(lane.rows) > OPTION_LAYOUTS:
+  layouts = _layouts(t, lane, places)
+  if layouts is None:
     return None
   moves_in, moves_out = t.lane_moves()
   pinned = [t.model.graph.node(n).kind in ELEMENTWISE_KINDS for n in lane.names]
   pool, memo = [], {}
-  for combo in itertools.product(places, repeat=len(lane.rows)):
+  for combo, shards in layouts:
     if any(pinned[i] and combo[i] != combo[i - 1] for i in range(1, len(combo))):
-      continue
-    if not all(t.allowed[r, c] for r, (_, c) in zip(lane.rows, combo, strict=True)):
       continue
     lo = min(s for s, _ in combo)
     hi = max(s + int(k[c]) for s, c in combo)
     (s1, c1), (s2, c2) = combo[0], combo[-1]
-    fwd, bwd = _branch_cost(t, lane.rows, combo, memo)
+    if any(sh is not None for sh in shards):
+      fwd, bwd = _sharded_branch_cost(t, lane.names, combo, shards, k)
+    else:
+      fwd, bwd = _branch_cost(t, lane.rows, combo, memo)
+      shards = ()
     if ("in", s1, c1) not in memo:
       memo[("in", s1, c1)] = move_from_parts([x[s1, c1] for x in moves_in], lane.first_bytes)
     if ("out", s2, c2) not in memo:
       memo[("out", s2, c2)] = move_from_parts([x[s2, c2] for x in moves_out], lane.last_bytes)
     into, out = memo[("in", s1, c1)], memo[("out", s2, c2)]
-    pool.append(_Option(lo, hi, combo, fwd, bwd, into, out))
+    pool.append(_Option(lo, hi, combo, fwd, bwd, into, out, shards))
   if not pool:
     return []
   lo, hi = np.array([o.lo for o in pool]), np.array([o.hi for o in pool])
@@ -593,8 +667,8 @@ def _options(t: _Tables, lane: _Lane) -> list | None:
   order = np.arange(len(pool))
   keep = []
   for i, o in enumerate(pool):
-    if len(set(o.places)) == 1:
-      continue  # one range: the groups search has it
+    if len(set(o.places)) == 1 and not o.shards:
+      continue  # one range, samples: the groups search has it
     no_worse = ((lo >= o.lo) & (hi <= o.hi) & (fwd <= o.fwd) & (bwd <= o.bwd)
                 & (into <= o.into).all(axis=1) & (out <= o.out).all(axis=1))
     same = ((lo == o.lo) & (hi == o.hi) & (fwd == o.fwd) & (bwd == o.bwd)
@@ -758,6 +832,7 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
       o = lp.options[i][-1 - c]
       layout.update({name: (s, int(k[ci])) for name, (s, ci) in zip(lanes[i].names, o.places,
                                                                     strict=True)})
+      t.laned.update(zip(lanes[i].names, o.shards, strict=False))
     placed, e = prev, prev_e
   return best_fj, layout
 
@@ -877,6 +952,7 @@ def search(t: _Tables) -> tuple[dict[str, Placement], float]:
   g = int(final.argmin())
   out: dict[str, Placement] = {}
   t.chained.clear()
+  t.laned.clear()
   if np.isfinite(final[g]):
     _place_chain(t, sol, 0, g, out)
   return out, float(final[g])
