@@ -10,6 +10,7 @@ from flax import nnx
 from runtime_helpers import (
   TINY_GPT2,
   batches,
+  by_prefix,
   make_model,
   run_plan,
   run_reference,
@@ -193,3 +194,31 @@ DIGITS_CNN_SHARDED = {"conv1": ((4, 2), "out"), "conv2": ((2, 4), "out"),
 def test_digits_cnn_with_split_convolutions_matches_one_device():
   """conv out-splits on 2-D meshes (weight gradients all-reduced over "data" too)."""
   _exact("digits_cnn", lambda _: ALL8, DIGITS_CNN_SHARDED, 8, 1e-5, 5e-5)
+
+
+# ResNet-50's first layer2 block as a fork/join: the main path on devices 0-1, the shortcut's
+# convolution weight-split (out) on devices 2-3 beside it: a weight-sharded concurrent lane off
+# device 0, as the planner may now choose (docs/cost_model.md, "What the planner is exact over").
+RESNET_LANE_LAYOUT = by_prefix([("conv1", ALL8), ("maxpool", ALL8), ("layer1", ALL8),
+                                ("layer2.0.conv", [0, 1]), ("layer2.0.downsample", [2, 3]),
+                                ("layer2", range(4)), ("layer3", range(4)), ("fc", [0])], [4, 5])
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
+def test_weight_sharded_concurrent_lane_off_device_0_matches_one_device():
+  """A split convolution in a fork/join branch on its own devices trains like one device."""
+  shardings = {"layer2.0.downsample": ((1, 2), "out")}
+  with jax.enable_x64(True):
+    data = batches(make_model("resnet50", jnp.float64), 8, STEPS, dtype=jnp.float64)
+    model = make_model("resnet50", jnp.float64)
+    losses, program, state = run_plan(model, "resnet50", RESNET_LANE_LAYOUT, data, sgd(),
+                                      shardings=shardings)
+    reference = make_model("resnet50", jnp.float64)
+    np.testing.assert_allclose(losses, run_reference(reference, data, sgd()), rtol=1e-9)
+    diff, update = state_diffs(model, reference, make_model("resnet50", jnp.float64))
+  assert diff < 1e-7 and update > 20 * 1e-7, (diff, update)
+  lane = program.stages[program.stage_of["layer2.0.downsample"]]
+  assert lane.stage.devices == (2, 3) and lane.mesh.devices.shape == (1, 2)
+  assert any(not a.sharding.is_fully_replicated
+             for a in state["params"]["layer2.0.downsample"].values())
