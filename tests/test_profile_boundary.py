@@ -67,3 +67,13 @@ def test_without_cuts_the_whole_split_ratio_scales_every_layer():
   split, start = boundary.attribute(fused, empty, {}, whole_split=2 * empty + 1.5 * 10.0)
   assert split == pytest.approx([1.0, 2.0, 2.0])  # 0.5 x each layer's marginal (2, 4, 4)
   assert start == [0.0, 0.0, 0.0]
+
+
+def test_a_cut_measured_under_heavier_load_is_rescaled_by_its_own_uncut_round():
+  fused, empty, cut_ms = synthetic(10, [3, 7], seed=3)
+  split, start = boundary.attribute(fused, empty, cut_ms)
+  net_whole = fused[-1] - empty
+  slow = {k: {**{p: empty + 2.5 * (v - empty) for p, v in c.items()},
+              "whole": empty + 2.5 * net_whole} for k, c in cut_ms.items()}  # all 2.5x slower
+  split2, start2 = boundary.attribute(fused, empty, slow)
+  assert split2 == pytest.approx(split) and start2 == pytest.approx(start)

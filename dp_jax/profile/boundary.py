@@ -7,8 +7,10 @@ from their predecessors. For a cut after layer k (series-parallel order) the run
 two-stage program on the g devices of a data-parallel stage (dp_jax.runtime.step.build_program
 with a break at layer k+1, run by train_step with a timer) gives, per step: fwd(P_k) and
 bwd(P_k) of the first stage and fused(S_k) of the second (the suffix, as the last stage runs
-it). Against the profile's fused prefix totals F_k (dp_jax.profile.in_context, net of the empty
-call e):
+it); each round also steps the uncut model (one fused program, U), and the cut's times are
+rescaled by F_n / U (net of the empty call e) so that load drifting between the profile's
+prefixes and its cuts cancels. Against the profile's fused prefix totals F_k
+(dp_jax.profile.in_context, net of e):
 
   split_k = fwd(P_k) + bwd(P_k) - 2e - F_k     what the prefix costs more as a non-last stage
   start_k = fused(S_k) - e - (F_n - F_k)       what the suffix costs beyond its layers' marginals
@@ -35,7 +37,7 @@ from dp_jax.runtime.plans import data_parallel_layout_plan
 from dp_jax.runtime.stages import series_parallel_order
 from dp_jax.runtime.step import build_program, init_state, train_step
 
-PHASES = ("fwd", "bwd", "suffix")
+PHASES = ("fwd", "bwd", "suffix", "whole")
 
 
 def cut_points(n: int, cuts: int) -> list[int]:
@@ -72,6 +74,7 @@ def attribute(fused: Sequence[float], empty: float, cut_ms: Mapping[int, Mapping
   """
   n = len(fused)
   f = [t - empty for t in running_max(fused, empty)]  # net prefix totals, non-decreasing
+  cut_ms = {k: scaled(c, empty, f[-1]) for k, c in cut_ms.items()}
   ratio = {k: (c["fwd"] + c["bwd"] - 2 * empty) / f[k - 1]
            for k, c in cut_ms.items() if f[k - 1] > 0}
   if whole_split is not None and f[-1] > 0:
@@ -87,33 +90,56 @@ def attribute(fused: Sequence[float], empty: float, cut_ms: Mapping[int, Mapping
   return split, [0.0, *interpolate(start, range(1, n))]
 
 
+def scaled(cut: Mapping[str, float], empty: float, whole: float) -> dict[str, float]:
+  """A cut's fwd, bwd and suffix ms rescaled (net of `empty`) by whole / its own round's
+  uncut whole-model program (cut["whole"], if measured): the machine's load drifts between the
+  profile's prefixes and its cuts, and a ratio taken within one round is robust to it."""
+  if "whole" not in cut or cut["whole"] - empty <= 0:
+    return {p: cut[p] for p in PHASES if p in cut}
+  s = whole / (cut["whole"] - empty)
+  return {p: empty + (cut[p] - empty) * s for p in PHASES if p in cut}
+
+
 def cut_samples(defs, graph: LayerGraph, k: int, global_batch: int,
                 devices: list[jax.Device], optimizer: optax.GradientTransformation,
                 host: tuple, repeats: int, warmup: int,
                 samples: dict[str, list[float]]) -> None:
-  """`warmup` then `repeats` steps of the model cut after layer k into two stages on all
-  `devices` (runtime train_step, each call timed); fwd, bwd and suffix ms appended.
+  """`warmup` then `repeats` rounds, each one step of the model cut after layer k into two
+  stages on all `devices` and one of the uncut model (runtime train_step, each call timed):
+  fwd, bwd, suffix (the cut's programs) and whole (the uncut program) ms appended.
   host: (params, stats, x, y) as host arrays (every placement copies)."""
-  params, stats, x_host, y_host = host
   order = series_parallel_order(graph)
   plan = check_plan(data_parallel_layout_plan(graph, global_batch=global_batch,
                                               num_devices=len(devices)),
                     graph, available_devices=len(devices))
-  program = build_program(graph, defs, plan, optimizer, list(devices), breaks={order[k]})
-  state = init_state(program, params, stats, optimizer)
-  x = jax.device_put(x_host, program.input_stage.batch)
-  y = jax.device_put(y_host, program.last_stage.batch)
+  runs = [_Run(build_program(graph, defs, plan, optimizer, list(devices), breaks=b), host,
+               optimizer) for b in ({order[k]}, ())]
   for i in range(warmup + repeats):
+    cut, whole = (r.step() for r in runs)
+    if i >= warmup:
+      for p, v in {**cut, "whole": whole["suffix"]}.items():
+        samples[p].append(v)
+
+
+class _Run:
+  """A program, its state and batch; step() runs one timed train_step."""
+
+  def __init__(self, program, host: tuple, optimizer: optax.GradientTransformation):
+    params, stats, x, y = host
+    self.program = program
+    self.state = init_state(program, params, stats, optimizer)
+    self.x = jax.device_put(x, program.input_stage.batch)
+    self.y = jax.device_put(y, program.last_stage.batch)
+
+  def step(self) -> dict[str, float]:
+    """ms of the step's stage calls by phase: fwd, bwd (non-last stages), suffix (the last)."""
     timer: list[dict] = []
-    state, loss = train_step(program, state, x, y, timer=timer)
-    jax.block_until_ready((state, loss))
-    if i < warmup:
-      continue
-    ms = {p: 0.0 for p in PHASES}
+    self.state, loss = train_step(self.program, self.state, self.x, self.y, timer=timer)
+    jax.block_until_ready((self.state, loss))
+    ms = {"fwd": 0.0, "bwd": 0.0, "suffix": 0.0}
     for t in timer:
       phase = {"fwd": "fwd", "bwd": "bwd", "fwd_bwd": "suffix"}.get(t["phase"])
       if phase is not None:
         ms[phase] += (t["end_s"] - t["start_s"]) * 1e3
-    for p in PHASES:
-      samples[p].append(ms[p])
+    return ms
 
