@@ -2,12 +2,14 @@
 
 For one model on the local devices (one per core, dp_jax.runtime.local_devices): calibrate the
 local cluster (transfers, all-reduce, dispatch, update; dp_jax.profile.local_links), measure
-every layer under the load its stage puts on the devices (dp_jax.profile.loaded), take a set of
-plans - data parallelism, the planner's burst plans at each validate.amplification_limits and
-validate.plans random valid plans (seeded) - predict each one's step time with the planner's
-cost model plus the runtime overhead term (dp_jax.planner.local_overhead), run each with the
-runtime (dp_jax.runtime.plan_timing, interleaved), and write validation.csv, metrics.json,
-calibration.json and scatter.png into the run folder (and W&B). Details: docs/validation.md.
+every layer in context and what a stage boundary costs (dp_jax.profile.in_context,
+dp_jax.profile.boundary; or each layer alone under its stage's load, dp_jax.profile.loaded),
+take a set of plans - data parallelism, the planner's burst plans at each
+validate.amplification_limits and validate.plans random valid plans (seeded) - predict each
+one's step time with the planner's cost model plus the runtime overhead term
+(dp_jax.planner.local_overhead), run each with the runtime (dp_jax.runtime.plan_timing,
+interleaved), and write validation.csv, metrics.json, calibration.json and scatter.png into the
+run folder (and W&B). Details: docs/validation.md.
 """
 
 from __future__ import annotations
