@@ -2,12 +2,14 @@
 
 For one model on the local devices (one per core, dp_jax.runtime.local_devices): calibrate the
 local cluster (transfers, all-reduce, dispatch, update; dp_jax.profile.local_links), measure
-every layer under the load its stage puts on the devices (dp_jax.profile.loaded), take a set of
-plans - data parallelism, the planner's burst plans at each validate.amplification_limits and
-validate.plans random valid plans (seeded) - predict each one's step time with the planner's
-cost model plus the runtime overhead term (dp_jax.planner.local_overhead), run each with the
-runtime (dp_jax.runtime.plan_timing, interleaved), and write validation.csv, metrics.json,
-calibration.json and scatter.png into the run folder (and W&B). Details: docs/validation.md.
+every layer in context and what a stage boundary costs (dp_jax.profile.in_context,
+dp_jax.profile.boundary; or each layer alone under its stage's load, dp_jax.profile.loaded),
+take a set of plans - data parallelism, the planner's burst plans at each
+validate.amplification_limits and validate.plans random valid plans (seeded) - predict each
+one's step time with the planner's cost model plus the runtime overhead term
+(dp_jax.planner.local_overhead), run each with the runtime (dp_jax.runtime.plan_timing,
+interleaved), and write validation.csv, metrics.json, calibration.json and scatter.png into the
+run folder (and W&B). Details: docs/validation.md.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dp_jax.tracking import Run
 log = logging.getLogger("dp_jax.validate")
 COLUMNS = ("plan", "kind", "predicted_ms", "measured_ms", "error_pct", "stages", "devices_used",
            "device_counts", "compute_ms", "sync_ms", "move_ms", "overhead_ms", "split_ms",
-           "measured_min_ms", "measured_max_ms")
+           "start_ms", "measured_min_ms", "measured_max_ms")
 
 
 class Statistic(str, Enum):
@@ -58,6 +60,7 @@ class ValidationConfig:
   profile: ProfileMethod = ProfileMethod.in_context  # how layer times are measured
   profile_repeats: int = 3  # timed rounds per layer (prefix), count and pass
   profile_passes: int = 2  # passes over all layers (prefixes), spreading samples over time
+  profile_cuts: int = 4  # stage boundaries measured as two-stage cuts (the rest interpolated)
   refresh_calibration: bool = False
   cache_dir: str = ".cache/dp_jax/profiles"
 
@@ -109,7 +112,8 @@ def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int, cal) ->
   """The planner's evaluation of `assignment` plus the local overhead term, in ms."""
   from dp_jax import workflow
   from dp_jax.planner import evaluate_plan
-  from dp_jax.planner.local_overhead import overhead_ms, split_extra_ms
+  from dp_jax.planner.local_overhead import overhead_ms, split_extra_ms, stage_start_ms
+  from dp_jax.runtime.stages import series_parallel_order
 
   opts = workflow.plan_options(cfg.planner, g, cfg.batch_size)
   opts.pop("num_devices")
@@ -121,9 +125,15 @@ def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int, cal) ->
   split = split_extra_ms(profile.meta.get("split_extra_ms") or {},
                          [(s.layers, cfg.batch_size // s.placement[1]) for s in ev.stages
                           if graph.sink not in s.layers])
+  # every stage but the first starts from a program input, apart from the layers before it
+  pos = {n: i for i, n in enumerate(series_parallel_order(graph))}
+  start = stage_start_ms(profile.meta.get("stage_start_ms") or {},
+                         [(min(s.layers, key=pos.__getitem__), cfg.batch_size // s.placement[1])
+                          for s in ev.stages if graph.source not in s.layers])
   update = 0.0 if profile.meta.get("includes_update") else cal.update_ns_per_param
   over = overhead_ms([s.layers for s in ev.stages], params, dispatch_us=cal.dispatch_us,
-                     stage_us=cal.stage_us, update_ns_per_param=update, split_ms=split)
+                     stage_us=cal.stage_us, update_ns_per_param=update, split_ms=split,
+                     start_ms=start)
   sync = sum(s.sync_ms for s in ev.stages)
   # a profile measured on the stage's devices has the all-reduce inside (serial on XLA:CPU,
   # planner.overlap_allreduce=false): the cluster's priced all-reduce is not added again
@@ -131,7 +141,8 @@ def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int, cal) ->
   return {"predicted_ms": ev.iteration_ms - sync + counted + over, "stages": len(ev.stages),
           "compute_ms": sum(s.compute_ms for s in ev.stages),
           "sync_ms": counted,
-          "move_ms": sum(m.ms for m in ev.moves), "overhead_ms": over, "split_ms": split}
+          "move_ms": sum(m.ms for m in ev.moves), "overhead_ms": over, "split_ms": split,
+          "start_ms": start}
 
 
 def scatter_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -210,7 +221,8 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
   if workflow.enum_value(vc.profile) == "in_context":
     profile = in_context_profile(model, graph, cfg.batch_size, counts, cache_dir=vc.cache_dir,
                                  repeats=vc.profile_repeats, passes=vc.profile_passes,
-                                 statistic=stat, devices=devices, progress=print)
+                                 cuts=vc.profile_cuts, statistic=stat, devices=devices,
+                                 progress=print)
   else:
     profile = loaded_profile(model, graph, cfg.batch_size, counts, cache_dir=vc.cache_dir,
                              repeats=vc.profile_repeats, passes=vc.profile_passes,

@@ -31,6 +31,7 @@ if [ -n "$dry" ]; then
   gpt=(model=gpt2 model.n_layer=1 model.d_model=32 model.n_head=2 model.seq_len=8
        model.vocab_size=64 batch_size=8)
   val=(validate.plans=1 validate.steps=1 validate.warmup=1 validate.profile_repeats=1 validate.profile_passes=1
+       validate.profile_cuts=1
        "validate.amplification_limits=[2.0]" logger=disabled)
   bench=(--steps 2 --splits 1,2)
 else

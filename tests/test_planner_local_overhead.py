@@ -24,3 +24,14 @@ def test_split_extra_sums_non_last_stages_at_their_batch():
   assert split_extra_ms({}, [(["a"], 8)]) == 0.0 and split_extra_ms(extra, []) == 0.0
   kw = dict(dispatch_us=100, stage_us=0, update_ns_per_param=0)
   assert overhead_ms([["a"]], {}, split_ms=2.5, **kw) == pytest.approx(0.1 + 2.5)
+
+
+def test_stage_start_charges_each_later_stage_by_its_first_layer():
+  from dp_jax.planner.local_overhead import stage_start_ms
+
+  start = {"b": {"8": 3.0}, "c": {"4": 1.0}}
+  assert stage_start_ms(start, [("b", 8), ("c", 4)]) == pytest.approx(4.0)
+  assert stage_start_ms(start, [("c", 8)]) == pytest.approx(2.0)  # nearest batch, scaled
+  assert stage_start_ms(start, [("a", 8)]) == 0.0
+  kw = dict(dispatch_us=0, stage_us=0, update_ns_per_param=0)
+  assert overhead_ms([["a"], ["b"]], {}, start_ms=3.0, **kw) == pytest.approx(3.0)

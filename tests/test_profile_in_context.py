@@ -44,32 +44,40 @@ def test_profile_covers_each_count_records_the_split_and_reads_its_cache(tmp_pat
   m, g = mlp()
   devices = jax.devices()[:2]
   p = in_context.in_context_profile(m, g, 8, [2], cache_dir=tmp_path, repeats=1, passes=1,
-                                    devices=devices)
+                                    devices=devices, cuts=1)
   assert all(set(p.batches(n)) == {4} for n in g.names)  # per-device batch on 2 devices
   assert all(t >= 0 for n in g.names for t in p.layers[n][4])
   assert p.meta["includes_update"] and p.meta["includes_allreduce"]
-  assert p.meta["method"] == in_context.METHOD
+  assert p.meta["method"] == in_context.METHOD and len(p.meta["cuts"]) == 1
   for b in (4,):  # the layers sum to the whole model's fused program, less the empty round
     prefix = p.meta["prefix_ms"][str(8 // b)]
+    e = p.meta["empty_round_ms"][8 // b]
     assert len(prefix["fused"]) == len(g.names) and prefix["fwd"] > 0 and prefix["bwd"] > 0
-    whole = max(prefix["fused"]) - p.meta["empty_round_ms"][8 // b]
+    whole = max(prefix["fused"]) - e
     assert sum(sum(p.layers[n][b]) for n in g.names) == pytest.approx(whole)
-    r = p.meta["split_over_fused"][str(b)]
-    assert sum(p.meta["split_extra_ms"][n][str(b)] for n in g.names) == pytest.approx(
-        whole * (r - 1))
+    split = [p.meta["split_extra_ms"][n][str(b)] for n in g.names]
+    start = [p.meta["stage_start_ms"][n][str(b)] for n in g.names]
+    assert sum(split) == pytest.approx(prefix["fwd"] + prefix["bwd"] - 2 * e - whole)
+    (k, cut), = prefix["cuts"].items()  # the measured cut is priced as its measured programs
+    assert set(cut) == set(in_context.boundary.PHASES) and all(v > 0 for v in cut.values())
+    cut = in_context.boundary.scaled(cut, e, whole)  # to the profile's load (its uncut round)
+    assert start[0] == 0.0 and whole + sum(split[:int(k)]) + start[int(k)] == pytest.approx(
+        cut["fwd"] + cut["bwd"] + cut["suffix"] - 3 * e)
 
   def no_timing(*a, **k):
     raise AssertionError("timed again despite the cache")
 
   monkeypatch.setattr(in_context, "_Prefix", no_timing)
+  monkeypatch.setattr(in_context.boundary, "cut_samples", no_timing)
   again = in_context.in_context_profile(m, g, 8, [2], cache_dir=tmp_path, repeats=1,
-                                        passes=1, devices=devices)
+                                        passes=1, devices=devices, cuts=1)
   assert again.layers == p.layers
 
 
 def test_bad_counts_statistic_and_repeats_are_user_errors(tmp_path):
   m, g = tiny()
-  for kw in (dict(counts=[3]), dict(counts=[1], statistic="mean"), dict(counts=[1], repeats=0)):
+  for kw in (dict(counts=[3]), dict(counts=[1], statistic="mean"), dict(counts=[1], repeats=0),
+             dict(counts=[1], cuts=-1)):
     counts = kw.pop("counts")
     with pytest.raises(UserError):
       in_context.in_context_profile(m, g, 8, counts, cache_dir=tmp_path, **kw)

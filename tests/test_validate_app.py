@@ -6,7 +6,8 @@ import json
 import pytest
 from apps import assert_one_line_error, run_app
 
-QUICK_PROFILE = ["validate.profile_repeats=1", "validate.profile_passes=1"]
+QUICK_PROFILE = ["validate.profile_repeats=1", "validate.profile_passes=1",
+                 "validate.profile_cuts=1"]
 TINY = ["model=gpt2", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
         "model.seq_len=8", "model.vocab_size=64", "batch_size=8", "logger=disabled"]
 

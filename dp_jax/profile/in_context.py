@@ -14,12 +14,15 @@ dp_jax.planner.local_overhead), so the costs of any stage that starts at the fir
 to its measured program, with the update, the all-reduce and the fusion with neighbours
 inside (meta: includes_update, includes_allreduce).
 
-A stage that is not the last runs a forward and a backward program instead; the whole model
-is also timed that way, and r = (fwd + bwd) / fused scales each layer:
-meta["split_extra_ms"][layer][b] = its cost x (r - 1), what it costs more in a stage that is
-not the last. The table's fwd/bwd division of a layer's cost follows the whole model's
-fwd / (fwd + bwd). `statistic` of `passes` passes over all prefixes of `repeats` rounds each;
-the prefix totals are cached (dp_jax.profile.cache, method in_context/2).
+What a stage boundary costs (dp_jax.profile.boundary): at `cuts` boundaries k spread over the
+model, the runtime's two-stage program cut after layer k on the same g devices is stepped and
+each program timed; meta["split_extra_ms"][layer][b] is what a layer costs more in a stage
+that is not the last (split forward and backward programs), meta["stage_start_ms"][layer][b]
+what a stage that begins at that layer costs beyond its layers' marginals. The whole model is
+also timed as split forward and backward programs (it prices the split after the last cut).
+The table's fwd/bwd division of a layer's cost follows the whole model's fwd / (fwd + bwd).
+`statistic` of `passes` passes over all prefixes and cuts of `repeats` rounds each; the
+totals are cached (dp_jax.profile.cache, method in_context/3).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import optax
 
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
-from dp_jax.profile import cache
+from dp_jax.profile import boundary, cache
 from dp_jax.profile.loaded import STATISTICS, checked_counts
 from dp_jax.profile.measure import model_dtype
 from dp_jax.profile.table import ProfileTable
@@ -49,7 +52,7 @@ from dp_jax.runtime.loss import cross_entropy
 from dp_jax.runtime.stages import Stage, group_stages, series_parallel_order
 from dp_jax.runtime.step import stage_program
 
-METHOD = "in_context/2"
+METHOD = "in_context/3"
 PHASES = ("fwd", "bwd", "fused")
 
 
@@ -158,22 +161,23 @@ def marginals(totals: list[float], empty: float) -> list[float]:
 def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable[int], *,
                        cache_dir: str | Path = cache.DEFAULT_CACHE_DIR, repeats: int = 3,
                        warmup: int = 1, statistic: str = "median", passes: int = 2,
-                       devices: list[jax.Device] | None = None,
+                       devices: list[jax.Device] | None = None, cuts: int = 4,
                        optimizer: optax.GradientTransformation | None = None,
                        progress: Callable[[str], None] | None = None) -> ProfileTable:
   """Fwd/bwd ms of every layer at per-device batch B // g (a g-device stage), from prefixes."""
   devices = devices or jax.devices()
   counts = checked_counts(counts, global_batch, devices, statistic)
-  if repeats < 1 or passes < 1 or warmup < 0:
-    raise UserError(f"repeats and passes must be >= 1 and warmup >= 0, got {repeats}, "
-                    f"{passes} and {warmup}")
+  if repeats < 1 or passes < 1 or warmup < 0 or cuts < 0:
+    raise UserError(f"repeats and passes must be >= 1, warmup and cuts >= 0, got {repeats}, "
+                    f"{passes}, {warmup} and {cuts}")
   optimizer = optimizer or optax.sgd(0.01, momentum=0.9)
   order = series_parallel_order(graph)
+  at = boundary.cut_points(len(order), cuts)
   dtype = model_dtype(model)
   base = {"model": graph.model, "backend": jax.default_backend(),
           "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
           "cores": cpu_cores(), "statistic": statistic, "passes": passes, "repeats": repeats,
-          "method": METHOD,
+          "method": METHOD, "cuts": at,
           "layers": [[n, graph.node(n).kind, cache.attrs_hash(graph.node(n).attrs)] for n in order]}
   totals: dict[int, dict[str, list[float]]] = {}
   todo = []
@@ -197,43 +201,54 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
     for g, key in todo:
       prefixes = [_Prefix(graph, prefix_stage(graph, k), defs, optimizer, list(devices[:g]))
                   for k in range(1, len(order) + 1)]
-      work.append((g, key, prefixes, [{p: [] for p in PHASES} for _ in prefixes]))
+      work.append((g, key, prefixes, [{p: [] for p in PHASES} for _ in prefixes],
+                   {k: {p: [] for p in boundary.PHASES} for k in at}))
     for i in range(passes):
-      for g, _, prefixes, samples in work:
+      for g, _, prefixes, samples, cut_s in work:
         for k, (prefix, s) in enumerate(zip(prefixes, samples, strict=True)):
           # every prefix fused (as a last stage); the whole model also split (fwd, bwd)
           prefix_samples(prefix, (params, stats, *host), repeats, warmup if i == 0 else 0, s,
                          PHASES if k == len(prefixes) - 1 else ("fused",))
+        for k in at:  # the model cut in two after layer k, on the same devices
+          boundary.cut_samples(defs, graph, k, global_batch, list(devices[:g]), optimizer,
+                               (params, stats, *host), repeats, max(warmup, 1), cut_s[k])
         if progress is not None:
           progress(f"in-context profile: pass {i + 1} of {passes}, {g} device(s) done")
-    for g, key, _, samples in work:
+    for g, key, _, samples, cut_s in work:
       totals[g] = {"empty": empty[g],
                    "fused": [STATISTICS[statistic](s["fused"]) for s in samples],
+                   "cuts": {str(k): {p: STATISTICS[statistic](v) for p, v in c.items()}
+                            for k, c in cut_s.items()},
                    **{p: STATISTICS[statistic](samples[-1][p]) for p in ("fwd", "bwd")}}
       cache.store_entry(cache_dir, key, totals[g])
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in order}
   extra: dict[str, dict[str, float]] = {n: {} for n in order}
+  start: dict[str, dict[str, float]] = {n: {} for n in order}
   for g in counts:
     b = global_batch // g
     t = totals[g]
-    values = [*t["fused"], t["fwd"], t["bwd"], t["empty"]]
+    cut_ms = {int(k): c for k, c in t["cuts"].items()}
+    values = [*t["fused"], t["fwd"], t["bwd"], t["empty"],
+              *(v for c in cut_ms.values() for v in c.values())]
     if not all(math.isfinite(v) and v >= 0 for v in values):
       raise UserError(f"a measured prefix time of {graph.model} at batch {b} is not finite")
     fused = marginals(t["fused"], empty[g])
-    whole = max(t["fused"][-1] - empty[g], 1e-9)
     split = max(t["fwd"] + t["bwd"] - 2 * empty[g], 1e-9)
     fwd_share = (t["fwd"] - empty[g]) / split
-    for n, u in zip(order, fused, strict=True):
+    split_ms, start_ms = boundary.attribute(t["fused"], empty[g], cut_ms, t["fwd"] + t["bwd"])
+    for n, u, e, s0 in zip(order, fused, split_ms, start_ms, strict=True):
       layers[n][b] = (u * fwd_share, u * (1 - fwd_share))
-      extra[n][str(b)] = u * (split / whole - 1)
+      extra[n][str(b)] = e
+      start[n][str(b)] = s0
   return ProfileTable(model=graph.model, device=devices[0].device_kind, dtype=dtype,
                       source="measured", layers=layers,
                       meta={**{k: v for k, v in base.items() if k != "layers"},
                             "warmup": warmup, "global_batch": global_batch, "counts": counts,
                             "empty_round_ms": empty, "split_extra_ms": extra,
+                            "stage_start_ms": start,
                             "prefix_ms": {str(g): totals[g] for g in counts},
                             "split_over_fused": {str(global_batch // g): (
                                 totals[g]["fwd"] + totals[g]["bwd"] - 2 * empty[g]) / max(
-                                totals[g]["fused"][-1] - empty[g], 1e-9) for g in counts},
+                                max(totals[g]["fused"]) - empty[g], 1e-9) for g in counts},
                             "includes_update": True, "includes_allreduce": True})
 
