@@ -107,11 +107,7 @@ def _block_restrictions(block: Parallel, a: dict, out: set) -> None:
     return  # merged
   masks, uniform = [], []
   for br in branches:
-    mask = 0
-    for n in flat_layers(br):
-      s, c = a[n]
-      mask |= ((1 << c) - 1) << s
-    masks.append(mask)
+    masks.append(branch_mask(br, a))
     uniform.append(len({a[n] for n in flat_layers(br)}) == 1)
   groups = sharing_groups(masks)
   if len(groups) == 1:
@@ -129,3 +125,12 @@ def _block_restrictions(block: Parallel, a: dict, out: set) -> None:
     at = ends[i]
   if not packed:
     out.add("lanes not packed from 0 in branch order")
+
+
+def branch_mask(branch, assignment) -> int:
+  """Bit mask of the devices the layers of `branch` use under `assignment` (layer -> (s, c))."""
+  mask = 0
+  for n in flat_layers(branch):
+    s, c = assignment[n]
+    mask |= ((1 << c) - 1) << s
+  return mask

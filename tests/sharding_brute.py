@@ -19,6 +19,7 @@ import itertools
 import math
 
 import numpy as np
+from forkjoin_brute import branch_mask
 
 from dp_jax.cluster import ClusterSpec
 from dp_jax.graph import LayerGraph, LayerNode
@@ -159,13 +160,7 @@ def concurrent_shardings(model, assignment: dict, shardings: dict) -> set[str]:
     if isinstance(item, str):
       continue
     branches = [b for b in item.branches if b.items]
-    masks = []
-    for br in branches:
-      mask = 0
-      for n in flat_layers(br):
-        s, c = assignment[n]
-        mask |= ((1 << c) - 1) << s
-      masks.append(mask)
+    masks = [branch_mask(br, assignment) for br in branches]
     if len(sharing_groups(masks)) > 1:
       out |= {n for br in branches for n in flat_layers(br) if n in shardings}
   return out
