@@ -150,12 +150,8 @@ def empty_call_ms(devices: list[jax.Device], statistic: str, rounds: int = 50) -
 
 def marginals(totals: list[float], empty: float) -> list[float]:
   """Per-layer differences of prefix totals (P_0 = `empty`), through their running maximum."""
-  out, prev = [], empty
-  for t in totals:
-    t = max(t, prev)
-    out.append(t - prev)
-    prev = t
-  return out
+  tops = boundary.running_max(totals, empty)
+  return [b - a for a, b in zip([empty, *tops[:-1]], tops, strict=True)]
 
 
 def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable[int], *,
