@@ -7,9 +7,11 @@ dp_jax.profile.boundary; or each layer alone under its stage's load, dp_jax.prof
 take a set of plans - data parallelism, the planner's burst plans at each
 validate.amplification_limits and validate.plans random valid plans (seeded) - predict each
 one's step time with the planner's cost model plus the runtime overhead term
-(dp_jax.planner.local_overhead), run each with the runtime (dp_jax.runtime.plan_timing,
-interleaved), and write validation.csv, metrics.json, calibration.json and scatter.png into the
-run folder (and W&B). Details: docs/validation.md.
+(dp_jax.planner.local_overhead), run each with the runtime (dp_jax.runtime.plan_timing:
+interleaved between plans, each timed step right after a step of the same plan, as in
+training; the profile times its programs the same way), and write validation.csv,
+metrics.json, calibration.json and scatter.png into the run folder (and W&B). Details:
+docs/validation.md.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class ValidationConfig:
   steps: int = 5  # timed steps per plan
   warmup: int = 2  # untimed steps per plan (the first compiles)
   group: int = 4  # plans held and interleaved at once
+  runs_per_turn: int = 2  # a plan's (and profiled program's) steps in a row, the last timed
   statistic: Statistic = Statistic.min  # of a prefix's rounds and of a plan's timed steps
   max_segments: int = 6  # a random plan cuts the layers into at most this many runs
   profile: ProfileMethod = ProfileMethod.in_context  # how layer times are measured
@@ -182,9 +185,9 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
   # the runtime donates buffers a stage cannot always reuse on CPU; harmless, and noisy
   warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
   vc = cfg.validate
-  if vc.steps < 1 or vc.warmup < 0 or vc.plans < 0 or vc.group < 1:
-    raise UserError("validate.steps and validate.group must be >= 1, validate.warmup and "
-                    "validate.plans >= 0")
+  if vc.steps < 1 or vc.warmup < 0 or vc.plans < 0 or vc.group < 1 or vc.runs_per_turn < 1:
+    raise UserError("validate.steps, validate.group and validate.runs_per_turn must be >= 1, "
+                    "validate.warmup and validate.plans >= 0")
   # one host device per core (no effect once JAX has started, or on an accelerator)
   local_devices.set_host_device_count(local_devices.honest_device_count(vc.num_devices))
   import jax
@@ -222,11 +225,11 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
     profile = in_context_profile(model, graph, cfg.batch_size, counts, cache_dir=vc.cache_dir,
                                  repeats=vc.profile_repeats, passes=vc.profile_passes,
                                  cuts=vc.profile_cuts, statistic=stat, devices=devices,
-                                 progress=print)
+                                 runs_per_turn=vc.runs_per_turn, progress=print)
   else:
     profile = loaded_profile(model, graph, cfg.batch_size, counts, cache_dir=vc.cache_dir,
                              repeats=vc.profile_repeats, passes=vc.profile_passes,
-                             statistic=stat, devices=devices)
+                             statistic=stat, devices=devices, runs_per_turn=vc.runs_per_turn)
   profile.save(out_dir / "profile.json")
   plans = plan_set(graph, profile, cluster, cfg, g)
   rows = []
@@ -235,12 +238,14 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
                  "devices_used": len({d for s, c in a.values() for d in range(s, s + c)}),
                  "device_counts": "/".join(str(c) for c in sorted({c for _, c in a.values()},
                                                                   reverse=True))})
-  print(f"{len(plans)} plans on {g} devices; running each for {vc.warmup} + {vc.steps} steps")
+  print(f"{len(plans)} plans on {g} devices; running each for {vc.warmup} steps, then "
+        f"{vc.steps} rounds of {vc.runs_per_turn} steps in a row (the last timed)")
   run_graph = structure_graph(model, cfg.model.name)
   layouts = [layout_plan(run_graph, {n: range(s, s + c) for n, (s, c) in a.items()},
                          global_batch=cfg.batch_size, num_devices=g) for _, _, a in plans]
   timings = time_plans(lambda: zoo.build(cfg.model, seed=cfg.seed), run_graph, layouts, devices,
-                       steps=vc.steps, warmup=vc.warmup, group=vc.group, progress=print)
+                       steps=vc.steps, warmup=vc.warmup, group=vc.group,
+                       runs_per_turn=vc.runs_per_turn, progress=print)
   for r, t in zip(rows, timings, strict=True):
     r.update(measured_ms=t.ms(stat), measured_min_ms=min(t.step_ms),
              measured_max_ms=max(t.step_ms), runtime_stages=t.stages)

@@ -77,3 +77,27 @@ def test_a_cut_measured_under_heavier_load_is_rescaled_by_its_own_uncut_round():
               "whole": empty + 2.5 * net_whole} for k, c in cut_ms.items()}  # all 2.5x slower
   split2, start2 = boundary.attribute(fused, empty, slow)
   assert split2 == pytest.approx(split) and start2 == pytest.approx(start)
+
+
+def test_a_cut_and_its_uncut_reference_are_each_timed_after_a_step_of_their_own(monkeypatch):
+  from dp_jax.models.registry import build_model
+  from dp_jax.runtime.stages import structure_graph
+
+  graph = structure_graph(build_model("digits_mlp"), "digits_mlp")
+  log = []
+
+  class FakeRun:
+    def __init__(self, program, host, optimizer):
+      self.name = "cut" if program else "whole"
+
+    def step(self):
+      log.append(self.name)
+      return {"fwd": len(log), "bwd": 0.0, "suffix": len(log)}
+
+  monkeypatch.setattr(boundary, "build_program", lambda *a, breaks: bool(breaks))
+  monkeypatch.setattr(boundary, "_Run", FakeRun)
+  samples = {p: [] for p in boundary.PHASES}
+  boundary.cut_samples(None, graph, 1, 8, [None, None], None, (), repeats=2, warmup=1,
+                       samples=samples)
+  assert log == ["cut", "whole"] + ["cut", "cut", "whole", "whole"] * 2
+  assert samples["fwd"] == [4, 8] and samples["whole"] == [6, 10]  # each turn's second step

@@ -83,6 +83,45 @@ def test_bad_counts_statistic_and_repeats_are_user_errors(tmp_path):
       in_context.in_context_profile(m, g, 8, counts, cache_dir=tmp_path, **kw)
 
 
+class FakePrefix:
+  """Records the calls prefix_samples makes; bwd only after a fwd (it reads the residuals)."""
+
+  def __init__(self):
+    self.log = []
+
+  def load(self, *host):
+    self.log.append("load")
+
+  def drop(self):
+    self.log.append("drop")
+
+  def fwd(self):
+    self.log.append("fwd")
+    return 0
+
+  def bwd(self):
+    assert self.log[-1] == "fwd"
+    self.log.append("bwd")
+    return 0
+
+  def fused_step(self):
+    self.log.append("fused")
+    return 0
+
+
+def test_prefix_programs_are_timed_right_after_themselves():
+  fused_only = FakePrefix()
+  samples = {p: [] for p in in_context.PHASES}
+  in_context.prefix_samples(fused_only, (), repeats=3, warmup=0, samples=samples)
+  assert fused_only.log == ["load", *["fused"] * 4, "drop"]  # one untimed run, then 3 timed
+  assert [len(samples[p]) for p in in_context.PHASES] == [0, 0, 3]
+  whole = FakePrefix()
+  in_context.prefix_samples(whole, (), repeats=2, warmup=1, samples=samples, split=True)
+  pair, warm = ["fwd", "bwd"], ["fwd", "bwd", "fused"]  # warm-up: each call once
+  assert whole.log == ["load", *warm, *(pair * 2 + ["fused"] * 2) * 2, "drop"]
+  assert [len(samples[p]) for p in in_context.PHASES] == [2, 2, 5]
+
+
 @pytest.mark.slow
 def test_profiled_layers_sum_to_the_measured_one_stage_step(tmp_path):
   """Independent check: the runtime's one-stage train_step, timed apart from the profile, is

@@ -43,6 +43,14 @@ def test_round_ms_runs_every_call_each_round():
   assert sorted(calls) == [0] * 4 + [1] * 4 and ms >= 0
 
 
+def test_the_first_timed_round_follows_a_round_of_its_own_even_without_warmup():
+  calls = []
+  with DeviceThreads(1) as threads:
+    times = loaded.round_samples(threads, [lambda: calls.append(0)], repeats=2, warmup=0,
+                                 budget_s=10)
+  assert len(times) == 2 and len(calls) == 3  # one untimed round, then the two timed
+
+
 def test_bad_counts_and_statistic_are_user_errors(tmp_path):
   m, g = tiny()
   with pytest.raises(UserError, match="divide the batch"):

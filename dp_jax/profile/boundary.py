@@ -9,7 +9,9 @@ with a break at layer k+1, run by train_step with a timer) gives, per step: fwd(
 bwd(P_k) of the first stage and fused(S_k) of the second (the suffix, as the last stage runs
 it); each round also steps the uncut model (one fused program, U), and the cut's times are
 rescaled by F_n / U (net of the empty call e) so that load drifting between the profile's
-prefixes and its cuts cancels. Against the profile's fused prefix totals F_k
+prefixes and its cuts cancels. In a round each of the two is stepped `runs_per_turn` times in a
+row and only the last step timed (dp_jax.runtime.plan_timing.turns): a step is timed right
+after a step of the same program, as training runs it. Against the profile's fused prefix totals F_k
 (dp_jax.profile.in_context, net of e):
 
   split_k = fwd(P_k) + bwd(P_k) - 2e - F_k     what the prefix costs more as a non-last stage
@@ -33,6 +35,7 @@ import optax
 
 from dp_jax.graph import LayerGraph
 from dp_jax.runtime.plan_check import check_plan
+from dp_jax.runtime.plan_timing import RUNS_PER_TURN, turns
 from dp_jax.runtime.plans import data_parallel_layout_plan
 from dp_jax.runtime.stages import series_parallel_order
 from dp_jax.runtime.step import build_program, init_state, train_step
@@ -103,22 +106,22 @@ def scaled(cut: Mapping[str, float], empty: float, whole: float) -> dict[str, fl
 def cut_samples(defs, graph: LayerGraph, k: int, global_batch: int,
                 devices: list[jax.Device], optimizer: optax.GradientTransformation,
                 host: tuple, repeats: int, warmup: int,
-                samples: dict[str, list[float]]) -> None:
-  """`warmup` then `repeats` rounds, each one step of the model cut after layer k into two
-  stages on all `devices` and one of the uncut model (runtime train_step, each call timed):
-  fwd, bwd, suffix (the cut's programs) and whole (the uncut program) ms appended.
-  host: (params, stats, x, y) as host arrays (every placement copies)."""
+                samples: dict[str, list[float]], runs_per_turn: int = RUNS_PER_TURN) -> None:
+  """`warmup` then `repeats` rounds, each a turn of the model cut after layer k into two
+  stages on all `devices` and one of the uncut model (runtime train_step, each call timed,
+  the last step of a turn kept: plan_timing.turns): fwd, bwd, suffix (the cut's programs) and
+  whole (the uncut program) ms appended. host: (params, stats, x, y) as host arrays."""
   order = series_parallel_order(graph)
   plan = check_plan(data_parallel_layout_plan(graph, global_batch=global_batch,
                                               num_devices=len(devices)),
                     graph, available_devices=len(devices))
   runs = [_Run(build_program(graph, defs, plan, optimizer, list(devices), breaks=b), host,
                optimizer) for b in ({order[k]}, ())]
-  for i in range(warmup + repeats):
-    cut, whole = (r.step() for r in runs)
-    if i >= warmup:
-      for p, v in {**cut, "whole": whole["suffix"]}.items():
-        samples[p].append(v)
+  cuts, wholes = turns([r.step for r in runs], repeats, runs_per_turn=runs_per_turn,
+                       warmup=warmup)
+  for cut, whole in zip(cuts, wholes, strict=True):
+    for p, v in {**cut, "whole": whole["suffix"]}.items():
+      samples[p].append(v)
 
 
 class _Run:

@@ -22,7 +22,13 @@ what a stage that begins at that layer costs beyond its layers' marginals. The w
 also timed as split forward and backward programs (it prices the split after the last cut).
 The table's fwd/bwd division of a layer's cost follows the whole model's fwd / (fwd + bwd).
 `statistic` of `passes` passes over all prefixes and cuts of `repeats` rounds each; the
-totals are cached (dp_jax.profile.cache, method in_context/3).
+totals are cached (dp_jax.profile.cache, method in_context/4, with `runs_per_turn` in the key).
+
+Every timed program runs right after itself, as in training and as dp_jax.runtime.plan_timing
+times the plans (dp_jax.runtime.plan_timing.turns): in a round a prefix's fused program runs
+until it has run `runs_per_turn` times in a row and the last run is timed; the whole model's
+split pair (fwd then bwd) likewise, before its fused program; a cut's step and its uncut
+reference step likewise (dp_jax.profile.boundary).
 """
 
 from __future__ import annotations
@@ -49,10 +55,11 @@ from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.local_devices import cpu_cores
 from dp_jax.runtime.loss import cross_entropy
+from dp_jax.runtime.plan_timing import RUNS_PER_TURN, timed, turns
 from dp_jax.runtime.stages import Stage, group_stages, series_parallel_order
 from dp_jax.runtime.step import stage_program
 
-METHOD = "in_context/3"
+METHOD = "in_context/4"
 PHASES = ("fwd", "bwd", "fused")
 
 
@@ -115,20 +122,31 @@ class _Prefix:
     return loss, self.params
 
 
-_CALLS = {"fwd": _Prefix.fwd, "bwd": _Prefix.bwd, "fused": _Prefix.fused_step}
+def split_pair(prefix: _Prefix) -> dict[str, float]:
+  """Wall ms of the prefix's forward program, then of its backward program."""
+  fwd_ms, _ = timed(lambda: jax.block_until_ready(prefix.fwd()))()
+  bwd_ms, _ = timed(lambda: jax.block_until_ready(prefix.bwd()))()
+  return {"fwd": fwd_ms, "bwd": bwd_ms}
+
+
+def fused_call(prefix: _Prefix) -> dict[str, float]:
+  """Wall ms of the prefix's fused program."""
+  return {"fused": timed(lambda: jax.block_until_ready(prefix.fused_step()))()[0]}
 
 
 def prefix_samples(prefix: _Prefix, host: tuple, repeats: int, warmup: int,
-                   samples: dict[str, list[float]], phases=PHASES) -> None:
-  """`warmup` then `repeats` rounds of each of `phases` (wall ms), appended to `samples`."""
+                   samples: dict[str, list[float]], split: bool = False,
+                   runs_per_turn: int = RUNS_PER_TURN) -> None:
+  """`repeats` rounds (after `warmup` untimed runs) of the fused program, and first of the
+  split pair if `split`, each timed right after itself (plan_timing.turns); wall ms appended."""
   prefix.load(*host)
   try:
-    for i in range(warmup + repeats):
-      for p in phases:
-        t0 = time.perf_counter()
-        jax.block_until_ready(_CALLS[p](prefix))
-        if i >= warmup:
-          samples[p].append((time.perf_counter() - t0) * 1e3)
+    calls = [lambda: split_pair(prefix)] if split else []
+    for runs in turns([*calls, lambda: fused_call(prefix)], repeats,
+                      runs_per_turn=runs_per_turn, warmup=warmup):
+      for ms in runs:
+        for p, v in ms.items():
+          samples[p].append(v)
   finally:
     prefix.drop()
 
@@ -159,13 +177,14 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
                        warmup: int = 1, statistic: str = "median", passes: int = 2,
                        devices: list[jax.Device] | None = None, cuts: int = 4,
                        optimizer: optax.GradientTransformation | None = None,
+                       runs_per_turn: int = RUNS_PER_TURN,
                        progress: Callable[[str], None] | None = None) -> ProfileTable:
   """Fwd/bwd ms of every layer at per-device batch B // g (a g-device stage), from prefixes."""
   devices = devices or jax.devices()
   counts = checked_counts(counts, global_batch, devices, statistic)
-  if repeats < 1 or passes < 1 or warmup < 0 or cuts < 0:
-    raise UserError(f"repeats and passes must be >= 1, warmup and cuts >= 0, got {repeats}, "
-                    f"{passes}, {warmup} and {cuts}")
+  if repeats < 1 or passes < 1 or runs_per_turn < 1 or warmup < 0 or cuts < 0:
+    raise UserError(f"repeats, passes and runs_per_turn must be >= 1, warmup and cuts >= 0, "
+                    f"got {repeats}, {passes}, {runs_per_turn}, {warmup} and {cuts}")
   optimizer = optimizer or optax.sgd(0.01, momentum=0.9)
   order = series_parallel_order(graph)
   at = boundary.cut_points(len(order), cuts)
@@ -173,7 +192,7 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
   base = {"model": graph.model, "backend": jax.default_backend(),
           "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
           "cores": cpu_cores(), "statistic": statistic, "passes": passes, "repeats": repeats,
-          "method": METHOD, "cuts": at,
+          "method": METHOD, "cuts": at, "runs_per_turn": runs_per_turn,
           "layers": [[n, graph.node(n).kind, cache.attrs_hash(graph.node(n).attrs)] for n in order]}
   totals: dict[int, dict[str, list[float]]] = {}
   todo = []
@@ -204,10 +223,11 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
         for k, (prefix, s) in enumerate(zip(prefixes, samples, strict=True)):
           # every prefix fused (as a last stage); the whole model also split (fwd, bwd)
           prefix_samples(prefix, (params, stats, *host), repeats, warmup if i == 0 else 0, s,
-                         PHASES if k == len(prefixes) - 1 else ("fused",))
+                         split=k == len(prefixes) - 1, runs_per_turn=runs_per_turn)
         for k in at:  # the model cut in two after layer k, on the same devices
           boundary.cut_samples(defs, graph, k, global_batch, list(devices[:g]), optimizer,
-                               (params, stats, *host), repeats, max(warmup, 1), cut_s[k])
+                               (params, stats, *host), repeats, max(warmup, 1), cut_s[k],
+                               runs_per_turn=runs_per_turn)
         if progress is not None:
           progress(f"in-context profile: pass {i + 1} of {passes}, {g} device(s) done")
     for g, key, _, samples, cut_s in work:

@@ -9,7 +9,10 @@ With as many devices as cores, a layer on every device gets one core each and
 a layer on one device gets the whole machine, as it does when the runtime runs it. Rounds:
 `warmup`, then `passes` passes over all layers, each up to `repeats` timed rounds within
 `budget_s` (passes spread a layer's samples over time, so a burst of load from other
-processes hits few of them); `statistic` (default min: contention only adds time) of all.
+processes hits few of them); `statistic` (default min: contention only adds time) of all. A
+layer's rounds run back to back, and every batch of them starts with at least
+`runs_per_turn` - 1 untimed rounds, so each timed round follows a round of the same programs
+(as dp_jax.runtime.plan_timing times plans), never another layer's.
 Cached like dp_jax.profile.measure, with g and the core count in the key.
 
 Each layer is its own program here, but the runtime runs a stage's layers as one program: so
@@ -34,6 +37,7 @@ from dp_jax.profile import cache
 from dp_jax.profile.measure import layer_programs, model_dtype, out_structs
 from dp_jax.profile.table import ProfileTable
 from dp_jax.runtime.local_devices import DeviceThreads, cpu_cores
+from dp_jax.runtime.plan_timing import RUNS_PER_TURN
 
 STATISTICS = {"median": statistics.median, "min": min}
 EMPTY_ROUNDS = 50
@@ -47,12 +51,14 @@ def empty_round_ms(threads: DeviceThreads, devices: list[jax.Device], statistic:
 
 
 def round_samples(threads: DeviceThreads, calls: list[Callable[[], object]], repeats: int,
-                  warmup: int, budget_s: float) -> list[float]:
-  """Wall ms of up to `repeats` rounds (within budget_s) that run every call at once."""
+                  warmup: int, budget_s: float,
+                  runs_per_turn: int = RUNS_PER_TURN) -> list[float]:
+  """Wall ms of up to `repeats` rounds (within budget_s) that run every call at once, after
+  max(warmup, runs_per_turn - 1) untimed rounds (the first timed one follows its own)."""
   jobs = [(i, lambda c=c: jax.block_until_ready(c())) for i, c in enumerate(calls)]
   # one copy runs on the calling thread, as the runtime runs a one-device stage
   run = (lambda: jobs[0][1]()) if len(jobs) == 1 else (lambda: threads.run(jobs))
-  for _ in range(warmup):
+  for _ in range(max(warmup, runs_per_turn - 1)):
     run()
   times: list[float] = []
   while len(times) < repeats and (not times or sum(times) < budget_s * 1e3):
@@ -84,7 +90,8 @@ def checked_counts(counts: Iterable[int], global_batch: int, devices: list[jax.D
 def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable[int], *,
                    cache_dir: str | Path = cache.DEFAULT_CACHE_DIR, repeats: int = 5,
                    warmup: int = 2, budget_s: float = 1.0, statistic: str = "min",
-                   passes: int = 3, devices: list[jax.Device] | None = None) -> ProfileTable:
+                   passes: int = 3, devices: list[jax.Device] | None = None,
+                   runs_per_turn: int = RUNS_PER_TURN) -> ProfileTable:
   """Fwd/bwd ms of every layer at per-device batch B // g with g copies at once, g in counts."""
   devices = devices or jax.devices()
   counts = checked_counts(counts, global_batch, devices, statistic)
@@ -95,7 +102,7 @@ def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable
   base = {"model": graph.model, "backend": jax.default_backend(),
           "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
           "cores": cpu_cores(), "statistic": statistic, "passes": passes,
-          "method": "loaded/2"}
+          "method": "loaded/3", "runs_per_turn": runs_per_turn}
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in graph.names}
   todo: dict[tuple, dict] = {}  # signature -> what to time, its cache keys, its samples
   found: dict[tuple[str, int], tuple] = {}
@@ -131,7 +138,7 @@ def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable
       for t in work:
         for direction, calls in zip(("fwd", "bwd"), t["calls"], strict=True):
           t[direction] += round_samples(threads, calls, repeats, warmup if i == 0 else 0,
-                                        budget_s)
+                                        budget_s, runs_per_turn)
   for t in todo.values():
     if "hit" not in t:
       t["hit"] = (STATISTICS[statistic](t["fwd"]), STATISTICS[statistic](t["bwd"]))

@@ -9,7 +9,8 @@
   parameter (the per-layer profile times forward and backward only);
 - stage: what one more stage costs the runtime, measured in place: a toy GPT-2 (4 layers,
   width 8) trained by the runtime as one stage and as one stage per layer, all on the same G
-  devices (nothing moves), steps interleaved: (t_4 - t_1) / 3 (host dispatch of its programs,
+  devices (nothing moves), steps interleaved, each timed right after a step of the same plan
+  (dp_jax.runtime.plan_timing.turns): (t_4 - t_1) / 3 (host dispatch of its programs,
   thread hand-offs, cotangent plumbing; under load from other processes each hand-off waits
   for a core, so this grows with the load where the trivial-call `dispatch` does not).
 Each is the median of `repeats` after a warm-up; stored as JSON next to the profile cache.
@@ -33,7 +34,7 @@ from dp_jax.cluster import ClusterSpec
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.local_devices import cpu_cores
 
-CALIBRATION_SCHEMA = "dp_jax.local_calibration/2"
+CALIBRATION_SCHEMA = "dp_jax.local_calibration/3"
 SIZES_BYTES = (4 << 10, 256 << 10, 2 << 20, 8 << 20, 32 << 20)
 
 
@@ -129,7 +130,7 @@ def update_ns_per_param(devices, repeats: int, params: int = 4 << 20) -> float:
 def stage_us(devices, steps: int = 15) -> float:
   """Runtime cost of one more stage: toy model as 1 stage vs one stage per layer, same devices."""
   from dp_jax.models.registry import build_model
-  from dp_jax.runtime.plan_timing import stepper
+  from dp_jax.runtime.plan_timing import stepper, timed, turns
   from dp_jax.runtime.plans import layout_plan
   from dp_jax.runtime.stages import structure_graph
 
@@ -144,17 +145,10 @@ def stage_us(devices, steps: int = 15) -> float:
     plan = layout_plan(graph, {n: range(stage[n] * g, stage[n] * g + g) for n in graph.names},
                        global_batch=g, num_devices=k * g)
     runs.append(stepper(toy(), graph, plan, list(devices) * k, opt))
-  times: list[list[float]] = [[], []]
-  for one, _ in runs:
-    one()
-    one()
-  for _ in range(steps):
-    for t, (one, _) in zip(times, runs, strict=True):
-      t0 = time.perf_counter()
-      one()
-      t.append((time.perf_counter() - t0) * 1e6)
+  fused_us, split_us = ([1e3 * ms for ms, _ in r]
+                        for r in turns([timed(step) for step, _ in runs], steps, warmup=2))
   (_, s1), (_, sk) = runs
-  return max(statistics.median(times[1]) - statistics.median(times[0]), 0.0) / (sk - s1)
+  return max(statistics.median(split_us) - statistics.median(fused_us), 0.0) / (sk - s1)
 
 
 def calibrate(devices=None, repeats: int = 7) -> LocalCalibration:
