@@ -103,8 +103,8 @@ def test_pieces_run_only_in_idle_windows_and_the_foreground_is_identical(fg, tin
   seen: list[tuple[int, frozenset]] = []
   admit = multiplex.Admission.admit
 
-  def spy_admit(self, k, left_ms):
-    ok = admit(self, k, left_ms)
+  def spy_admit(self, k, left_ms, **where):
+    ok = admit(self, k, left_ms, **where)
     if ok:
       seen.append((int(threading.current_thread().name.rsplit("-", 1)[1]), busy[0]))
     return ok
