@@ -8,8 +8,9 @@ idle until its next predicted foreground call, and wakes the dispatch threads.
 
 Each job device has one dispatch thread running the job's steps (orchestrator/background.py);
 before each piece, the thread asks the shared policy (dp_jax/multiplex.py) whether the piece's
-predicted time fits what is left of the device's window or its overrun fits the iteration's
-budget; if not, it waits for the next window. Each piece is waited for and measured (one piece
+predicted time (plus the switch cost, `switch_ms`, as the simulator charges it) fits what is
+left of the device's window or its overrun fits the iteration's budget; if not, it waits for the
+next window (`log_decisions`: the policy keeps every decision, as the simulator's can). Each piece is waited for and measured (one piece
 outstanding per device) and corrects the next predictions; each foreground step's time feeds
 the slowdown back (the policy compares the mean of the last steps with the cap, beyond the
 noise of the alone steps it is given). On CPU a program runs on the thread that dispatches it,
@@ -117,9 +118,10 @@ class BackgroundScheduler:
 
   def __init__(self, job: BackgroundJob | None, runners: dict[int, DeviceRunner] | None = None,
                *, start_after: int = 0, slowdown_cap: float = math.inf, margin: float = 0.0,
-               switch_ms: float = 0.0, failures: Sequence[str] = (), checkpoint_dir: str | Path | None = None,
-               checkpoint_every: int = 0, own_devices: Iterable[int] | None = None,
-               log_decisions: bool = False, clock: Callable[[], float] = time.perf_counter):
+               switch_ms: float = 0.0, failures: Sequence[str] = (),
+               checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
+               own_devices: Iterable[int] | None = None, log_decisions: bool = False,
+               clock: Callable[[], float] = time.perf_counter):
     self.job = job
     self.clock = clock  # seconds; a test drives the hook and the pieces on one fake clock
     self.log_decisions = log_decisions  # the policy keeps every decision (admission.decisions)
