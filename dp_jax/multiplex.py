@@ -9,8 +9,10 @@ a profiled time. A piece is admitted into a device's idle window when its predic
 what is left of the window; a piece that does not fit may still run if the time it would add to
 the foreground (its predicted overrun) fits the iteration's budget, cap x alone iteration time,
 shared by all devices. Predictions are the profile corrected online by measured/predicted (a
-piece refused 8 times in a row has its correction moved halfway back to the profile, so a stale
-measurement cannot starve it; no correction goes below a quarter of the profile). The slowdown
+piece refused 8 times in a row is predicted at its profile again: the job's pieces run in order,
+so while one is refused no measurement arrives to correct a stale ratio; a piece whose profile
+fits a window (or its overrun the budget) is refused at most 8 times in a row by such windows;
+no correction goes below a quarter of the profile). The slowdown
 feedback compares the mean of the last iterations (at most WINDOW, since the last tightening)
 with the alone iteration time: it tightens (halves) the usable part of windows and the budget
 only when that mean exceeds (1 + cap) x alone by more than the foreground's own step-to-step
@@ -32,7 +34,7 @@ from dp_jax.errors import UserError
 DEFAULT_PIECE_MS = 0.5  # DeepPool's be_graph_split_ms: background tasklets of about 0.5 ms
 SMOOTHING = 0.5  # weight of the old value in the measured/predicted EWMA
 RELAX = 0.125  # usable fraction regained per iteration whose slowdown is within the cap
-STALE = 8  # refusals in a row after which a piece's correction moves back toward the profile
+STALE = 8  # refusals in a row after which a piece is predicted at its profile again
 # Lowest measured/profiled ratio the correction keeps: the profile is the piece timed alone on
 # its own device, so a piece measured at under a quarter of it is a timing artifact (a call
 # that returned before its program ran), not a trend; without a floor, such measurements would
@@ -129,15 +131,31 @@ class Correction:
     self.seen += 1
 
   def refused(self, k: int) -> None:
-    """After STALE refusals in a row, move piece k's ratio (and the job-wide one) halfway to 1,
-    in log space: a piece refused on a stale, inflated measurement runs again, not starves."""
+    """After STALE refusals in a row, predict piece k at its profile again (its ratio forgotten,
+    the job-wide one back to 1): while a piece is refused the job stands still (its pieces run
+    in order), so no measurement arrives to correct a stale ratio (docs/orchestrator.md)."""
     self.refusals[k] += 1
     if self.refusals[k] < STALE:
       return
     self.refusals[k] = 0
-    if not math.isnan(self.ratio[k]):
-      self.ratio[k] = math.sqrt(self.ratio[k])
-    self.overall = math.sqrt(self.overall)
+    self.ratio[k] = math.nan
+    self.overall = 1.0
+
+
+@dataclass(frozen=True)
+class Decision:
+  """One admission decision (Admission.decisions): where, the numbers it used, and why."""
+
+  iteration: int  # feedback iterations started before it (next_iteration calls)
+  device: int  # the caller's device (runtime) or the class's first device (simulator); -1: none
+  window: int  # the caller's window: foreground call index (runtime), window index (simulator)
+  piece: int
+  left_ms: float  # what was left of the window
+  cost_ms: float  # prediction x (1 + margin) + switch
+  overrun_ms: float
+  budget_ms: float  # the iteration's budget left before this decision
+  admitted: bool
+  why: str  # "fits" | "overrun within budget" | "over budget" | "window closed"
 
 
 class Admission:
@@ -147,12 +165,15 @@ class Admission:
   alone_steps_ms: the measured alone iterations alone_ms comes from (their spread is the
   feedback's noise; none: no noise); margin: a piece counts as predicted x (1 + margin);
   switch_ms: handing a device back to the foreground after a piece (added to every piece's
-  cost); window: how many iterations the slowdown feedback averages.
+  cost); window: how many iterations the slowdown feedback averages; log_decisions: keep every
+  admission decision in `decisions` (a diagnosis aid: the runtime and the simulator log the same
+  records).
   """
 
   def __init__(self, pieces_ms: Sequence[float], *, cap: float, alone_ms: float,
                alone_steps_ms: Sequence[float] = (), margin: float = 0.0,
-               switch_ms: float = 0.0, smoothing: float = SMOOTHING, window: int = WINDOW):
+               switch_ms: float = 0.0, smoothing: float = SMOOTHING, window: int = WINDOW,
+               log_decisions: bool = False):
     self.cap = check_cap(cap)
     self.alone_ms = float(alone_ms)
     steps = [float(x) for x in alone_steps_ms if math.isfinite(x)]
@@ -170,6 +191,11 @@ class Admission:
     self.charged_ms = 0.0  # predicted overrun admitted this iteration
     self.admitted = 0
     self.refused = 0
+    self.iteration = 0  # next_iteration calls so far
+    self.decisions: list[Decision] | None = [] if log_decisions else None
+    # (iteration, piece, measured ms, predicted ms before it) per observation, when logging
+    self.observations: list[tuple[int, int, float, float]] | None = (
+        [] if log_decisions else None)
 
   @property
   def bounded(self) -> bool:
@@ -191,22 +217,36 @@ class Admission:
     usable = left_ms * self.usable if self.bounded else left_ms
     return max(0.0, self.cost_ms(k) - usable)
 
-  def admit(self, k: int, left_ms: float) -> bool:
-    """Whether piece k may start now, left_ms before its window's predicted end (charges it)."""
+  def admit(self, k: int, left_ms: float, *, device: int = -1, window: int = -1) -> bool:
+    """Whether piece k may start now, left_ms before its window's predicted end (charges it);
+    device and window only label the decision log."""
     if left_ms <= 0:
+      self._log(k, left_ms, 0.0, False, "window closed", device, window)
       return False
     over = self.overrun_ms(k, left_ms)
     if over > self.budget_ms:
+      self._log(k, left_ms, over, False, "over budget", device, window)
       self.refused += 1
       self.correction.refused(k)
       return False
+    self._log(k, left_ms, over, True, "overrun within budget" if over > 0 else "fits", device,
+              window)
     self.budget_ms -= over
     self.charged_ms += over
     self.admitted += 1
     return True
 
+  def _log(self, k: int, left_ms: float, over: float, admitted: bool, why: str, device: int,
+           window: int) -> None:
+    if self.decisions is not None:
+      self.decisions.append(Decision(self.iteration, device, window, k, float(left_ms),
+                                     self.cost_ms(k), float(over), float(self.budget_ms),
+                                     admitted, why))
+
   def observe(self, k: int, measured_ms: float) -> None:
     """A finished piece's measured time (device time, without the switch)."""
+    if self.observations is not None:
+      self.observations.append((self.iteration, k, float(measured_ms), self.predicted_ms(k)))
     self.correction.observe(k, measured_ms)
 
   def excess_threshold_ms(self, m: int | None = None) -> float:
@@ -245,3 +285,4 @@ class Admission:
         self.usable = min(1.0, self.usable + RELAX)
     self.budget_ms = self._budget()
     self.charged_ms = 0.0
+    self.iteration += 1

@@ -12,12 +12,16 @@ thread (/proc), that all its threads stayed on its core.
 Foreground: GPT-2 (4 blocks, d_model 128, 64 tokens, vocabulary 512) at B=16, a burst
 layout over the N devices: the embedding and the first block on every device, every later
 layer on device 0 (the other devices idle while they run). Background: a smaller GPT-2
-(2 blocks, d_model 64, 32 tokens) at batch 64 per device (`--background-batch`; at 4 its pieces
-are so short that every cap admits them all) on every device that has idle windows,
-one piece per layer; each process dispatches pieces to the idle devices it owns (device 0 is
-never idle). The policy's profile (piece times, and the host's gap between two pieces, charged
-as the switch cost) is measured in each process on its own pinned core before the runs. The
-cap is the whole foreground's: with k processes dispatching, each admits against cap / k.
+(2 blocks, d_model 64, 32 tokens) at batch 256 per device (`--background-batch`) on every
+device that has idle windows, one piece per layer; each process dispatches pieces to the idle
+devices it owns (device 0 is never idle). Batch 256 because there the cap binds (its two
+largest pieces, about 146 and 151 ms, nearly fill device 1's 153-181 ms window): at 64 (measured,
+results/multiplex/bench_bg64_run{1,2,3}.json) every piece fits the windows, every cap runs
+about 2 background steps per iteration and no cap gives 0.88-0.99x the samples/s of cap 0.1,
+so the bench could not show what a cap costs. The policy's profile (piece times, and the
+host's gap between two pieces, charged as the switch cost) is measured in each process on its
+own pinned core before the runs, and given to the runtime's policy and the simulator's alike.
+The cap is the whole foreground's: with k processes dispatching, each admits against cap / k.
 
 For each cap, in one run: a fresh hook, `alone` steps alone (two warm-up, the rest predict the
 windows; their spread is the noise the slowdown feedback allows for), `steps` with the job,
@@ -35,7 +39,8 @@ noise; samples/s summed, added time summed (against the mean alone step under th
 background_samples_per_s, simulated_slowdown, simulated_background_samples_per_s, details}.
 Diagnostics: BENCH_SHOW_LOGS=1 prints a failed worker's log; BENCH_TIMERS=FILE writes every
 foreground call's start and end per step and process (perf_counter, one clock for all
-processes of the machine).
+processes of the machine); BENCH_DECISIONS=FILE writes, per process and cap, every admission
+decision of the runtime and of the simulator (multiplex.Decision) side by side.
 """
 
 from __future__ import annotations
@@ -48,12 +53,13 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FG_BATCH, BG_BATCH = 16, 64  # BG 64: pieces long enough that the cap binds (docs/orchestrator.md)
+FG_BATCH, BG_BATCH = 16, 256  # BG 256: pieces long enough that the cap binds (see above)
 FG_GPT2 = dict(n_layer=4, d_model=128, n_head=4, seq_len=64, vocab_size=512)
 BG_GPT2 = dict(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab_size=256)
 PROFILE_STEPS = 8  # the job's piece profile: median over the steps after the first
@@ -136,16 +142,17 @@ def call_ms(calls: list[tuple[str, float]], first: int, last: int) -> dict[str, 
 def sim_calls(hook, n: int, job_devices: set[int], own: set[int]) -> list:
   """The alone calls as the simulator's chain: devices without this process's job count busy;
   a held call ends its hold early by the probed move time, during which the move occupies
-  every device (the runtime's windows end with the hold)."""
+  every device (the runtime's windows end with the hold; a move as long as the call leaves no
+  window, as the runtime's hold then ends at once)."""
   others = {i for i in range(n) if i not in job_devices}
   out = []
   for j, (devs, ms, label) in enumerate(hook.alone_calls):
-    lead = hook.lead_ms(j) if not set(devs) & own else 0.0
+    lead = min(hook.lead_ms(j), ms) if not set(devs) & own else 0.0
     busy = tuple(sorted({*devs, *others}))
-    if 0 < lead < ms:
-      out += [(busy, ms - lead, label), (tuple(range(n)), lead, f"{label}:move")]
-    else:
-      out.append((busy, ms, label))
+    if lead < ms:
+      out.append((busy, ms - lead, label))
+    if lead > 0:
+      out.append((tuple(range(n)), lead, f"{label}:move"))
   return out
 
 
@@ -159,8 +166,10 @@ def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int
   from dp_jax.sim.measured import fill_measured
 
   mine = cap * share if math.isfinite(cap) else math.inf
+  logged = bool(os.environ.get("BENCH_DECISIONS"))
   hook = BackgroundScheduler(job if runners else None, runners, start_after=alone,
-                             slowdown_cap=mine, own_devices=own)
+                             slowdown_cap=mine, switch_ms=gap_ms, own_devices=own,
+                             log_decisions=logged)
   clock = CallClock(hook)
   step.cpu_ms.clear()
   times = [step(clock) for _ in range(alone + steps)]
@@ -174,6 +183,8 @@ def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int
          "pieces_refused": stats.refused, "piece_ms": stats.piece_ms,
          "active_s": stats.active_s, "failures": stats.failures,
          "held_ms_per_step": 1e3 * hook.held_s / steps,
+        "move_probes_ms": {str(k): v for k, v in hook.move_ms.items()},
+        "spoilt_probes": hook.spoilt_probes,
          "cpu_ms_alone": cpu[2:alone] + cpu[alone + steps:],
          "cpu_ms_with": cpu[alone:alone + steps],
          "call_ms_alone": call_ms(clock.calls, 2, alone),
@@ -182,10 +193,12 @@ def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int
     calls = sim_calls(hook, n, set(runners), set(own))
     # the same noise: the alone steps this process's policy learnt its feedback threshold from
     sim = fill_measured(calls, n, job, cap=mine, iterations=steps, switch_ms=gap_ms,
-                        alone_steps_ms=hook.alone_steps_ms)
+                        alone_steps_ms=hook.alone_steps_ms, log_decisions=logged)
     total_ms = float(sim.iteration_ms.sum())
     row.update({
         "measured_over_profiled": hook.admission.correction.overall,
+        "measured_over_profiled_per_piece": [
+            None if math.isnan(r) else float(r) for r in hook.admission.correction.ratio],
         "usable_fraction_at_end": hook.admission.usable,
         "tightened": hook.admission.tightened,
         "policy_alone_steps_ms": hook.alone_steps_ms,
@@ -201,6 +214,15 @@ def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int
         "simulated_piece_ms_per_s": float(sim.bg_work_ms.sum()) / total_ms * 1e3,
         "simulated_pieces_admitted": sim.pieces_admitted,
         "simulated_pieces_refused": sim.pieces_refused})
+    if logged:
+      row["decisions"] = {"runtime": [asdict(x) for x in hook.admission.decisions],
+                          "simulated": [asdict(x) for x in sim.decisions],
+                          "runtime_observations": hook.admission.observations,
+                          "profile_ms": [float(x) for x in job.pieces_ms],
+                          "runtime_baseline_ms": hook.baseline_ms,
+                          "simulated_baseline_ms": sim.alone_ms,
+                          "move_ms": {str(k): v for k, v in hook.move_ms.items()},
+                          "sim_calls": [[list(d), ms, label] for d, ms, label in calls]}
   return row
 
 
@@ -350,6 +372,9 @@ def launch(args) -> int:
       Path(os.environ["BENCH_TIMERS"]).write_text(json.dumps([r.pop("timers") for r in results]))
     for r in results:
       r.pop("timers", None)
+    if os.environ.get("BENCH_DECISIONS"):
+      Path(os.environ["BENCH_DECISIONS"]).write_text(json.dumps(
+          [[row.pop("decisions", None) for row in r["rows"]] for r in results]))
   for res in results:
     busy = ", ".join(f"{k.split('/')[0]} {v['cpu_s']:.1f}s" for k, v in res["threads"].items())
     print(f"process {res['process']} (core {res['core']}, devices {res['devices']}, background "

@@ -43,6 +43,23 @@ def test_merge_takes_the_foreground_from_process_0_and_sums_the_background(bench
   assert r["background_steps_per_iteration"] == 3.0  # 6 steps over 2 foreground steps
 
 
+def test_the_simulated_chain_ends_a_held_call_by_its_move_and_a_whole_move_leaves_no_window(bench):
+  class Hook:  # process 1 owns device 1; call 1 runs on device 0 only (held)
+    alone_calls = [((0, 1), 20.0, "0:fwd"), ((0,), 150.0, "1:fwd_bwd"), ((0, 1), 50.0, "0:bwd")]
+
+    def __init__(self, lead):
+      self.lead = lead
+
+    def lead_ms(self, j):
+      return self.lead
+
+  assert bench.sim_calls(Hook(0.0), 2, {1}, {1})[1] == ((0,), 150.0, "1:fwd_bwd")
+  part = bench.sim_calls(Hook(30.0), 2, {1}, {1})
+  assert part[1:3] == [((0,), 120.0, "1:fwd_bwd"), ((0, 1), 30.0, "1:fwd_bwd:move")]
+  whole = bench.sim_calls(Hook(170.0), 2, {1}, {1})  # the runtime's hold ends at once
+  assert whole[1] == ((0, 1), 150.0, "1:fwd_bwd:move") and len(whole) == 3
+
+
 def test_more_processes_than_cores_is_a_one_line_error():
   cores = len(os.sched_getaffinity(0))
   out = subprocess.run([sys.executable, str(SCRIPT), "--processes", str(cores + 1)],

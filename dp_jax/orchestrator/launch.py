@@ -22,6 +22,7 @@ from dp_jax.orchestrator.background import (
   check_batch,
   job_of_runner,
   measured_pieces,
+  piece_gap_ms,
 )
 from dp_jax.orchestrator.scheduler import BackgroundScheduler, load_checkpoint
 from dp_jax.planner import memory
@@ -103,6 +104,7 @@ def start_background(bg_cfg: Any, fg_model_cfg: Any, plan: Mapping[str, Any],
     if any(len(g) > 1 for g in groups):
       runners = build_runners(model, model_cfg.name, groups, opt, batch, devs, seed=seed)
       pieces = measured_pieces(runners[first])
+    kw["switch_ms"] = piece_gap_ms(runners[first])  # the policy's switch, as the simulator's
     for r in runners.values():
       if r.index != first:
         measured_pieces(r, steps=1)  # compile on every device before the foreground starts

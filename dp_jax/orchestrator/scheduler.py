@@ -8,8 +8,9 @@ idle until its next predicted foreground call, and wakes the dispatch threads.
 
 Each job device has one dispatch thread running the job's steps (orchestrator/background.py);
 before each piece, the thread asks the shared policy (dp_jax/multiplex.py) whether the piece's
-predicted time fits what is left of the device's window or its overrun fits the iteration's
-budget; if not, it waits for the next window. Each piece is waited for and measured (one piece
+predicted time (plus the switch cost, `switch_ms`, as the simulator charges it) fits what is
+left of the device's window or its overrun fits the iteration's budget; if not, it waits for the
+next window (`log_decisions`: the policy keeps every decision, as the simulator's can). Each piece is waited for and measured (one piece
 outstanding per device) and corrects the next predictions; each foreground step's time feeds
 the slowdown back (the policy compares the mean of the last steps with the cap, beyond the
 noise of the alone steps it is given). On CPU a program runs on the thread that dispatches it,
@@ -27,7 +28,7 @@ import math
 import statistics
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,9 +118,13 @@ class BackgroundScheduler:
 
   def __init__(self, job: BackgroundJob | None, runners: dict[int, DeviceRunner] | None = None,
                *, start_after: int = 0, slowdown_cap: float = math.inf, margin: float = 0.0,
-               failures: Sequence[str] = (), checkpoint_dir: str | Path | None = None,
-               checkpoint_every: int = 0, own_devices: Iterable[int] | None = None):
+               switch_ms: float = 0.0, failures: Sequence[str] = (),
+               checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
+               own_devices: Iterable[int] | None = None, log_decisions: bool = False,
+               clock: Callable[[], float] = time.perf_counter):
     self.job = job
+    self.clock = clock  # seconds; a test drives the hook and the pieces on one fake clock
+    self.log_decisions = log_decisions  # the policy keeps every decision (admission.decisions)
     # Several processes: this process's devices; a stage on none of them is held (see __call__)
     self.own_devices = frozenset(own_devices) if own_devices is not None else None
     self.runners = dict(runners or {})
@@ -131,12 +136,16 @@ class BackgroundScheduler:
     self.start_after = start_after
     self.cap = check_cap(math.inf if slowdown_cap is None else slowdown_cap)
     self.margin = margin
+    self.switch_ms = switch_ms  # host time to hand a device back after a piece (policy's switch)
     self.stats = BackgroundStats({d: 0 for d in self.runners}, failures=len(failures),
                                  errors=list(failures), batch=job.batch if job else 0)
     self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
     self.checkpoint_every = checkpoint_every
     self.cond = threading.Condition()
     self.window_end: dict[int, float | None] = {d: None for d in self.runners}
+    self.window_call: dict[int, int] = {d: -1 for d in self.runners}  # call that opened it
+    self.running: set[int] = set()  # devices whose admitted piece has not handed back yet
+    self.spoilt_probes = 0  # holds that ended while a piece ran: not taken as move probes
     self.generation = 0
     self.admission: Admission | None = None
     self.step_starts: list[float] = []
@@ -170,7 +179,7 @@ class BackgroundScheduler:
   # --- the foreground's hook (main thread) ---------------------------------------------------
 
   def __call__(self, sp, phase: str) -> None:
-    now = time.perf_counter()
+    now = self.clock()
     if sp.stage.index == 0 and phase != "bwd":
       self._step_started(now)
     devices = frozenset(sp.stage.devices)
@@ -193,6 +202,7 @@ class BackgroundScheduler:
           self.window_end[d] = None
         elif j is not None:
           self.window_end[d] = min(now + self.windows[j][d] / 1e3, until)
+          self.window_call[d] = j
       self.generation += 1
       self.cond.notify_all()
     if held:
@@ -204,21 +214,27 @@ class BackgroundScheduler:
     With several processes, a process that owns none of a stage's devices skips the call and
     would at once post the move that follows: a collective program that occupies its devices
     until the stage's owners reach it, so its devices are not idle. Holding the thread keeps
-    them idle for the pieces. After PROBES full-length holds, a hold ends early by the move's
-    time (`lead_ms`), so that the move is posted when the stage's owners reach it; a late stage
-    waits for the move as it would anyway, an early one waits for the hold (window error,
-    docs/orchestrator.md).
+    them idle for the pieces. After PROBES full-length holds that probed the move, a hold ends
+    early by the move's time (`lead_ms`), so that the move is posted when the stage's owners
+    reach it; a late stage waits for the move as it would anyway, an early one waits for the
+    hold (window error, docs/orchestrator.md). A hold that ends while one of this process's
+    pieces still runs is no probe: the next call waits for the piece too.
     """
-    left = until - time.perf_counter()
+    left = until - self.clock()
     if left > 0:
       time.sleep(left)
       self.held_s += left
     if len(self.move_ms.get(j, ())) < PROBES:
-      self._released = (j, time.perf_counter())
+      with self.cond:
+        busy = bool(self.running)
+      if busy:  # the next call would wait for the piece too: not the move's time
+        self.spoilt_probes += 1
+      else:
+        self._released = (j, self.clock())
 
   def lead_ms(self, j: int) -> float:
-    """How much earlier than call j's predicted end its hold ends: 0 for the first PROBES holds
-    (full length), then the shortest time seen from a probe's end to the next call."""
+    """How much earlier than call j's predicted end its hold ends: 0 until PROBES holds probed
+    the move (full length), then the shortest time seen from a probe's end to the next call."""
     seen = self.move_ms.get(j, ())
     return min(seen) if len(seen) >= PROBES else 0.0
 
@@ -265,7 +281,8 @@ class BackgroundScheduler:
                         for (s, p, d), ms in zip(seq, durations, strict=True)]
     self.windows = window_ms(durations, [d for *_, d in seq], self.window_end)
     self.admission = Admission(self.job.pieces_ms, cap=self.cap, alone_ms=self.baseline_ms,
-                               alone_steps_ms=self.alone_steps_ms, margin=self.margin)
+                               alone_steps_ms=self.alone_steps_ms, margin=self.margin,
+                               switch_ms=self.switch_ms, log_decisions=self.log_decisions)
 
   # --- dispatch threads ----------------------------------------------------------------------
 
@@ -301,9 +318,11 @@ class BackgroundScheduler:
       observe()
       k = piece_index(n, sp.stage.index, phase)
       with self.cond:
+        self.running.discard(d)
         while not self.free_run:
           end, g = self.window_end[d], self.generation
-          if end is not None and self.admission.admit(k, 1e3 * (end - time.perf_counter())):
+          if end is not None and self.admission.admit(
+              k, 1e3 * (end - self.clock()), device=d, window=self.window_call[d]):
             break
           if end is not None:
             self.stats.refused += 1
@@ -311,6 +330,7 @@ class BackgroundScheduler:
         if self.stopping and self.job is None:
           raise _Stop
         self.stats.dispatched += 1
+        self.running.add(d)
       state["last"] = k
 
     try:
@@ -326,6 +346,8 @@ class BackgroundScheduler:
         timer.clear()
         state["seen"] = 0
         loss = runner.step(gate, timer)
+        with self.cond:
+          self.running.discard(d)
         observe()
         value = float(loss)
         if not math.isfinite(value):
@@ -370,7 +392,7 @@ class BackgroundScheduler:
   def drain(self) -> BackgroundStats:
     """Stop the threads after their current step; close the active window."""
     if self._t0 is not None and self._t_stop is None:
-      self._t_stop = time.perf_counter()
+      self._t_stop = self.clock()
       self.stats.active_s = self._t_stop - self._t0
     with self.cond:
       self.stopping = self.free_run = True

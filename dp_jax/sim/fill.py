@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dp_jax.errors import UserError
-from dp_jax.multiplex import Admission, BackgroundJob, check_cap
+from dp_jax.multiplex import Admission, BackgroundJob, Decision, check_cap
 from dp_jax.sim.timeline import Event, Timeline
 from dp_jax.sim.windows import DeviceClasses, Window
 
@@ -61,6 +61,7 @@ class Fill:
   alone_mean_ms: float = math.nan  # mean alone iteration under the noise (alone_ms without)
   tightened: int = 0  # times the slowdown feedback halved the usable windows
   usable_at_end: float = 1.0  # the policy's usable fraction after the last iteration
+  decisions: tuple[Decision, ...] = ()  # every admission decision, warm-up first (log_decisions)
 
   @property
   def slowdown(self) -> np.ndarray:
@@ -91,12 +92,12 @@ def noise_factors(alone_steps_ms) -> np.ndarray:
 def fill(tl: Timeline, classes: DeviceClasses, windows: list[Window], job: BackgroundJob, *,
          cap: float, switch_ms: float, policy: str = "fit", iterations: int = 4,
          margin: float = 0.0, actual_ms: np.ndarray | None = None,
-         alone_steps_ms=None, seed: int = 0) -> Fill:
+         alone_steps_ms=None, seed: int = 0, log_decisions: bool = False) -> Fill:
   """Run the policy over `iterations` steady iterations (after a warm-up one).
 
   actual_ms: each piece's true time (default: its profiled time, the policy's prediction);
   alone_steps_ms: measured alone iterations whose spread is the foreground's noise (seeded by
-  `seed`; default: none, no noise).
+  `seed`; default: none, no noise); log_decisions: return every admission decision.
   """
   validate(cap, switch_ms, policy, iterations)
   actual = job.pieces_ms if actual_ms is None else np.asarray(actual_ms, dtype=float)
@@ -106,14 +107,16 @@ def fill(tl: Timeline, classes: DeviceClasses, windows: list[Window], job: Backg
   noisy = len(factors) >= 2
   admission = Admission(job.pieces_ms, cap=cap, alone_ms=tl.iteration_ms, margin=margin,
                         switch_ms=switch_ms,
-                        alone_steps_ms=tl.iteration_ms * factors if noisy else ())
+                        alone_steps_ms=tl.iteration_ms * factors if noisy else (),
+                        log_decisions=log_decisions)
   scale = (np.random.default_rng(seed).choice(factors, size=iterations + 2) if noisy
            else np.ones(iterations + 2))
   sim = _Sim(tl, classes, windows, job, actual, admission, iterations, scale)
   times, work, steps, free, events = sim.run()
   return Fill(float(cap), tl.iteration_ms, sim.used, times[1:], work[1:], steps[1:], free[1:],
               tuple(events), float(times[0]), admission.admitted, admission.refused,
-              tl.iteration_ms * float(factors.mean()), admission.tightened, admission.usable)
+              tl.iteration_ms * float(factors.mean()), admission.tightened, admission.usable,
+              tuple(admission.decisions or ()))
 
 
 class _Sim:
@@ -143,7 +146,9 @@ class _Sim:
     starts at or after `closes`, when the closing foreground task is ready."""
     length, t, out = self.windows[w].length_ms, 0.0, []
     n = len(self.actual)
-    while opened + t < closes and self.policy.admit(int(nxt[c]), length - t):
+    device = int(self.classes.bounds[c])
+    while opened + t < closes and self.policy.admit(int(nxt[c]), length - t, device=device,
+                                                    window=w):
       k = int(nxt[c])
       a = float(self.actual[k])
       self.policy.observe(k, a)
@@ -169,7 +174,8 @@ class _Sim:
     self.used[[w for w, win in enumerate(self.windows) if win.opener < 0]] = True
     # One more iteration than reported: the last one's tail is filled at the next one's start.
     for k in range(self.iterations + 2):
-      self.policy.next_iteration(previous)
+      if k:  # the policy's iterations count as the runtime's: the first starts at creation
+        self.policy.next_iteration(previous)
       start, end = np.zeros(n), np.zeros(n)
       done: set[int] = set()
       bg = 0.0
