@@ -10,7 +10,10 @@ on the same devices: plan device i of stage j is jax.devices()[i mod G], so ever
 the same mesh devices and activations do not move; what (b_k) adds to (a) is the runtime's own
 cost of stage boundaries (host dispatch of a forward and a backward program per stage, the
 cotangent plumbing, the optimizer update per stage, fusion XLA cannot do across programs).
-Steps of all runs alternate in one process (drift hits all alike); medians. Prints (b_k)/(a)
+All runs take turns in one process (drift hits all alike); in a turn a run takes
+--runs-per-turn steps in a row and only the last is timed, so every timed step follows a step of
+its own, as in training (dp_jax.runtime.plan_timing.turns; a step right after another
+program's is up to 20% slower here, docs/validation.md); medians. Prints (b_k)/(a)
 and the overhead per added stage, (b_k - b_1) / (k - 1), in microseconds. Devices default to
 one per core (dp_jax.runtime.local_devices).
 """
@@ -21,7 +24,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,6 +38,8 @@ def parse_args():
   ap.add_argument("--steps", type=int, default=20)
   ap.add_argument("--devices", type=int, default=None, help="default: one per core")
   ap.add_argument("--splits", default="1,4,0", help="stage counts k (0: one per layer)")
+  ap.add_argument("--runs-per-turn", type=int, default=2,
+                  help="steps of a run in a row per round, the last one timed (1: alternate)")
   ap.add_argument("--out", default=None)
   return ap.parse_args()
 
@@ -50,7 +54,7 @@ def main() -> None:
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime import mesh as meshlib
   from dp_jax.runtime.fused import fused_step
-  from dp_jax.runtime.plan_timing import stepper
+  from dp_jax.runtime.plan_timing import stepper, timed, turns
   from dp_jax.runtime.plans import layout_plan
   from dp_jax.runtime.stages import structure_graph
 
@@ -94,20 +98,14 @@ def main() -> None:
     plan = split_plan(k)
     one, stages = stepper(fresh(), graph, plan, devices * (plan["num_devices"] // g), opt)
     runs.append((f"b_{k or 'all'}", one, stages))
-  for _, one, _ in runs:
-    one()  # compile
-    one()
-  times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
-  for _ in range(args.steps):
-    for name, one, _ in runs:
-      t0 = time.perf_counter()
-      one()
-      times[name].append((time.perf_counter() - t0) * 1e3)
+  samples = turns([timed(one) for _, one, _ in runs], args.steps,
+                  runs_per_turn=args.runs_per_turn, warmup=2)  # the first run compiles
+  times = {name: [ms for ms, _ in s] for (name, _, _), s in zip(runs, samples, strict=True)}
   med = {name: statistics.median(v) for name, v in times.items()}
   size = "tiny" if args.model.startswith("gpt2") else f"{args.image_size}x{args.image_size}"
   print(f"{args.model} {size}, B={args.batch}, {g} {jax.default_backend()} devices "
-        f"({local_devices.cpu_cores()} cores), {args.steps} interleaved rounds "
-        "(median ms per step, measured)")
+        f"({local_devices.cpu_cores()} cores), {args.steps} rounds, each step timed after "
+        f"{args.runs_per_turn - 1} of its own (median ms per step, measured)")
   print(f"(a)   fused jit data parallel: {med['a']:9.2f} ms")
   base = next((name for name, _, s in runs if s == 1 and name != "a"), None)
   rows = {}
@@ -122,7 +120,8 @@ def main() -> None:
   if args.out:
     Path(args.out).write_text(json.dumps(
         {"model": args.model, "batch": args.batch, "devices": g,
-         "cores": local_devices.cpu_cores(), "steps": args.steps, "fused_ms": med["a"],
+         "cores": local_devices.cpu_cores(), "steps": args.steps,
+         "runs_per_turn": args.runs_per_turn, "fused_ms": med["a"],
          "runs": rows, "step_ms": times}, indent=1))
 
 
