@@ -9,7 +9,9 @@
 on the same devices: plan device i of stage j is jax.devices()[i mod G], so every stage runs on
 the same mesh devices and activations do not move; what (b_k) adds to (a) is the runtime's own
 cost of stage boundaries (host dispatch of a forward and a backward program per stage, the
-cotangent plumbing, the optimizer update per stage, fusion XLA cannot do across programs).
+cotangent plumbing, the optimizer update per stage, fusion XLA cannot do across programs);
+(c_k) k stages alternating between all G devices and the first device alone (--alternate k), so
+every boundary moves activations between device sets, as most burst plans' boundaries do.
 All runs take turns in one process (drift hits all alike); in a turn a run takes
 --runs-per-turn steps in a row and only the last is timed, so every timed step follows a step of
 its own, as in training (dp_jax.runtime.plan_timing.turns; a step right after another
@@ -38,6 +40,8 @@ def parse_args():
   ap.add_argument("--steps", type=int, default=20)
   ap.add_argument("--devices", type=int, default=None, help="default: one per core")
   ap.add_argument("--splits", default="1,4,0", help="stage counts k (0: one per layer)")
+  ap.add_argument("--alternate", type=int, default=4,
+                  help="(c_k): k stages alternating between all devices and the first (0: none)")
   ap.add_argument("--runs-per-turn", type=int, default=2,
                   help="steps of a run in a row per round, the last one timed (1: alternate)")
   ap.add_argument("--out", default=None)
@@ -70,10 +74,13 @@ def main() -> None:
   opt = optax.sgd(0.01, momentum=0.9)
   names = graph.names
 
-  def split_plan(k: int) -> dict:
+  def split_plan(k: int, alternate: bool = False) -> dict:
+    """k stages, stage j on plan devices j*g.. (all G devices; with `alternate`, odd stages on
+    the first device only, so every boundary changes device set)."""
     k = len(names) if k <= 0 else min(k, len(names))
     stage = {n: i * k // len(names) for i, n in enumerate(names)}
-    return layout_plan(graph, {n: range(stage[n] * g, stage[n] * g + g) for n in names},
+    width = {n: 1 if alternate and stage[n] % 2 else g for n in names}
+    return layout_plan(graph, {n: range(stage[n] * g, stage[n] * g + width[n]) for n in names},
                        global_batch=args.batch, num_devices=k * g)
 
   def fused_stepper():
@@ -98,6 +105,10 @@ def main() -> None:
     plan = split_plan(k)
     one, stages = stepper(fresh(), graph, plan, devices * (plan["num_devices"] // g), opt)
     runs.append((f"b_{k or 'all'}", one, stages))
+  if args.alternate > 1 and g > 1:
+    plan = split_plan(args.alternate, alternate=True)
+    one, stages = stepper(fresh(), graph, plan, devices * (plan["num_devices"] // g), opt)
+    runs.append((f"c_{args.alternate}", one, stages))
   samples = turns([timed(one) for _, one, _ in runs], args.steps,
                   runs_per_turn=args.runs_per_turn, warmup=2)  # the first run compiles
   times = {name: [ms for ms, _ in s] for (name, _, _), s in zip(runs, samples, strict=True)}
