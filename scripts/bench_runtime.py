@@ -59,7 +59,7 @@ def main() -> None:
   from dp_jax.runtime import mesh as meshlib
   from dp_jax.runtime.fused import fused_step
   from dp_jax.runtime.plan_timing import stepper, timed, turns
-  from dp_jax.runtime.plans import layout_plan
+  from dp_jax.runtime.plans import staged_data_parallel_plan
   from dp_jax.runtime.stages import structure_graph
 
   def fresh():
@@ -72,16 +72,9 @@ def main() -> None:
   g = len(devices)
   graph = structure_graph(fresh(), args.model)
   opt = optax.sgd(0.01, momentum=0.9)
-  names = graph.names
 
   def split_plan(k: int, alternate: bool = False) -> dict:
-    """k stages, stage j on plan devices j*g.. (all G devices; with `alternate`, odd stages on
-    the first device only, so every boundary changes device set)."""
-    k = len(names) if k <= 0 else min(k, len(names))
-    stage = {n: i * k // len(names) for i, n in enumerate(names)}
-    width = {n: 1 if alternate and stage[n] % 2 else g for n in names}
-    return layout_plan(graph, {n: range(stage[n] * g, stage[n] * g + width[n]) for n in names},
-                       global_batch=args.batch, num_devices=k * g)
+    return staged_data_parallel_plan(graph, k, g, global_batch=args.batch, alternate=alternate)
 
   def fused_stepper():
     mesh = meshlib.stage_mesh(devices)

@@ -6,7 +6,7 @@ from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph, LayerNode
 from dp_jax.models.registry import build_model
 from dp_jax.runtime.plan_check import check_plan
-from dp_jax.runtime.plans import data_parallel_layout_plan, layout_plan
+from dp_jax.runtime.plans import data_parallel_layout_plan, layout_plan, staged_data_parallel_plan
 from dp_jax.runtime.stages import INPUT, group_stages, series_parallel_order, structure_graph
 
 
@@ -45,6 +45,20 @@ def test_data_parallel_plan_is_one_stage(resnet_graph):
   stages = group_stages(resnet_graph, {n: p.devices for n, p in checked.placements.items()})
   assert len(stages) == 1 and stages[0].devices == tuple(range(8))
   assert stages[0].layers[0] == "conv1" and stages[0].exports == ("fc",)
+
+
+def test_staged_data_parallel_plan_cuts_the_chain_into_stages_on_the_same_devices():
+  chain = LayerGraph("chain", (4,), "float32", tuple(
+      LayerNode(n, "linear", (p,) if p else ()) for n, p in
+      [("a", ""), ("b", "a"), ("c", "b"), ("d", "c"), ("e", "d")]))
+  plan = staged_data_parallel_plan(chain, 2, 2, global_batch=4)
+  checked = check_plan(plan, chain, available_devices=4)
+  stages = group_stages(chain, {n: p.devices for n, p in checked.placements.items()})
+  assert [(s.layers, s.devices) for s in stages] == [(("a", "b", "c"), (0, 1)),
+                                                     (("d", "e"), (2, 3))]
+  every = staged_data_parallel_plan(chain, 0, 2, global_batch=4, alternate=True)
+  assert every["num_devices"] == 10
+  assert [layer["devices"] for layer in every["layers"]] == [[0, 1], [2], [4, 5], [6], [8, 9]]
 
 
 def test_residual_shortcut_on_other_devices_is_its_own_stage(resnet_graph):

@@ -10,15 +10,15 @@ Each job device has one dispatch thread running the job's steps (orchestrator/ba
 before each piece, the thread asks the shared policy (dp_jax/multiplex.py) whether the piece's
 predicted time (plus the switch cost, `switch_ms`, as the simulator charges it) fits what is
 left of the device's window or its overrun fits the iteration's budget; if not, it waits for the
-next window (`log_decisions`: the policy keeps every decision, as the simulator's can). Each piece is waited for and measured (one piece
-outstanding per device) and corrects the next predictions; each foreground step's time feeds
-the slowdown back (the policy compares the mean of the last steps with the cap, beyond the
-noise of the alone steps it is given). On CPU a program runs on the thread that dispatches it,
-so only separate threads let pieces run beside the foreground; on a GPU the same threads issue
-into each device's queue. With several processes, a process that owns none of a stage's devices
-is held until the call's predicted end, so that the move it would post next does not occupy its
-idle devices. A failing job (exception or non-finite loss) is logged and stopped; the
-foreground never reads background arrays.
+next window (`log_decisions`: the policy keeps every decision, as the simulator's can). Each
+piece is waited for and measured (one piece outstanding per device) and corrects the next
+predictions; each foreground step's time feeds the slowdown back (the policy compares the mean
+of the last steps with the cap, beyond the noise of the alone steps it is given). On CPU a
+program runs on the thread that dispatches it, so only separate threads let pieces run beside
+the foreground; on a GPU the same threads issue into each device's queue. With several
+processes, a process that owns none of a stage's devices is held until the call's predicted end,
+so that the move it would post next does not occupy its idle devices. A failing job (exception
+or non-finite loss) is logged and stopped; the foreground never reads background arrays.
 """
 
 from __future__ import annotations

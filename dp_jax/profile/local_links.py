@@ -131,7 +131,7 @@ def stage_us(devices, steps: int = 15) -> float:
   """Runtime cost of one more stage: toy model as 1 stage vs one stage per layer, same devices."""
   from dp_jax.models.registry import build_model
   from dp_jax.runtime.plan_timing import stepper, timed, turns
-  from dp_jax.runtime.plans import layout_plan
+  from dp_jax.runtime.plans import staged_data_parallel_plan
   from dp_jax.runtime.stages import structure_graph
 
   def toy():
@@ -141,9 +141,7 @@ def stage_us(devices, steps: int = 15) -> float:
   opt = optax.sgd(0.01, momentum=0.9)
   runs = []
   for k in (1, len(graph.names)):
-    stage = {n: i * k // len(graph.names) for i, n in enumerate(graph.names)}
-    plan = layout_plan(graph, {n: range(stage[n] * g, stage[n] * g + g) for n in graph.names},
-                       global_batch=g, num_devices=k * g)
+    plan = staged_data_parallel_plan(graph, k, g, global_batch=g)
     runs.append(stepper(toy(), graph, plan, list(devices) * k, opt))
   fused_us, split_us = ([1e3 * ms for ms, _ in r]
                         for r in turns([timed(step) for step, _ in runs], steps, warmup=2))

@@ -39,3 +39,18 @@ def data_parallel_layout_plan(graph: LayerGraph, *, global_batch: int,
   """Every layer on every device: plain data parallelism (one stage)."""
   return layout_plan(graph, lambda _: range(num_devices), global_batch=global_batch,
                      num_devices=num_devices)
+
+
+def staged_data_parallel_plan(graph: LayerGraph, stages: int, width: int, *, global_batch: int,
+                              alternate: bool = False) -> dict[str, Any]:
+  """Data parallelism cut into `stages` runs of consecutive layers (0 or more than the layers:
+  one per layer), stage j on plan devices j*width .. j*width + width - 1 (with `alternate`,
+  odd stages on j*width only). Run on devices * stages (plan device i is device i mod width),
+  every stage uses the same devices, or alternates between all and the first."""
+  names = graph.names
+  k = len(names) if stages <= 0 else min(stages, len(names))
+  stage = {n: i * k // len(names) for i, n in enumerate(names)}
+  used = {n: 1 if alternate and stage[n] % 2 else width for n in names}
+  return layout_plan(graph, {n: range(stage[n] * width, stage[n] * width + used[n])
+                             for n in names},
+                     global_batch=global_batch, num_devices=k * width)
