@@ -24,7 +24,6 @@ stage call instead (dp_jax.planner.local_overhead). meta["empty_round_ms"] recor
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -37,9 +36,8 @@ from dp_jax.profile import cache
 from dp_jax.profile.measure import layer_programs, model_dtype, out_structs
 from dp_jax.profile.table import ProfileTable
 from dp_jax.runtime.local_devices import DeviceThreads, cpu_cores
-from dp_jax.runtime.plan_timing import RUNS_PER_TURN
+from dp_jax.runtime.plan_timing import RUNS_PER_TURN, STATISTICS
 
-STATISTICS = {"median": statistics.median, "min": min}
 EMPTY_ROUNDS = 50
 
 
