@@ -33,8 +33,8 @@ from dp_jax.tracking import Run
 
 log = logging.getLogger("dp_jax.validate")
 COLUMNS = ("plan", "kind", "predicted_ms", "measured_ms", "error_pct", "stages", "devices_used",
-           "device_counts", "compute_ms", "sync_ms", "move_ms", "overhead_ms", "split_ms",
-           "start_ms", "measured_min_ms", "measured_max_ms")
+           "device_counts", "compute_ms", "sync_ms", "move_ms", "overhead_ms", "boundary_ms",
+           "measured_min_ms", "measured_max_ms")
 
 
 class Statistic(str, Enum):
@@ -115,7 +115,7 @@ def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int, cal) ->
   """The planner's evaluation of `assignment` plus the local overhead term, in ms."""
   from dp_jax import workflow
   from dp_jax.planner import evaluate_plan
-  from dp_jax.planner.local_overhead import overhead_ms, split_extra_ms, stage_start_ms
+  from dp_jax.planner.local_overhead import boundaries_ms, overhead_ms
   from dp_jax.runtime.stages import series_parallel_order
 
   opts = workflow.plan_options(cfg.planner, g, cfg.batch_size)
@@ -124,19 +124,21 @@ def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int, cal) ->
   ev = evaluate_plan(graph, profile, cluster, assignment, global_batch=cfg.batch_size,
                      num_devices=g, **opts)
   params = {n.name: n.params for n in graph.nodes}
-  # every stage but the one holding the model's output runs split forward/backward programs
-  split = split_extra_ms(profile.meta.get("split_extra_ms") or {},
-                         [(s.layers, cfg.batch_size // s.placement[1]) for s in ev.stages
-                          if graph.sink not in s.layers])
-  # every stage but the first starts from a program input, apart from the layers before it
-  pos = {n: i for i, n in enumerate(series_parallel_order(graph))}
-  start = stage_start_ms(profile.meta.get("stage_start_ms") or {},
-                         [(min(s.layers, key=pos.__getitem__), cfg.batch_size // s.placement[1])
-                          for s in ev.stages if graph.source not in s.layers])
+  # every stage but the first begins at a boundary: k layers before it (series-parallel
+  # order), after the stage holding layer k
+  order = series_parallel_order(graph)
+  pos = {n: i for i, n in enumerate(order)}
+  stage_of = {n: s for s in ev.stages for n in s.layers}
+  bounds = []
+  for s in ev.stages:
+    k = min(pos[n] for n in s.layers)
+    if k > 0:
+      bounds.append((k, cfg.batch_size // stage_of[order[k - 1]].placement[1],
+                     cfg.batch_size // s.placement[1]))
+  boundary = boundaries_ms(profile.meta.get("boundary_ms") or {}, bounds)
   update = 0.0 if profile.meta.get("includes_update") else cal.update_ns_per_param
   over = overhead_ms([s.layers for s in ev.stages], params, dispatch_us=cal.dispatch_us,
-                     stage_us=cal.stage_us, update_ns_per_param=update, split_ms=split,
-                     start_ms=start)
+                     stage_us=cal.stage_us, update_ns_per_param=update, boundary_ms=boundary)
   sync = sum(s.sync_ms for s in ev.stages)
   # a profile measured on the stage's devices has the all-reduce inside (serial on XLA:CPU,
   # planner.overlap_allreduce=false): the cluster's priced all-reduce is not added again
@@ -144,8 +146,7 @@ def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int, cal) ->
   return {"predicted_ms": ev.iteration_ms - sync + counted + over, "stages": len(ev.stages),
           "compute_ms": sum(s.compute_ms for s in ev.stages),
           "sync_ms": counted,
-          "move_ms": sum(m.ms for m in ev.moves), "overhead_ms": over, "split_ms": split,
-          "start_ms": start}
+          "move_ms": sum(m.ms for m in ev.moves), "overhead_ms": over, "boundary_ms": boundary}
 
 
 def scatter_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:

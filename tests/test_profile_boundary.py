@@ -1,6 +1,4 @@
-"""What a stage boundary costs: cut points, interpolation and attribution on synthetic numbers."""
-
-import random
+"""What a stage boundary costs: cut points, interpolation, paired differences, leveling."""
 
 import pytest
 
@@ -21,62 +19,25 @@ def test_interpolate_is_linear_between_points_and_nearest_outside():
   assert boundary.interpolate({}, [1, 2]) == [0.0, 0.0]
 
 
-def synthetic(n, cuts, seed):
-  """Fused prefix totals, and per cut the fwd, bwd, suffix ms of a made-up model."""
-  rng = random.Random(seed)
-  empty = 0.5
-  f = [empty]
-  for _ in range(n):
-    f.append(f[-1] + rng.uniform(1, 20))
-  fused = f[1:]
-  cut_ms = {}
-  for k in cuts:
-    net = fused[k - 1] - empty
-    split = net * rng.uniform(0.9, 1.6)
-    cut_ms[k] = {"fwd": empty + split * 0.4, "bwd": empty + split * 0.6,
-                 "suffix": empty + fused[-1] - fused[k - 1] + rng.uniform(-5, 30)}
-  return fused, empty, cut_ms
+def test_a_boundary_costs_its_rounds_paired_difference_rescaled_to_the_level():
+  empty, whole = 0.5, 20.0  # whole: the profile's level of the uncut model, net of empty
+  cut = {"fwd": 6.5, "bwd": 9.5, "suffix": 10.5, "whole": 20.5}  # its round at the level
+  assert boundary.boundary_costs({3: cut}, empty, whole) == {3: pytest.approx(5.0)}
+  slow = {p: empty + 2 * (v - empty) for p, v in cut.items()}  # a round 2x slower
+  assert boundary.boundary_costs({3: slow}, empty, whole)[3] == pytest.approx(5.0)
+  fused = {p: v for p, v in cut.items() if p != "whole"}  # no uncut round: as measured
+  assert boundary.boundary_costs({3: fused}, empty, whole)[3] == pytest.approx(5.0)
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_a_measured_two_stage_cut_is_priced_as_its_measured_programs(seed):
-  n = 12
-  cuts = boundary.cut_points(n, 3)
-  fused, empty, cut_ms = synthetic(n, cuts, seed)
-  split, start = boundary.attribute(fused, empty, cut_ms, whole_split=2 * empty + 1.3 * (
-      fused[-1] - empty))
-  assert len(split) == len(start) == n and start[0] == 0.0
-  for k, c in cut_ms.items():
-    # marginals of the whole model + split of layers 1..k + start of the stage at layer k+1
-    priced = (fused[-1] - empty) + sum(split[:k]) + start[k]
-    measured = c["fwd"] + c["bwd"] + c["suffix"] - 3 * empty  # each call's dispatch apart
-    assert priced == pytest.approx(measured)
-
-
-def test_cuts_not_measured_lie_between_their_neighbours():
-  n = 9
-  fused, empty, cut_ms = synthetic(n, [2, 6], seed=7)
-  _, start = boundary.attribute(fused, empty, cut_ms)
-  lo, hi = sorted((start[2], start[6]))
-  assert all(lo - 1e-9 <= start[k] <= hi + 1e-9 for k in range(3, 6))
-  assert start[1] == pytest.approx(start[2]) and start[8] == pytest.approx(start[6])
-
-
-def test_without_cuts_the_whole_split_ratio_scales_every_layer():
-  fused, empty = [3.0, 7.0, 11.0], 1.0
-  split, start = boundary.attribute(fused, empty, {}, whole_split=2 * empty + 1.5 * 10.0)
-  assert split == pytest.approx([1.0, 2.0, 2.0])  # 0.5 x each layer's marginal (2, 4, 4)
-  assert start == [0.0, 0.0, 0.0]
-
-
-def test_a_cut_measured_under_heavier_load_is_rescaled_by_its_own_uncut_round():
-  fused, empty, cut_ms = synthetic(10, [3, 7], seed=3)
-  split, start = boundary.attribute(fused, empty, cut_ms)
-  net_whole = fused[-1] - empty
-  slow = {k: {**{p: empty + 2.5 * (v - empty) for p, v in c.items()},
-              "whole": empty + 2.5 * net_whole} for k, c in cut_ms.items()}  # all 2.5x slower
-  split2, start2 = boundary.attribute(fused, empty, slow)
-  assert split2 == pytest.approx(split) and start2 == pytest.approx(start)
+def test_leveling_puts_the_whole_model_at_the_median_of_its_measurements():
+  e = 1.0
+  totals = {"empty": e, "fused": [3.0, 7.0, 11.0], "fwd": 5.0, "bwd": 9.0,
+            "cuts": {"1": {"whole": 13.0}, "2": {"whole": 15.0}}}
+  out = boundary.leveled(totals, e)
+  assert out["fused"] == pytest.approx([1 + 2 * 1.2, 1 + 6 * 1.2, 1 + 10 * 1.2])  # 11 -> 13
+  assert out["fwd"] == pytest.approx(1 + 4 * 1.2) and out["bwd"] == pytest.approx(1 + 8 * 1.2)
+  assert out["cuts"] == totals["cuts"] and totals["fused"] == [3.0, 7.0, 11.0]  # not mutated
+  assert boundary.leveled({**totals, "cuts": {}}, e)["fused"] == totals["fused"]  # one sample
 
 
 def test_a_cut_and_its_uncut_reference_are_each_timed_after_a_step_of_their_own(monkeypatch):

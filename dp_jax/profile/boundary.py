@@ -7,22 +7,24 @@ from their predecessors. For a cut after layer k (series-parallel order) the run
 two-stage program on the g devices of a data-parallel stage (dp_jax.runtime.step.build_program
 with a break at layer k+1, run by train_step with a timer) gives, per step: fwd(P_k) and
 bwd(P_k) of the first stage and fused(S_k) of the second (the suffix, as the last stage runs
-it); each round also steps the uncut model (one fused program, U), and the cut's times are
-rescaled by F_n / U (net of the empty call e) so that load drifting between the profile's
-prefixes and its cuts cancels. In a round each of the two is stepped `runs_per_turn` times in a
-row and only the last step timed (dp_jax.runtime.plan_timing.turns): a step is timed right
-after a step of the same program, as training runs it. Against the profile's fused prefix totals F_k
-(dp_jax.profile.in_context, net of e):
+it); each round also steps the uncut model (one fused program, U). In a round each of the two
+is stepped `runs_per_turn` times in a row and only the last step timed
+(dp_jax.runtime.plan_timing.turns): a step is timed right after a step of the same program, as
+training runs it. The boundary's cost is the paired difference within the round, net of the
+empty call e of each extra program call (their host work is local_links' stage_us):
 
-  split_k = fwd(P_k) + bwd(P_k) - 2e - F_k     what the prefix costs more as a non-last stage
-  start_k = fused(S_k) - e - (F_n - F_k)       what the suffix costs beyond its layers' marginals
+  boundary_k = fwd(P_k) + bwd(P_k) + fused(S_k) - 2e - U
 
-so a two-stage cut at k is priced F_n + split_k + start_k: exactly its measured programs. The
-split is spread over layers as the marginal of the interpolated ratio r_k = (F_k + split_k) /
-F_k (a stage between two cuts pays the marginals of its layers), the start is charged to the
-first layer of every stage but the first. Cuts not measured are interpolated linearly in k
-(nearest outside the measured ones). The host work of the extra calls is not in these program
-times (it is local_links' stage_us).
+rescaled to the profile's level of the whole model (net U / the level, so load drifting
+between the profile's rounds cancels). Boundaries not measured are interpolated linearly in k
+(nearest outside the measured cuts). A plan's boundary between a stage of per-device batch b1
+and the next of b2 is priced at the mean of the two batches' boundary_k
+(dp_jax.planner.local_overhead.boundaries_ms): a cut prices the first stage's split and the
+second's start at one device count, and separating the two needs the prefix totals, measured
+in other rounds, whose noise (about 5% of vgg16's step at 2 rounds) exceeds a boundary's
+cost. What this leaves out: the split of a stage that starts after the first layer is priced
+as the prefix's at the same k (a middle stage's own split is smaller), and a boundary between
+device sets as one between the same devices (docs/validation.md).
 """
 
 from __future__ import annotations
@@ -67,36 +69,44 @@ def running_max(values: Sequence[float], floor: float = 0.0) -> list[float]:
   return out
 
 
-def attribute(fused: Sequence[float], empty: float, cut_ms: Mapping[int, Mapping[str, float]],
-              whole_split: float | None = None) -> tuple[list[float], list[float]]:
-  """(split extra of each layer, start cost of a stage beginning at each layer), in ms.
+def boundary_costs(cut_ms: Mapping[int, Mapping[str, float]], empty: float,
+                   whole: float) -> dict[int, float]:
+  """ms a boundary after layer k costs, per measured cut k: its round's paired difference
+  (fwd + bwd + suffix - 2 empty - whole), rescaled to `whole` (net of `empty`) by its round's
+  uncut program (cut["whole"])."""
+  out = {}
+  for k, c in cut_ms.items():
+    c = scaled(c, empty, whole)
+    out[k] = c["fwd"] + c["bwd"] + c["suffix"] - 3 * empty - whole
+  return out
 
-  fused[k-1]: the fused prefix total F_k (with its empty call `empty`); cut_ms[k]: a cut
-  after layer k's measured fwd, bwd and suffix ms; whole_split: fwd + bwd of the whole model
-  as one split stage (it prices the layers after the last cut), if measured.
-  """
-  n = len(fused)
-  f = [t - empty for t in running_max(fused, empty)]  # net prefix totals, non-decreasing
-  cut_ms = {k: scaled(c, empty, f[-1]) for k, c in cut_ms.items()}
-  ratio = {k: (c["fwd"] + c["bwd"] - 2 * empty) / f[k - 1]
-           for k, c in cut_ms.items() if f[k - 1] > 0}
-  if whole_split is not None and f[-1] > 0:
-    ratio[n] = (whole_split - 2 * empty) / f[-1]
-  r = interpolate(ratio, range(1, n + 1)) if ratio else [1.0] * n
-  # no running maximum here: the split totals telescope, so a measured cut is priced exactly
-  s = [rk * fk for rk, fk in zip(r, f, strict=True)]
-  marg_s = [b - a for a, b in zip([0.0, *s[:-1]], s, strict=True)]
-  marg_f = [b - a for a, b in zip([0.0, *f[:-1]], f, strict=True)]
-  split = [a - b for a, b in zip(marg_s, marg_f, strict=True)]
-  start = {k: c["suffix"] - empty - (f[-1] - f[k - 1]) for k, c in cut_ms.items()}
-  # a stage beginning at layer k+1 (1-based) follows a cut after layer k; the first has none
-  return split, [0.0, *interpolate(start, range(1, n))]
+
+def leveled(totals: Mapping, empty: float) -> dict:
+  """One device count's totals (fused prefix totals, the whole model's split fwd/bwd, cuts)
+  with the prefix totals and split pair rescaled, net of `empty`, so that the whole model's
+  fused program costs the median of all its measurements in the profile: its prefix-loop rounds
+  and the uncut reference step of every cut's rounds. The same program measured beside different
+  programs differs by up to ~15% here (tiny GPT-2 on 2 devices, min of 16 rounds each: 11.6 ms
+  in the prefix loop, 11.6-13.8 ms in the cuts' rounds, 13.4 ms in the validation's plan
+  rounds); the prefix loop keeps the layers' relative costs, the median of the contexts their
+  level. Cuts are left as measured (boundary_costs rescales them to the level)."""
+  fused = list(totals["fused"])
+  wholes = [fused[-1], *(c["whole"] for c in totals.get("cuts", {}).values() if "whole" in c)]
+  net = fused[-1] - empty
+  if net <= 0 or len(wholes) < 2:
+    return dict(totals)
+  s = (float(np.median(wholes)) - empty) / net
+  out = dict(totals, fused=[empty + (f - empty) * s for f in fused])
+  for p in ("fwd", "bwd"):
+    if p in totals:
+      out[p] = empty + (totals[p] - empty) * s
+  return out
 
 
 def scaled(cut: Mapping[str, float], empty: float, whole: float) -> dict[str, float]:
   """A cut's fwd, bwd and suffix ms rescaled (net of `empty`) by whole / its own round's
-  uncut whole-model program (cut["whole"], if measured): the machine's load drifts between the
-  profile's prefixes and its cuts, and a ratio taken within one round is robust to it."""
+  uncut whole-model program (cut["whole"], if measured; whole is net of `empty`): the machine's
+  load drifts between the profile's rounds, and a ratio taken within one round is robust to it."""
   if "whole" not in cut or cut["whole"] - empty <= 0:
     return {p: cut[p] for p in PHASES if p in cut}
   s = whole / (cut["whole"] - empty)

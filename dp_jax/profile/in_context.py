@@ -15,11 +15,12 @@ to its measured program, with the update, the all-reduce and the fusion with nei
 inside (meta: includes_update, includes_allreduce).
 
 What a stage boundary costs (dp_jax.profile.boundary): at `cuts` boundaries k spread over the
-model, the runtime's two-stage program cut after layer k on the same g devices is stepped and
-each program timed; meta["split_extra_ms"][layer][b] is what a layer costs more in a stage
-that is not the last (split forward and backward programs), meta["stage_start_ms"][layer][b]
-what a stage that begins at that layer costs beyond its layers' marginals. The whole model is
-also timed as split forward and backward programs (it prices the split after the last cut).
+model, the runtime's two-stage program cut after layer k on the same g devices is stepped
+beside the uncut model and each program timed; meta["boundary_ms"][b][k] is the paired
+difference (per-device batch b). The whole model is also timed as split forward and backward
+programs. The totals of each count are leveled (dp_jax.profile.boundary.leveled): the whole
+model's fused program is measured in the prefix loop and beside every cut, and the median of
+these sets the level of every prefix total.
 The table's fwd/bwd division of a layer's cost follows the whole model's fwd / (fwd + bwd).
 `statistic` of `passes` passes over all prefixes and cuts of `repeats` rounds each; the
 totals are cached (dp_jax.profile.cache, method in_context/4, with `runs_per_turn` in the key).
@@ -238,11 +239,10 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
                    **{p: STATISTICS[statistic](samples[-1][p]) for p in ("fwd", "bwd")}}
       cache.store_entry(cache_dir, key, totals[g])
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in order}
-  extra: dict[str, dict[str, float]] = {n: {} for n in order}
-  start: dict[str, dict[str, float]] = {n: {} for n in order}
+  bounds: dict[str, dict[str, float]] = {}
   for g in counts:
     b = global_batch // g
-    t = totals[g]
+    t = boundary.leveled(totals[g], empty[g])
     cut_ms = {int(k): c for k, c in t["cuts"].items()}
     values = [*t["fused"], t["fwd"], t["bwd"], t["empty"],
               *(v for c in cut_ms.values() for v in c.values())]
@@ -251,17 +251,16 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
     fused = marginals(t["fused"], empty[g])
     split = max(t["fwd"] + t["bwd"] - 2 * empty[g], 1e-9)
     fwd_share = (t["fwd"] - empty[g]) / split
-    split_ms, start_ms = boundary.attribute(t["fused"], empty[g], cut_ms, t["fwd"] + t["bwd"])
-    for n, u, e, s0 in zip(order, fused, split_ms, start_ms, strict=True):
+    whole = max(t["fused"]) - empty[g]
+    bounds[str(b)] = {str(k): v for k, v in boundary.boundary_costs(cut_ms, empty[g],
+                                                                    whole).items()}
+    for n, u in zip(order, fused, strict=True):
       layers[n][b] = (u * fwd_share, u * (1 - fwd_share))
-      extra[n][str(b)] = e
-      start[n][str(b)] = s0
   return ProfileTable(model=graph.model, device=devices[0].device_kind, dtype=dtype,
                       source="measured", layers=layers,
                       meta={**{k: v for k, v in base.items() if k != "layers"},
                             "warmup": warmup, "global_batch": global_batch, "counts": counts,
-                            "empty_round_ms": empty, "split_extra_ms": extra,
-                            "stage_start_ms": start,
+                            "empty_round_ms": empty, "boundary_ms": bounds,
                             "prefix_ms": {str(g): totals[g] for g in counts},
                             "split_over_fused": {str(global_batch // g): (
                                 totals[g]["fwd"] + totals[g]["bwd"] - 2 * empty[g]) / max(
