@@ -38,6 +38,8 @@ def test_leveling_puts_the_whole_model_at_the_median_of_its_measurements():
   assert out["fwd"] == pytest.approx(1 + 4 * 1.2) and out["bwd"] == pytest.approx(1 + 8 * 1.2)
   assert out["cuts"] == totals["cuts"] and totals["fused"] == [3.0, 7.0, 11.0]  # not mutated
   assert boundary.leveled({**totals, "cuts": {}}, e)["fused"] == totals["fused"]  # one sample
+  bumpy = {**totals, "fused": [3.0, 12.0, 11.0]}  # a noisy prefix above the whole model
+  assert max(boundary.leveled(bumpy, e)["fused"]) == pytest.approx(13.0)  # median of 11, 13, 15
 
 
 def test_a_cut_and_its_uncut_reference_are_each_timed_after_a_step_of_their_own(monkeypatch):

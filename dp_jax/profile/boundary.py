@@ -83,8 +83,9 @@ def boundary_costs(cut_ms: Mapping[int, Mapping[str, float]], empty: float,
 
 def leveled(totals: Mapping, empty: float) -> dict:
   """One device count's totals (fused prefix totals, the whole model's split fwd/bwd, cuts)
-  with the prefix totals and split pair rescaled, net of `empty`, so that the whole model's
-  fused program costs the median of all its measurements in the profile: its prefix-loop rounds
+  with the prefix totals and split pair rescaled, net of `empty`, so that the whole model as
+  the profile prices it (the largest prefix total, which the layers' marginals sum to) costs
+  the median of all the profile's measurements of its fused program: its prefix-loop rounds
   and the uncut reference step of every cut's rounds. The same program measured beside different
   programs differs by up to ~15% here (tiny GPT-2 on 2 devices, min of 16 rounds each: 11.6 ms
   in the prefix loop, 11.6-13.8 ms in the cuts' rounds, 13.4 ms in the validation's plan
@@ -92,7 +93,7 @@ def leveled(totals: Mapping, empty: float) -> dict:
   level. Cuts are left as measured (boundary_costs rescales them to the level)."""
   fused = list(totals["fused"])
   wholes = [fused[-1], *(c["whole"] for c in totals.get("cuts", {}).values() if "whole" in c)]
-  net = fused[-1] - empty
+  net = max(fused) - empty  # what the layers' marginals sum to (through the running maximum)
   if net <= 0 or len(wholes) < 2:
     return dict(totals)
   s = (float(np.median(wholes)) - empty) / net
