@@ -1,6 +1,7 @@
 """Runtime overhead: data parallelism split into k stages on the same devices vs one fused jit.
 
     .venv/bin/python scripts/bench_runtime.py                     # tiny GPT-2, B=32, k=1,4,all
+    .venv/bin/python scripts/bench_runtime.py --batch 128         # (results/runtime/, README)
     .venv/bin/python scripts/bench_runtime.py --model vgg16 --image-size 32 --steps 5
     [--devices N] [--splits 1,4,0] [--out bench_runtime.json]
 
