@@ -1,4 +1,4 @@
-"""What a stage boundary costs: cut points, interpolation, paired differences, leveling."""
+"""What a stage boundary costs: cut points, paired differences, leveling."""
 
 import pytest
 
@@ -12,11 +12,6 @@ def test_cut_points_spread_evenly_and_cover_small_models():
   assert len(pts) == 4 and all(1 <= k < 37 for k in pts)
   gaps = [b - a for a, b in zip([0, *pts], [*pts, 37], strict=True)]
   assert max(gaps) - min(gaps) <= 1  # even spread
-
-
-def test_interpolate_is_linear_between_points_and_nearest_outside():
-  assert boundary.interpolate({2: 1.0, 6: 5.0}, [1, 2, 4, 6, 8]) == [1.0, 1.0, 3.0, 5.0, 5.0]
-  assert boundary.interpolate({}, [1, 2]) == [0.0, 0.0]
 
 
 def test_a_boundary_costs_its_rounds_paired_difference_rescaled_to_the_level():

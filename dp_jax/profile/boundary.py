@@ -15,7 +15,7 @@ empty call e of each extra program call (their host work is local_links' stage_u
 
   boundary_k = fwd(P_k) + bwd(P_k) + fused(S_k) - 2e - U
 
-rescaled to the profile's level of the whole model (net U / the level, so load drifting
+rescaled by the profile's level of the whole model over its round's U (net of e; load drifting
 between the profile's rounds cancels). Boundaries not measured are interpolated linearly in k
 (nearest outside the measured cuts). A plan's boundary between a stage of per-device batch b1
 and the next of b2 is priced at the mean of the two batches' boundary_k
@@ -50,14 +50,6 @@ def cut_points(n: int, cuts: int) -> list[int]:
   if cuts >= n - 1:
     return list(range(1, n))
   return sorted({min(max(round(i * n / (cuts + 1)), 1), n - 1) for i in range(1, cuts + 1)})
-
-
-def interpolate(points: Mapping[int, float], ks: Sequence[int]) -> list[float]:
-  """Values at `ks`, linear in k between the measured `points` (nearest outside them)."""
-  if not points:
-    return [0.0 for _ in ks]
-  xs = sorted(points)
-  return [float(v) for v in np.interp(ks, xs, [points[x] for x in xs])]
 
 
 def running_max(values: Sequence[float], floor: float = 0.0) -> list[float]:
