@@ -166,3 +166,38 @@ def test_batch_norm_statistics_are_priced_as_the_runtime_runs_them(mode):
   assert bwd == pytest.approx(0.2 + one * extra)
   assert model.layer_ms("c", (0, 1)) == (pytest.approx(0.3), pytest.approx(0.2))
   assert model.layer_ms("r", (0, 8)) == (pytest.approx(0.3), pytest.approx(0.2))
+
+
+def test_stage_terms_are_charged_once_per_stage_in_its_backward():
+  """Per-stage terms (CostModel.stage_ms / enter_ms / leave_ms) add to the stage that holds
+  them: a two-stage plan pays stage_ms twice, the first stage's leave and the second's enter."""
+  import dataclasses
+
+  from dp_jax.planner.evaluate import evaluate
+
+  graph = resnet_like(blocks=(1,))
+  profile = linear_profile(graph, [1, 2, 4, 8, 16], np.random.default_rng(1))
+  base = build_cost_model(graph, profile, CLUSTER, PlanOptions(num_devices=4, global_batch=16))
+  rows, cols = len(base.names), len(base.counts)
+  rng = np.random.default_rng(0)
+  stage, enter, leave = rng.uniform(1, 2, cols), rng.uniform(1, 2, (rows, cols)), \
+      rng.uniform(1, 2, (rows, cols))
+  model = dataclasses.replace(base, stage_ms=stage, enter_ms=enter, leave_ms=leave, _cache={})
+  names = list(base.names)
+  # cut inside the top-level chain at a node, not inside a block
+  chain = graph.decompose().items
+  cut_name = next(i for i in chain[1:] if isinstance(i, str))
+  cut = names.index(cut_name)
+  one = {n: (0, 4) for n in names}
+  two = {n: ((0, 4) if i < cut else (0, 2)) for i, n in enumerate(names)}
+  c4, c2 = int(np.searchsorted(base.counts, 4)), int(np.searchsorted(base.counts, 2))
+  plain1, plain2 = evaluate(base, one), evaluate(base, two)
+  with1, with2 = evaluate(model, one), evaluate(model, two)
+  assert with1.iteration_ms - plain1.iteration_ms == pytest.approx(
+      stage[c4] + enter[0, c4] + leave[rows - 1, c4])
+  first, second = names[cut - 1], names[cut]
+  extra = (stage[c4] + enter[0, c4] + leave[base.row[first], c4]
+           + stage[c2] + enter[base.row[second], c2] + leave[rows - 1, c2])
+  assert with2.iteration_ms - plain2.iteration_ms == pytest.approx(extra)
+  assert with2.forward_ms == pytest.approx(plain2.forward_ms)  # charged in the backward
+  assert sum(s.overhead_ms for s in with2.stages) == pytest.approx(extra)

@@ -143,11 +143,28 @@ class CostModel:
   state_bytes: np.ndarray  # (L,) params + gradients + optimizer state per device holding it
   bn_bytes: np.ndarray  # (L,) bytes of one batch-norm statistics all-reduce (0: none)
   interpolated: frozenset[str] = frozenset()  # layers priced from interpolated profile rows
+  # Per-stage terms (a stage: a maximal run of layers on one placement, rows i..k in forward
+  # order): it pays stage_ms[c] + enter_ms[i, c] + leave_ms[k, c] on count index c, in its
+  # backward (program dispatch, boundary program time); None: zero. enter_ms of the model's
+  # input layer and leave_ms of its output layer are zero by construction.
+  stage_ms: np.ndarray | None = None  # (C,)
+  enter_ms: np.ndarray | None = None  # (L, C)
+  leave_ms: np.ndarray | None = None  # (L, C)
   _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
   @property
   def batch(self) -> int:
     return self.options.global_batch
+
+  def stage_overhead_ms(self, first: str, last: str, count: int) -> float:
+    """The per-stage terms of a stage from layer `first` to layer `last` on `count` devices."""
+    c = int(np.searchsorted(self.counts, count))
+    ms = 0.0 if self.stage_ms is None else float(self.stage_ms[c])
+    if self.enter_ms is not None:
+      ms += float(self.enter_ms[self.row[first], c])
+    if self.leave_ms is not None:
+      ms += float(self.leave_ms[self.row[last], c])
+    return ms
 
   def timing(self, name: str, count: int) -> tuple[float, float]:
     """(fwd + bwd ms, bwd ms) of a layer on `count` devices."""

@@ -27,9 +27,11 @@ What one training step is charged (ms; B global batch, a layer on g devices hold
   dp_jax/planner/sharded.py: compute at the sharded shape, its entry gather and activation
   collectives in its forward / backward, its share of the gradients all-reduced over its data
   groups as its bandwidth term in the stage's all-reduce (docs/cost_model.md);
-- gpu_ms: sum over stages of devices x (compute + sync), over moves of devices of both sets x
-  move time, and for a fork's sends (a join's receives) the devices of all of them together x
-  their total time.
+- a stage's per-stage terms (CostModel.stage_ms / enter_ms / leave_ms: dispatch, the program
+  time a boundary adds) in its backward;
+- gpu_ms: sum over stages of devices x (compute + sync + per-stage terms), over moves of
+  devices of both sets x move time, and for a fork's sends (a join's receives) the devices of
+  all of them together x their total time.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class StageCost:
   layers: tuple[str, ...]
   compute_ms: float
   sync_ms: float
+  overhead_ms: float = 0.0  # the per-stage terms (CostModel.stage_overhead_ms), in its backward
 
 
 @dataclass(frozen=True)
@@ -179,10 +182,11 @@ class _Walk:
       return 0.0, 0.0
     p = self.a[run[0]]
     compute, sync = self.m.stage(tuple(run), p, self.s)
-    self.stages.append(StageCost(p, tuple(run), compute, sync))
-    self.gpu += p[1] * (compute + sync)
+    over = self.m.stage_overhead_ms(run[0], run[-1], p[1])
+    self.stages.append(StageCost(p, tuple(run), compute, sync, over))
+    self.gpu += p[1] * (compute + sync + over)
     bwd = sum(self.m.layer_ms(n, p, self.s.get(n))[1] for n in run)
-    return compute - bwd, bwd + sync
+    return compute - bwd, bwd + sync + over
 
   def _move(self, src: str, dst: str, count_gpu: bool = True) -> float:
     ms, devices = self.m.move(src, self.a[src], self.a[dst])
