@@ -36,11 +36,43 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 1) -> Path:
 
 
 def read_json(path: str | Path, what: str) -> Any:
-  """The JSON in `path`; a missing or malformed `what` file is a one-line UserError."""
+  """The JSON in `path`; a missing or malformed `what` file, a key twice in one object, or a
+  NaN / Infinity anywhere, is a one-line UserError naming the file and the field."""
   path = Path(path)
   try:
-    return json.loads(path.read_text())
+    text = path.read_text()
   except (FileNotFoundError, IsADirectoryError):
     raise UserError(f"{what} file not found: {path}") from None
+
+  def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+      if key in out:
+        raise UserError(f"{what} file {path}: key '{key}' appears twice in one object; keep "
+                        "one entry per key")
+      out[key] = value
+    return out
+
+  try:
+    obj = json.loads(text, object_pairs_hook=unique)
   except json.JSONDecodeError as e:
     raise UserError(f"{what} file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+  bad = non_finite_field(obj)
+  if bad is not None:
+    raise UserError(f"{what} file {path}: field '{bad[0]}' is {bad[1]}; numbers must be finite "
+                    "(JSON has no NaN or Infinity)")
+  return obj
+
+
+def non_finite_field(obj: Any, where: str = "") -> tuple[str, float] | None:
+  """(dotted path, value) of the first NaN or infinite number in `obj`, or None."""
+  if isinstance(obj, float):
+    return None if math.isfinite(obj) else (where or "(top level)", obj)
+  items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
+      if isinstance(obj, list) else ()
+  for key, value in items:
+    path = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
+    hit = non_finite_field(value, path)
+    if hit is not None:
+      return hit
+  return None

@@ -16,6 +16,7 @@ Pure Python (no JAX), shared by the planner and the runtime.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from dp_jax.errors import UserError
@@ -137,6 +138,37 @@ def check_sharding(entry: Any, count: int, where: str) -> dict[str, Any]:
   return {"mesh": [d, m], "axes": list(AXES), "split": split,
           "params": {k: list(v) for k, v in params.items()},
           "input": list(BOUNDARY_SPEC), "output": list(BOUNDARY_SPEC)}
+
+
+@dataclass(frozen=True)
+class LayerSharding:
+  """A layer's plan entry, typed: its (data, model) mesh, split and parameter specs (path ->
+  PartitionSpec entries: None | axis | tuple of axes); the one sharding type of planner,
+  simulator and runtime."""
+
+  mesh: tuple[int, int]
+  split: str = "samples"
+  params: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+  @property
+  def weights(self) -> tuple[int, str] | None:
+    """(m, split) of a weight sharding, as the planner prices it; None when samples."""
+    return None if self.split == "samples" else (self.mesh[1], self.split)
+
+  def to_json(self) -> dict[str, Any]:
+    """The plan JSON's "sharding" entry."""
+    return {"mesh": list(self.mesh), "axes": list(AXES), "split": self.split,
+            "params": {k: [list(e) if isinstance(e, tuple) else e for e in v]
+                       for k, v in self.params.items()},
+            "input": list(BOUNDARY_SPEC), "output": list(BOUNDARY_SPEC)}
+
+  @classmethod
+  def from_json(cls, entry: Any, count: int, where: str) -> LayerSharding:
+    """The entry checked for a layer on `count` devices (None: samples on (count, 1))."""
+    e = check_sharding(entry, count, where)
+    params = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v)
+              for k, v in e["params"].items()}
+    return cls((e["mesh"][0], e["mesh"][1]), e["split"], params)
 
 
 def _check_spec(spec: Any, where: str) -> None:

@@ -147,11 +147,12 @@ def model_record(graph, model_cfg: Any = None) -> dict[str, Any]:
 
 
 def check_made_for(plan: Any, record: dict[str, Any], where: str) -> None:
-  """Refuse a plan recorded as made for another model config (one line naming both)."""
-  from dp_jax.runtime.plan_check import plan_dict
+  """Refuse a plan (a Plan or plan JSON) recorded as made for another model config (one line
+  naming both)."""
+  from dp_jax.planner.plan import as_plan
 
-  made = plan_dict(plan).get("made_for")
-  if not isinstance(made, dict):
+  made = as_plan(plan, where).made_for
+  if made is None:
     return  # a plan from before plans recorded it: the layer names are still checked
   keys = ["name", "input_shape", "layers"]
   differs = [k for k in keys if k in made and k in record and made[k] != record[k]]

@@ -10,7 +10,7 @@ from dp_jax.graph import LayerGraph, LayerNode
 from dp_jax.planner.plan import PLAN_SCHEMA, Plan
 from dp_jax.runtime.plan_check import check_plan
 from dp_jax.runtime.plans import layout_plan
-from dp_jax.sharding import default_sharding
+from dp_jax.sharding import LayerSharding, default_sharding
 
 
 def mlp() -> LayerGraph:
@@ -40,8 +40,10 @@ def test_sharded_plan_round_trips_as_schema_2():
   assert fc1["samples"] == [[0, 4]] * 4 + [[4, 8]] * 4  # range k // m of d = 2
   plan = Plan.from_json(d)
   assert plan.to_json() == d
-  assert plan.layer("fc1").sharding["mesh"] == [2, 4]
-  assert plan.layer("relu").sharding == default_sharding(8)
+  assert plan.layer("fc1").sharding.mesh == (2, 4)
+  assert plan.layer("fc1").sharding.weights == (4, "out")
+  assert plan.layer("relu").sharding == LayerSharding((8, 1))
+  assert plan.layer("relu").sharding.to_json() == default_sharding(8)
   checked = check_plan(d, mlp(), available_devices=8)
   fc1, relu, fc2 = (checked.placements[n] for n in ("fc1", "relu", "fc2"))
   assert (fc1.mesh, fc1.split, fc1.params) == ((2, 4), "out",
@@ -57,7 +59,7 @@ def test_schema_1_plans_still_load_as_samples_splits():
     layer["samples"] = [[k, k + 1] for k in range(8)]
   d["schema"] = "dp_jax.plan/1"
   plan = Plan.from_json(d)
-  assert all(lp.sharding["split"] == "samples" for lp in plan.layers)
+  assert all(lp.sharding.split == "samples" for lp in plan.layers)
   assert plan.to_json()["schema"] == PLAN_SCHEMA
   assert check_plan(d, mlp(), available_devices=8).placements["fc1"].mesh == (8, 1)
 
@@ -96,7 +98,7 @@ def test_runtime_checks_the_split_against_the_layer():
     check_plan(d, mlp(), available_devices=8)
   d = sharded_plan()
   d["layers"][0]["samples"] = [[k, k + 1] for k in range(8)]  # not repeated per model group
-  with pytest.raises(UserError, match="the same within each model group of 4"):
+  with pytest.raises(UserError, match="the 4 devices of each model group need the same"):
     check_plan(d, mlp(), available_devices=8)
 
 

@@ -9,6 +9,7 @@ from flax import nnx
 from dp_jax.graph import LayerGraph, LayerNode
 from dp_jax.models import build_model
 from dp_jax.planner import memory
+from dp_jax.planner.plan import as_plan
 from dp_jax.trace import trace_graph
 
 TINY_GPT2 = dict(n_layer=2, d_model=64, n_head=2, seq_len=32, vocab_size=512)
@@ -78,7 +79,8 @@ def test_job_and_placed_bytes_agree():
   whole = memory.job_bytes(graph, 4)
   layers = [{"name": "a", "devices": [0, 1], "samples": [[0, 2], [2, 4]]},
             {"name": "b", "devices": [0], "samples": [[0, 4]]}]
-  used = memory.placed_bytes(graph, layers, 2)
+  used = memory.placed_bytes(graph, as_plan({"model": "m", "global_batch": 4, "num_devices": 2,
+                                            "layers": layers}))
   assert used[0] == pytest.approx(160 + 2 * 60 + 160 + 4 * 20)
   assert used[1] == pytest.approx(160 + 2 * 60)
   assert whole == pytest.approx(2 * 160 + 4 * 60 + 4 * 20)

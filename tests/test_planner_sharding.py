@@ -222,7 +222,7 @@ def test_sharded_plan_across_nodes_matches_the_simulator():
   g, prof = graph("vgg16"), a100_profile("vgg16")
   plan = make_plan(g, prof, cluster("dgx_a100"), num_devices=32, global_batch=32,
                    amplification_limit=math.inf, sharding=WEIGHTS)
-  meshes = [lp.sharding["mesh"] for lp in plan.layers if "sharding" in lp.extra]
+  meshes = [list(lp.sharding.mesh) for lp in plan.layers if "sharding" in lp.extra]
   assert meshes
   check_planner_equals_simulator(plan, "vgg16", "dgx_a100")
 
@@ -256,7 +256,7 @@ def test_sharding_option_is_normalised():
 def test_vgg16_at_the_default_amplification_limit_shards_weights():
   plan = make_plan(graph("vgg16"), a100_profile("vgg16"), cluster("a100_nvlink_8"),
                    num_devices=8, global_batch=32, amplification_limit=2.0, sharding=WEIGHTS)
-  assert any(lp.sharding["split"] != "samples" for lp in plan.layers)
+  assert any(lp.sharding.split != "samples" for lp in plan.layers)
 
 
 @pytest.mark.slow
@@ -266,10 +266,10 @@ def test_plan_app_writes_weight_sharded_vgg16_layers(tmp_path):
                    "logger=disabled", cwd=tmp_path)
   assert result.returncode == 0, result.stderr
   plan = Plan.load(tmp_path / "run" / "plan.json")
-  split = [lp for lp in plan.layers if lp.sharding["split"] != "samples"]
+  split = [lp for lp in plan.layers if lp.sharding.split != "samples"]
   assert split, "no weight-sharded layer"
   for lp in split:
-    d, m = lp.sharding["mesh"]
+    d, m = lp.sharding.mesh
     assert d * m == len(lp.devices) and m > 1
   assert plan.extra["options"]["sharding"] == ["samples", "weights"]
 

@@ -19,6 +19,7 @@ from dp_jax.planner import Plan, make_plan, memory, sharded
 from dp_jax.planner.amplification import amplification, offers, sharded_amplification
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.options import PlanOptions
+from dp_jax.planner.plan import as_plan
 from dp_jax.profile.analytic import analytic_profile
 from dp_jax.sim.engine import simulate
 
@@ -64,7 +65,7 @@ def test_samples_split_does_not_fit_but_a_weight_split_does():
 def test_plan_splits_weights_to_fit_and_every_layer_fits(num_devices, limit):
   p = plan(num_devices, WEIGHTS, limit=limit)
   fc1 = p.layers[0]
-  assert fc1.name == "fc1" and fc1.sharding["split"] in ("out", "in"), fc1.sharding
+  assert fc1.name == "fc1" and fc1.sharding.split in ("out", "in"), fc1.sharding
   g = mlp_graph(WIDE)
   model = build_cost_model(g, profile(g), small_cluster(),
                            PlanOptions(num_devices=num_devices, global_batch=32,
@@ -79,7 +80,7 @@ def test_plan_splits_weights_to_fit_and_every_layer_fits(num_devices, limit):
   assert p.predicted["memory_peak_gb"] == pytest.approx(used.max() / memory.GB)
   # the plan JSON (dp_jax.plan/2) gives the same bytes to the orchestrator and the simulator
   back = Plan.from_json(p.to_json())
-  placed = memory.placed_bytes(g, back.to_json()["layers"], num_devices)
+  placed = memory.placed_bytes(g, back)
   np.testing.assert_allclose(placed, used, rtol=1e-12)
   sim = simulate(g, profile(g), small_cluster(), back)
   np.testing.assert_allclose(sim.foreground_bytes, used, rtol=1e-12)
@@ -177,7 +178,7 @@ def test_plan_app_fits_vgg16_on_a_1gb_device_only_by_splitting_weights(tmp_path)
   split = {lp["name"]: lp["sharding"] for lp in plan["layers"] if "sharding" in lp}
   assert "classifier.0" in split, split
   assert plan["predicted"]["memory_peak_gb"] <= 1.0
-  used = memory.placed_bytes(graph("vgg16"), plan["layers"], 8, element_scale=0.5)  # fp16
+  used = memory.placed_bytes(graph("vgg16"), as_plan(plan), element_scale=0.5)  # fp16
   assert used.max() <= 1e9
   assert used.max() / memory.GB == pytest.approx(plan["predicted"]["memory_peak_gb"], rel=1e-9)
 
@@ -198,7 +199,7 @@ def test_limit_applies_to_the_time_under_the_split_vgg16_across_nodes():
     if "sharding" not in lp.extra:
       continue
     count = len(lp.devices)
-    sh = (lp.sharding["mesh"][1], lp.sharding["split"])
+    sh = lp.sharding.weights
     a = sharded_amplification(model, lp.name, count, sh)
     assert lp.extra["amplification"] == pytest.approx(a)
     assert a <= 2.0 * (1 + 1e-12), (lp.name, a)

@@ -26,6 +26,7 @@ from dp_jax.orchestrator.background import (
 )
 from dp_jax.orchestrator.scheduler import BackgroundScheduler, load_checkpoint
 from dp_jax.planner import memory
+from dp_jax.planner.plan import as_plan
 
 log = logging.getLogger(__name__)
 GB = 1e9
@@ -45,7 +46,7 @@ def foreground_bytes(plan: Mapping[str, Any], graph) -> dict[int, float]:
   devices = range(int(plan["num_devices"]))
   if peak is not None:
     return {d: float(peak) * GB for d in devices}
-  used = memory.placed_bytes(graph, plan["layers"], len(devices), optimizer_bytes_per_param=4)
+  used = memory.placed_bytes(graph, as_plan(plan), optimizer_bytes_per_param=4)
   return {d: float(used[d]) for d in devices}
 
 

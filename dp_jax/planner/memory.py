@@ -17,7 +17,7 @@ Pure numpy: no JAX.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +29,7 @@ from dp_jax.planner.sharded import Sharding
 
 if TYPE_CHECKING:
   from dp_jax.planner.costs import CostModel, Placement
+  from dp_jax.planner.plan import Plan
 
 GB = 1e9
 
@@ -89,19 +90,18 @@ def job_bytes(graph: LayerGraph, batch: int, *, grad_bytes_per_param: float = 4,
                    + batch * saved_bytes_per_sample(n, element_scale) for n in graph.nodes))
 
 
-def placed_bytes(graph: LayerGraph, layers: Iterable[Mapping], num_devices: int, *,
+def placed_bytes(graph: LayerGraph, plan: Plan, num_devices: int | None = None, *,
                  grad_bytes_per_param: float = 4, optimizer_bytes_per_param: float = 8,
                  param_bytes_per_param: float = 4, element_scale: float = 1.0) -> np.ndarray:
-  """(devices,) bytes each device holds under plan-JSON layers ({name, devices, samples})."""
+  """(devices,) bytes each device holds under the plan's layers (their devices, sample ranges
+  and weight shardings); num_devices defaults to the plan's."""
   nodes = {n.name: n for n in graph.nodes}
   first_input = float(np.prod(graph.input_shape)) * np.dtype(graph.input_dtype).itemsize \
       if graph.input_shape else 0.0  # the model input, in its own dtype (as costs.py)
-  used = np.zeros(num_devices)
-  for layer in layers:
-    n = nodes[layer["name"]]
-    entry = layer.get("sharding") or {}
-    sh = (int(entry["mesh"][1]), str(entry["split"])) \
-        if entry.get("split", "samples") != "samples" else None
+  used = np.zeros(plan.num_devices if num_devices is None else num_devices)
+  for layer in plan.layers:
+    n = nodes[layer.name]
+    sh = layer.sharding.weights
     state = sharded.param_share(n, sh) * state_bytes(n, grad_bytes_per_param,
                                                      optimizer_bytes_per_param,
                                                      param_bytes_per_param)
@@ -109,7 +109,7 @@ def placed_bytes(graph: LayerGraph, layers: Iterable[Mapping], num_devices: int,
            else first_input)
     per_sample = split_saved_per_sample(saved_bytes_per_sample(n, element_scale), ins,
                                         n.out_bytes_per_sample * element_scale, sh)
-    for d, (a, b) in zip(layer["devices"], layer["samples"], strict=True):
+    for d, (a, b) in zip(layer.devices, layer.samples, strict=True):
       used[d] += state + (b - a) * per_sample
   return used
 

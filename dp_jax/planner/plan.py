@@ -1,24 +1,34 @@
-"""Plan: which devices and samples every layer gets, what it is predicted to cost; JSON in/out."""
+"""Plan: which devices and samples every layer gets, what it is predicted to cost; JSON in/out.
+
+The one plan type and parser of the planner, the simulator and the runtime (which adds the
+checks against a model's graph and the local devices: dp_jax/runtime/plan_check.py). No JAX.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dp_jax.errors import UserError
 from dp_jax.jsonfile import read_json, write_json
-from dp_jax.planner.costs import Placement
-from dp_jax.sharding import check_sharding, default_sharding
+from dp_jax.sharding import LayerSharding, sample_ranges
+
+if TYPE_CHECKING:
+  from dp_jax.planner.costs import Placement
 
 PLAN_SCHEMA = "dp_jax.plan/2"
 SCHEMAS = ("dp_jax.plan/1", PLAN_SCHEMA)  # /1: no sharding entries (every layer samples-split)
-REQUIRED = ("schema", "model", "global_batch", "num_devices", "cluster", "amplification_limit",
-            "layers", "predicted", "planner_seconds")
+PLACEMENT = ("model", "global_batch", "num_devices", "layers")  # what every plan has
+PLANNED = ("schema", "cluster", "amplification_limit", "predicted", "planner_seconds")
+REQUIRED = PLANNED[:1] + PLACEMENT + PLANNED[1:]  # a planner's plan (the plan app writes them)
 REQUIRED_PREDICTED = ("iteration_ms", "gpu_ms", "data_parallel_iteration_ms",
                       "data_parallel_gpu_ms")
+_LAYER_FIELDS = ("name", "devices", "samples")
 
 
 @dataclass(frozen=True)
@@ -34,25 +44,43 @@ class LayerPlan:
   def placement(self) -> Placement:
     return self.devices[0], len(self.devices)
 
+  @cached_property
+  def sharding(self) -> LayerSharding:
+    """The layer's mesh, split and specs (its "sharding" entry; samples on (g, 1) without)."""
+    return LayerSharding.from_json(self.extra.get("sharding"), len(self.devices),
+                                   f"plan layer '{self.name}'")
+
   @property
-  def sharding(self) -> dict[str, Any]:
-    """The layer's "sharding" entry (dp_jax/sharding.py); samples on (g, 1) when it has none."""
-    return dict(self.extra.get("sharding") or default_sharding(len(self.devices)))
+  def mesh(self) -> tuple[int, int]:
+    return self.sharding.mesh
+
+  @property
+  def split(self) -> str:
+    return self.sharding.split
+
+  @property
+  def params(self) -> Mapping[str, tuple[Any, ...]]:
+    return self.sharding.params
+
+  def to_json(self) -> dict[str, Any]:
+    return {"name": self.name, "devices": list(self.devices),
+            "samples": [list(s) for s in self.samples], **dict(self.extra)}
 
 
 @dataclass(frozen=True)
 class Plan:
-  """A burst-parallel (or data-parallel) plan, as python -m dp_jax.plan writes it."""
+  """A burst-parallel (or data-parallel) plan, as python -m dp_jax.plan writes it; a runtime
+  layout (dp_jax/runtime/plans.py) has only the placement: no cluster, predictions or time."""
 
   model: str
   global_batch: int
   num_devices: int
-  cluster: str
-  amplification_limit: float
   layers: tuple[LayerPlan, ...]
-  predicted: Mapping[str, float]
-  planner_seconds: float
-  extra: Mapping[str, Any] = field(default_factory=dict)  # stages, moves, options, frontier
+  cluster: str | None = None
+  amplification_limit: float = math.inf
+  predicted: Mapping[str, float] = field(default_factory=dict)
+  planner_seconds: float | None = None
+  extra: Mapping[str, Any] = field(default_factory=dict)  # stages, moves, options, made_for
 
   def assignment(self) -> dict[str, Placement]:
     """Layer -> (first device, count); devices must be contiguous."""
@@ -65,61 +93,115 @@ class Plan:
       out[layer.name] = (start, count)
     return out
 
+  @property
+  def placements(self) -> dict[str, LayerPlan]:
+    """Layer name -> its LayerPlan, in the plan's order."""
+    return {layer.name: layer for layer in self.layers}
+
   def layer(self, name: str) -> LayerPlan:
     for layer in self.layers:
       if layer.name == name:
         return layer
     raise UserError(f"plan of {self.model} has no layer '{name}'")
 
+  @property
+  def options(self) -> dict[str, Any]:
+    """The planner options the plan records (batch_norm, sharding, ...); {} when none."""
+    options = self.extra.get("options")
+    return dict(options) if isinstance(options, Mapping) else {}
+
+  @property
+  def made_for(self) -> dict[str, Any] | None:
+    """What the plan was made for (model name, input shape, layers, options), if recorded."""
+    made = self.extra.get("made_for")
+    return dict(made) if isinstance(made, Mapping) else None
+
+  def in_order(self, names: tuple[str, ...]) -> Plan:
+    """The plan with its layers in the order of `names` (the same layers)."""
+    by_name = self.placements
+    return dataclasses.replace(self, layers=tuple(by_name[n] for n in names))
+
   # --- JSON ------------------------------------------------------------------------------
 
   def to_json(self) -> dict[str, Any]:
     limit = None if math.isinf(self.amplification_limit) else self.amplification_limit
-    return {
-        "schema": PLAN_SCHEMA, "model": self.model, "global_batch": self.global_batch,
-        "num_devices": self.num_devices, "cluster": self.cluster, "amplification_limit": limit,
-        "layers": [{"name": lp.name, "devices": list(lp.devices),
-                    "samples": [list(s) for s in lp.samples], **dict(lp.extra)}
-                   for lp in self.layers],
-        "predicted": dict(self.predicted), "planner_seconds": self.planner_seconds,
-        **dict(self.extra),
-    }
+    head: dict[str, Any] = {"schema": PLAN_SCHEMA, "model": self.model,
+                            "global_batch": self.global_batch, "num_devices": self.num_devices}
+    if self.cluster is not None:
+      head["cluster"] = self.cluster
+    head["amplification_limit"] = limit
+    head["layers"] = [lp.to_json() for lp in self.layers]
+    head["predicted"] = dict(self.predicted)
+    if self.planner_seconds is not None:
+      head["planner_seconds"] = self.planner_seconds
+    return {**head, **dict(self.extra)}
 
   @classmethod
-  def from_json(cls, d: Any, where: str = "plan") -> Plan:
+  def from_json(cls, d: Any, where: str = "plan", *, planned: bool = True) -> Plan:
+    """Parse and check a plan JSON dict (one-line UserErrors naming `where` and the field).
+
+    planned: a planner's plan, as simulate and the plan app need it (schema, cluster,
+    amplification limit, predictions and planner time required); False: a placement (what
+    the runtime needs; the planner's fields are still checked where present)."""
     if not isinstance(d, dict):
       raise UserError(f"{where}: expected a JSON object, got {type(d).__name__}")
-    for key in REQUIRED:
+    for key in REQUIRED if planned else PLACEMENT:
       if key not in d:
         raise UserError(f"{where}: missing required field '{key}'")
-    if d["schema"] not in SCHEMAS:
-      raise UserError(f"{where}: schema '{d['schema']}' is not supported "
+    schema = d.get("schema", PLAN_SCHEMA)
+    if schema not in SCHEMAS:
+      raise UserError(f"{where}: schema '{schema}' is not supported "
                       f"(expected one of {', '.join(SCHEMAS)})")
+    if not isinstance(d["model"], str):
+      raise UserError(f"{where}: field 'model' must be a model name, got {d['model']!r}")
     batch = _int(d["global_batch"], f"{where}: global_batch")
     num_devices = _int(d["num_devices"], f"{where}: num_devices")
-    if not isinstance(d["layers"], list) or not d["layers"]:
+    cluster = d.get("cluster")
+    if cluster is not None and not isinstance(cluster, str):
+      raise UserError(f"{where}: field 'cluster' must be a cluster name, got {cluster!r}")
+    limit = d.get("amplification_limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or not limit >= 1):
+      raise UserError(f"{where}: amplification_limit must be a number >= 1 or null (no "
+                      f"limit), got {limit!r}")
+    predicted = _predicted(d.get("predicted", {}), planned, where)
+    seconds = d.get("planner_seconds")
+    if seconds is not None:
+      seconds = _non_negative(seconds, f"{where}: planner_seconds")
+    layers = d["layers"]
+    if not isinstance(layers, list) or not layers:
       raise UserError(f"{where}: 'layers' must be a non-empty list")
-    if not isinstance(d["predicted"], dict):
-      raise UserError(f"{where}: 'predicted' must be an object")
-    for key in REQUIRED_PREDICTED:
-      if key not in d["predicted"]:
-        raise UserError(f"{where}: predicted is missing '{key}'")
-    limit = d["amplification_limit"]
-    limit = math.inf if limit is None else float(limit)
-    layers = tuple(_layer(x, batch, num_devices, f"{where}: layers[{i}]", d["schema"])
-                   for i, x in enumerate(d["layers"]))
+    parsed: list[LayerPlan] = []
+    first: dict[str, int] = {}
+    for i, x in enumerate(layers):
+      lp = _layer(x, batch, num_devices, f"{where}: layers[{i}]", schema)
+      if lp.name in first:
+        raise UserError(f"{where}: layers[{i}] is a second entry for layer '{lp.name}' (first: "
+                        f"layers[{first[lp.name]}]); a plan lists every layer once")
+      first[lp.name] = i
+      parsed.append(lp)
     extra = {k: v for k, v in d.items() if k not in REQUIRED}
-    return cls(model=str(d["model"]), global_batch=batch, num_devices=num_devices,
-               cluster=str(d["cluster"]), amplification_limit=limit, layers=layers,
-               predicted=dict(d["predicted"]), planner_seconds=float(d["planner_seconds"]),
-               extra=extra)
+    return cls(model=d["model"], global_batch=batch, num_devices=num_devices,
+               layers=tuple(parsed), cluster=cluster,
+               amplification_limit=math.inf if limit is None else float(limit),
+               predicted=predicted, planner_seconds=seconds, extra=extra)
 
   def save(self, path: str | Path) -> Path:
     return write_json(path, self.to_json())
 
   @classmethod
-  def load(cls, path: str | Path) -> Plan:
-    return cls.from_json(read_json(path, "plan"), where=str(path))
+  def load(cls, path: str | Path, *, planned: bool = True) -> Plan:
+    return cls.from_json(read_json(path, "plan"), where=str(path), planned=planned)
+
+
+def as_plan(plan: Any, where: str = "plan") -> Plan:
+  """`plan` as a Plan: a Plan itself, or a plan JSON dict parsed as a placement."""
+  if isinstance(plan, Plan):
+    return plan
+  if not isinstance(plan, Mapping):
+    raise UserError(f"a plan must be a JSON object (schema {PLAN_SCHEMA}), "
+                    f"got {type(plan).__name__}")
+  return Plan.from_json(dict(plan), where, planned=False)
 
 
 def _int(value: Any, where: str) -> int:
@@ -128,40 +210,79 @@ def _int(value: Any, where: str) -> int:
   return value
 
 
-def _layer(x: Any, batch: int, num_devices: int, where: str,
-           schema: str = PLAN_SCHEMA) -> LayerPlan:
+def _non_negative(value: Any, where: str) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+    raise UserError(f"{where} must be a number >= 0, got {value!r}")
+  return float(value)
+
+
+def _predicted(p: Any, planned: bool, where: str) -> dict[str, Any]:
+  if not isinstance(p, dict):
+    raise UserError(f"{where}: 'predicted' must be an object")
+  for key in REQUIRED_PREDICTED:
+    if key in p:
+      _non_negative(p[key], f"{where}: predicted.{key}")
+    elif planned:
+      raise UserError(f"{where}: predicted is missing '{key}'")
+  return dict(p)
+
+
+def _layer(x: Any, batch: int, num_devices: int, where: str, schema: str) -> LayerPlan:
   if not isinstance(x, dict):
     raise UserError(f"{where}: a layer must be an object with name, devices, samples")
-  for key in ("name", "devices", "samples"):
+  for key in ("name", "devices"):
     if key not in x:
       raise UserError(f"{where}: missing field '{key}'")
-  devices, samples = x["devices"], x["samples"]
+  name, devices = x["name"], x["devices"]
+  if not isinstance(name, str):
+    raise UserError(f"{where}: field 'name' must be a layer name, got {name!r}")
+  at = f"{where} (layer '{name}')"
   if (not isinstance(devices, list) or not devices
-      or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < num_devices
-             for v in devices)):
-    raise UserError(f"{where} ('{x['name']}'): devices must be a non-empty list of indices in "
+      or any(isinstance(v, bool) or not isinstance(v, int) for v in devices)):
+    raise UserError(f"{at}: 'devices' must be a non-empty list of device indices in "
                     f"[0, {num_devices})")
-  if not isinstance(samples, list) or len(samples) != len(devices):
-    raise UserError(f"{where} ('{x['name']}'): samples needs one [start, end] per device")
-  ranges = []
-  for s in samples:
-    if not (isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) for v in s)):
-      raise UserError(f"{where} ('{x['name']}'): each sample range must be [start, end]")
-    ranges.append((s[0], s[1]))
+  bad = [v for v in devices if not 0 <= v < num_devices]
+  if bad:
+    raise UserError(f"{at}: uses device {bad[0]}, outside the plan's {num_devices} devices "
+                    f"(valid: 0..{num_devices - 1})")
+  if len(set(devices)) != len(devices):
+    raise UserError(f"{at}: lists a device twice: {devices}")
   if "sharding" in x and schema != PLAN_SCHEMA:
-    raise UserError(f"{where} ('{x['name']}'): a {schema} plan has no 'sharding'; write "
-                    f"schema {PLAN_SCHEMA}")
-  sharding = check_sharding(x.get("sharding"), len(devices), f"{where} ('{x['name']}')")
-  m = sharding["mesh"][1]
+    raise UserError(f"{at}: a {schema} plan has no 'sharding'; write schema {PLAN_SCHEMA}")
+  sharding = LayerSharding.from_json(x.get("sharding"), len(devices), at)
+  d, m = sharding.mesh
+  if batch % d:
+    raise UserError(f"{at}: splits global batch {batch} over {d} devices; "
+                    f"the batch must be divisible by every layer's data-axis size")
+  want = sample_ranges(batch, d, m)
+  ranges = want if x.get("samples") is None else _ranges(x["samples"], len(devices), at)
   if any(ranges[k] != ranges[k - k % m] for k in range(len(ranges))):
-    raise UserError(f"{where} ('{x['name']}'): on mesh {sharding['mesh']} the {m} devices of "
-                    f"each model group need the same sample range")
+    raise UserError(f"{at}: on mesh {list(sharding.mesh)} the {m} devices of each model group "
+                    f"need the same sample range")
   covered = sorted(ranges[::m])
   if covered[0][0] != 0 or covered[-1][1] != batch or any(
       a[1] != b[0] for a, b in zip(covered, covered[1:], strict=False)) or any(
       a >= b for a, b in covered):
-    raise UserError(f"{where} ('{x['name']}'): sample ranges must tile [0, {batch}) exactly")
-  extra = {k: v for k, v in x.items() if k not in ("name", "devices", "samples")}
+    raise UserError(f"{at}: sample ranges must tile [0, {batch}) exactly")
+  if ranges != want:
+    raise UserError(f"{at}: samples must be equal contiguous ranges in device order, the same "
+                    f"within each model group of {m}, e.g. {[list(r) for r in want[:2]]}")
+  for key, value in x.items():
+    if key.endswith("_ms") and value is not None:
+      _non_negative(value, f"{at}: {key}")
+  extra = {k: v for k, v in x.items() if k not in _LAYER_FIELDS}
   if "sharding" in extra:
-    extra["sharding"] = sharding
-  return LayerPlan(str(x["name"]), tuple(devices), tuple(ranges), extra)
+    extra["sharding"] = sharding.to_json()
+  return LayerPlan(name, tuple(devices), tuple(ranges), extra)
+
+
+def _ranges(samples: Any, count: int, where: str) -> list[tuple[int, int]]:
+  if not isinstance(samples, list) or len(samples) != count:
+    raise UserError(f"{where}: samples needs one [start, end] per device")
+  out = []
+  for s in samples:
+    if not (isinstance(s, list) and len(s) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in s)):
+      raise UserError(f"{where}: each sample range must be [start, end], two integers >= 0")
+    out.append((s[0], s[1]))
+  return out

@@ -36,6 +36,7 @@ from dp_jax.sharding import SPLITS, splits_for
 
 if TYPE_CHECKING:
   from dp_jax.planner.costs import CostModel, Placement
+  from dp_jax.planner.plan import Plan
 
 Sharding = tuple[int, str]  # (model axis m, split); the data axis is d = count // m
 SAMPLES: Sharding = (1, "samples")
@@ -67,18 +68,10 @@ def check_sharding(node: LayerNode, count: int, sharding: Sharding) -> None:
     raise UserError(f"layer '{node.name}' ({node.kind}) cannot split '{split}' {m} ways")
 
 
-def plan_shardings(plan) -> dict[str, Sharding]:
-  """Layer -> (m, split) of a plan's weight-sharded layers (its layers' "sharding" entries)."""
-  out = {}
-  for lp in plan.layers:
-    entry = lp.sharding  # samples on (g, 1) when the layer has no entry
-    if isinstance(entry, dict) and entry.get("split", "samples") != "samples":
-      try:
-        out[lp.name] = (int(entry["mesh"][1]), str(entry["split"]))
-      except (KeyError, IndexError, TypeError, ValueError):
-        raise UserError(f"plan layer '{lp.name}': sharding needs a mesh [d, m] and a split, "
-                        f"got {entry!r}") from None
-  return out
+def plan_shardings(plan: Plan) -> dict[str, Sharding]:
+  """Layer -> (m, split) of a plan's weight-sharded layers (their typed sharding entries)."""
+  return {lp.name: lp.sharding.weights for lp in plan.layers
+          if lp.sharding.weights is not None}
 
 
 # --- parameters ------------------------------------------------------------------------------

@@ -8,28 +8,29 @@ PyTorch DDP does without SyncBatchNorm; the result then depends on each layer's 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from dp_jax.errors import UserError
+from dp_jax.planner.plan import Plan, as_plan
 
 MODES = ("sync", "local")
 
 
-def batch_norm_mode(plan: Mapping[str, Any]) -> str:
+def batch_norm_mode(plan: Plan) -> str:
   """The plan's batch_norm option (its planner options), "sync" when it records none."""
-  mode = (plan.get("options") or {}).get("batch_norm") or "sync"
+  mode = plan.options.get("batch_norm") or "sync"
   if mode not in MODES:
     raise UserError(f"plan option batch_norm '{mode}' is unknown (valid: {', '.join(MODES)})")
   return mode
 
 
-def set_statistics_groups(model, plan: Mapping[str, Any]) -> None:
+def set_statistics_groups(model, plan: Plan | Any) -> None:
   """Give every batch-norm layer of `model` one statistics group per sample range of its layer
-  in the plan (local: one per device along its "data" axis), or one for its whole batch (sync)."""
+  in the plan (a Plan or plan JSON; local: one per device along its "data" axis), or one for
+  its whole batch (sync)."""
+  plan = as_plan(plan)
   local = batch_norm_mode(plan) == "local"
-  devices = {layer["name"]: (layer.get("sharding") or {}).get("mesh", [len(layer["devices"])])[0]
-             for layer in plan["layers"]}  # the data-axis size: devices with their own samples
+  groups = {lp.name: lp.mesh[0] for lp in plan.layers}  # data axis: devices with own samples
   for spec in model.layer_specs():
     if hasattr(spec.module, "stats_groups"):
-      spec.module.stats_groups = devices.get(spec.name, 1) if local else 1
+      spec.module.stats_groups = groups.get(spec.name, 1) if local else 1

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dp_jax.graph import LayerGraph
-from dp_jax.runtime.plan_check import PLAN_SCHEMA
+from dp_jax.planner.plan import PLAN_SCHEMA
 from dp_jax.sharding import layer_sharding, sample_ranges
 
 Layout = Mapping[str, Sequence[int]] | Callable[[str], Sequence[int]]

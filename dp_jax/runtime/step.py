@@ -42,11 +42,11 @@ from jax.sharding import Mesh, NamedSharding
 
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
+from dp_jax.planner.plan import Plan
 from dp_jax.runtime import layout, residuals, transfer
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.functional import LayerDef, apply_layer
 from dp_jax.runtime.loss import cross_entropy
-from dp_jax.runtime.plan_check import CheckedPlan
 from dp_jax.runtime.stages import INPUT, Stage, group_stages
 
 # A stage's forward/backward programs donate buffers XLA cannot always reuse (a layer's output
@@ -102,7 +102,7 @@ def tied_key(owner: str, key: str) -> str:
   return f"{owner}:{key}"
 
 
-def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: CheckedPlan,
+def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: Plan,
                   optimizer: optax.GradientTransformation,
                   devices: list[jax.Device], breaks: Collection[str] = ()) -> Program:
   """Group the plan into stages and define each stage's jitted programs on its sub-mesh

@@ -34,7 +34,7 @@ from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime import timeline as tl
 from dp_jax.runtime.batch_norm import set_statistics_groups
 from dp_jax.runtime.functional import split_layers
-from dp_jax.runtime.plan_check import check_plan, plan_dict
+from dp_jax.runtime.plan_check import check_plan
 from dp_jax.runtime.step import Program, TrainState, build_program, init_state, train_step
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def train(model, graph: LayerGraph, plan: Any, *, steps: int,
   devices = devices or meshlib.job_devices()
   _check_model_graph(model, graph)
   checked = check_plan(plan, graph, available_devices=len(devices))
-  set_statistics_groups(model, plan_dict(plan))
+  set_statistics_groups(model, checked)
   defs, params, stats = split_layers(model)
   program = build_program(graph, defs, checked, optimizer, devices)
   state = init_state(program, params, stats, optimizer)
