@@ -1,4 +1,12 @@
-"""Stages: runs of consecutive layers (series-parallel order) that share one device set."""
+"""Stages: runs of consecutive layers (series-parallel order) that share one device set.
+
+On a plan of contiguous device ranges the runtime's stages are the planner's segments'
+stages (dp_jax/sim/segments.py, the walk evaluate and the simulator price) with two rules of
+the runtime's own: consecutive segment stages on the same devices are one program (a fork's
+run with a first branch on its devices, a branch with the next or with its join), and a run
+is cut where its layers' (data, model) mesh shape changes. `segment_runs` states this on the
+segments; tests/test_stage_segments.py checks group_stages against it on random plans.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dp_jax.graph import LayerGraph, LayerNode, flat_layers
+from dp_jax.sim import segments as seg
 
 INPUT = "<input>"  # producer name of the model input
 
@@ -60,6 +69,37 @@ def group_stages(graph: LayerGraph, devices_of: Mapping[str, Sequence[int]],
     exports = [n for n in names if readers[n] - {i} or n == graph.sink]
     stages.append(Stage(i, devs, tuple(names), tuple(inputs), tuple(exports), shape))
   return stages
+
+
+def segment_runs(graph: LayerGraph, segments: Sequence[seg.Segment],
+                 mesh_of: Mapping[str, tuple[int, int]] | None = None) -> list[tuple[str, ...]]:
+  """The layers of each runtime stage, from a plan's segments (seg.segments(graph, a)): their
+  stages in series-parallel order (a block's branches in graph order), consecutive ones on the
+  same placement fused, each cut where mesh_of (default: one shape) changes."""
+  position = {n: i for i, n in enumerate(series_parallel_order(graph))}
+
+  def stages(items: Sequence[seg.Segment]):
+    for item in items:
+      if isinstance(item, seg.Stage):
+        yield item
+      elif isinstance(item, seg.Block):
+        branches = sorted((b for group in item.groups for b in group),
+                          key=lambda b: position[b.move_in.dst])
+        for branch in branches:
+          yield from stages(branch.body)
+
+  runs: list[tuple[object, list[str]]] = []
+  for st in stages(segments):
+    if runs and runs[-1][0] == st.placement:
+      runs[-1][1].extend(st.layers)
+    else:
+      runs.append((st.placement, list(st.layers)))
+  shape = (lambda n: tuple(mesh_of[n])) if mesh_of is not None else (lambda n: None)
+  out: list[tuple[str, ...]] = []
+  for _, names in runs:
+    cut = [0] + [i for i in range(1, len(names)) if shape(names[i]) != shape(names[i - 1])]
+    out.extend(tuple(names[a:b]) for a, b in zip(cut, [*cut[1:], len(names)], strict=True))
+  return out
 
 
 def structure_graph(model, name: str) -> LayerGraph:
