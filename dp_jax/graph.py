@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +44,8 @@ _NODE_FIELDS = {
     "bytes_accessed_per_sample": (int, float), "attrs": dict, "saved_bytes_per_sample": int,
 }
 _REQUIRED_NODE_FIELDS = ("name", "kind", "inputs", "param_bytes", "out_bytes_per_sample")
+_COUNT_FIELDS = ("params", "param_bytes", "out_bytes_per_sample", "flops_per_sample",
+                 "bytes_accessed_per_sample", "saved_bytes_per_sample")  # finite, >= 0
 
 
 def _node_from_json(d: Any, where: str) -> LayerNode:
@@ -58,6 +61,18 @@ def _node_from_json(d: Any, where: str) -> LayerNode:
     if isinstance(value, bool) or not isinstance(value, want):
       raise UserError(f"{where}: field '{key}' has type {type(value).__name__}, "
                       f"expected {getattr(want, '__name__', 'number')}")
+  name = d["name"]
+  if not all(isinstance(p, str) for p in d["inputs"]):
+    raise UserError(f"{where}: node '{name}' field 'inputs' must list layer names")
+  for key in _COUNT_FIELDS:
+    value = d.get(key, 0)
+    if not (math.isfinite(value) and value >= 0):
+      raise UserError(f"{where}: node '{name}' field '{key}' is {value!r}; it must be a finite "
+                      "number >= 0")
+  shape = d.get("out_shape", [])
+  if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape):
+    raise UserError(f"{where}: node '{name}' field 'out_shape' is {shape!r}; it must list "
+                    "positive integer sizes")
   return LayerNode(
       name=d["name"], kind=d["kind"], inputs=tuple(d["inputs"]),
       params=int(d.get("params", 0)), param_bytes=int(d["param_bytes"]),
@@ -215,6 +230,11 @@ class LayerGraph:
         raise UserError(f"{where}: missing required field '{key}'")
     if not isinstance(d["nodes"], list) or not d["nodes"]:
       raise UserError(f"{where}: 'nodes' must be a non-empty list")
+    shape = d.get("input_shape", [])
+    if not (isinstance(shape, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape)):
+      raise UserError(f"{where}: field 'input_shape' is {shape!r}; it must list positive "
+                      "integer sizes (per sample)")
     nodes = [_node_from_json(n, f"{where}: nodes[{i}]") for i, n in enumerate(d["nodes"])]
     return cls(model=str(d["model"]), input_shape=tuple(d.get("input_shape", ())),
                input_dtype=str(d.get("input_dtype", "float32")),

@@ -50,12 +50,12 @@ def layer_rows(plan) -> list[list[Any]]:
   return rows
 
 
-def _split(sharding: dict) -> str:
+def _split(sharding) -> str:
   """'samples', or a weight split with its mesh: 'out 2x4' (d x m)."""
-  if sharding["split"] == "samples":
+  if sharding.split == "samples":
     return "samples"
-  d, m = sharding["mesh"]
-  return f"{sharding['split']} {d}x{m}"
+  d, m = sharding.mesh
+  return f"{sharding.split} {d}x{m}"
 
 
 def _r(v: Any) -> Any:
@@ -143,7 +143,7 @@ def plan_task(cfg: Any, run: Run) -> dict[str, Any]:
           "data_parallel_gpu_ms": p["data_parallel_gpu_ms"],
           "speedup": p["data_parallel_iteration_ms"] / p["iteration_ms"],
           "gpu_time_saving": 1 - p["gpu_ms"] / p["data_parallel_gpu_ms"],
-          "weight_sharded_layers": sum(lp.sharding["split"] != "samples" for lp in plan.layers),
+          "weight_sharded_layers": sum(lp.sharding.split != "samples" for lp in plan.layers),
           "memory_peak_gb": p.get("memory_peak_gb"),
           "planner_seconds": plan.planner_seconds, "plan": str(out)}
 

@@ -128,6 +128,12 @@ class ProfileTable:
           batch = int(b)
         except ValueError:
           raise UserError(f"{where}: layer '{name}' has batch key '{b}', not an integer") from None
+        if batch < 1:
+          raise UserError(f"{where}: layer '{name}' has batch key '{b}'; per-device batches "
+                          "are >= 1")
+        if batch in out:
+          raise UserError(f"{where}: layer '{name}' has two timings for batch {batch} (keys "
+                          f"'{b}' and another); keep one per batch")
         if not isinstance(t, dict):
           raise UserError(f"{where}: layer '{name}' batch {b}: timing must be an object "
                           "with fwd_ms and bwd_ms")
@@ -137,6 +143,9 @@ class ProfileTable:
           if isinstance(t[k], bool) or not isinstance(t[k], (int, float)):
             raise UserError(f"{where}: layer '{name}' batch {b} field '{k}' has type "
                             f"{type(t[k]).__name__}, expected a number")
+          if not (math.isfinite(t[k]) and t[k] > 0):
+            raise UserError(f"{where}: layer '{name}' batch {b} field '{k}' is {t[k]!r}; times "
+                            "must be finite and > 0 ms")
         out[batch] = (float(t["fwd_ms"]), float(t["bwd_ms"]))
       layers[name] = out
     return cls(model=d["model"], device=d["device"], dtype=d["dtype"], source=d["source"],

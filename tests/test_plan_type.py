@@ -1,0 +1,91 @@
+"""One plan type and parser for the planner, the simulator and the runtime."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dp_jax.errors import UserError
+from dp_jax.graph import LayerGraph, LayerNode
+from dp_jax.planner import make_plan
+from dp_jax.planner.plan import PLAN_SCHEMA, Plan, as_plan
+from dp_jax.planner.synthetic import analytic_profile, resnet_like
+from dp_jax.runtime.batch_norm import batch_norm_mode
+from dp_jax.runtime.plan_check import check_plan
+from dp_jax.runtime.plans import layout_plan
+from dp_jax.workflow import check_made_for, cluster_config, cluster_spec
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dp_jax"
+
+
+def chain() -> LayerGraph:
+  return LayerGraph("chain", (4,), "float32", tuple(
+      LayerNode(n, "linear", (p,) if p else ()) for n, p in [("a", ""), ("b", "a"), ("c", "b")]))
+
+
+def test_the_plan_schema_string_is_defined_in_one_module():
+  holders = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                   if "dp_jax.plan/" in p.read_text())
+  assert holders == ["planner/plan.py"]
+  assert PLAN_SCHEMA == "dp_jax.plan/2"
+
+
+def test_the_plan_type_does_not_import_jax():
+  code = ("import sys, dp_jax.planner.plan, dp_jax.planner.memory, dp_jax.planner.sharded; "
+          "assert 'jax' not in sys.modules, 'jax imported'")
+  subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_runtime_check_returns_the_planner_type_in_graph_order():
+  layout = layout_plan(chain(), lambda n: [0, 1], global_batch=4, num_devices=2)
+  layout["layers"].reverse()
+  checked = check_plan(layout, chain(), available_devices=2)
+  assert isinstance(checked, Plan)
+  assert [lp.name for lp in checked.layers] == ["a", "b", "c"]
+  assert checked.placements["b"].mesh == (2, 1) and checked.placements["b"].split == "samples"
+  assert checked.cluster is None and checked.predicted == {}  # a layout: a placement only
+  with pytest.raises(UserError, match="missing required field 'cluster'"):
+    Plan.from_json(layout)  # a planner's plan needs what simulate needs
+
+
+def test_a_planner_plan_goes_to_the_runtime_as_it_is():
+  graph = resnet_like(blocks=(1,), width=8)
+  plan = make_plan(graph, analytic_profile(graph, (1, 2, 4, 8)),
+                   cluster_spec(cluster_config("a100_nvlink_8")), num_devices=4, global_batch=8)
+  checked = check_plan(plan, graph, available_devices=4, global_batch=8)
+  assert [lp.devices for lp in checked.layers] == [plan.layer(n).devices for n in graph.names]
+  again = check_plan(json.loads(json.dumps(plan.to_json())), graph, available_devices=4)
+  assert again.to_json() == checked.to_json()
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d["layers"].append(dict(d["layers"][0], devices=[1], samples=[[0, 4]])),
+     "layers[3] is a second entry for layer 'a' (first: layers[0])"),
+    (lambda d: d["layers"][1].update(devices=[0, 0]), "lists a device twice"),
+    (lambda d: d.update(global_batch=0), "global_batch must be a positive integer"),
+])
+def test_planner_and_runtime_refuse_alike(edit, needle):
+  d = layout_plan(chain(), lambda n: [0, 1], global_batch=4, num_devices=2)
+  edit(d)
+  with pytest.raises(UserError) as parsed:
+    as_plan(d)
+  with pytest.raises(UserError) as checked:
+    check_plan(d, chain(), available_devices=2)
+  assert needle in str(parsed.value) and str(parsed.value) == str(checked.value)
+
+
+def test_batch_norm_and_made_for_read_the_plan_type():
+  d = layout_plan(chain(), lambda n: [0], global_batch=4, num_devices=1)
+  assert batch_norm_mode(as_plan(d)) == "sync"
+  d["options"] = {"batch_norm": "local"}
+  assert batch_norm_mode(as_plan(d)) == "local"
+  d["options"] = {"batch_norm": "nope"}
+  with pytest.raises(UserError, match="batch_norm 'nope' is unknown"):
+    batch_norm_mode(as_plan(d))
+  made = {"name": "chain", "input_shape": [4], "layers": 3, "options": {}}
+  d["made_for"] = made
+  check_made_for(as_plan(d), made, "plan p.json")
+  with pytest.raises(UserError, match="plan p.json was made for chain"):
+    check_made_for(d, {**made, "input_shape": [8]}, "plan p.json")
