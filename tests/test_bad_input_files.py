@@ -55,7 +55,7 @@ def test_a_plan_with_nan_is_refused_by_simulate(tmp_path):
 @pytest.mark.parametrize("edit, field", [
     (lambda d: d["predicted"].update(gpu_ms=-1.0), "predicted.gpu_ms must be a number >= 0"),
     (lambda d: d.update(planner_seconds=-0.5), "planner_seconds must be a number >= 0"),
-    (lambda d: d["layers"][0].update(compute_ms=-2.0), "(layer 'a'): compute_ms must be"),
+    (lambda d: d["layers"][0].update(compute_ms=-2.0), "layer 'a': compute_ms must be"),
     (lambda d: d["layers"][0]["samples"][0].__setitem__(0, -4), "two integers >= 0"),
 ])
 def test_a_plan_with_a_negative_number_is_refused(tmp_path, edit, field):

@@ -236,23 +236,23 @@ def _layer(x: Any, batch: int, num_devices: int, where: str, schema: str) -> Lay
   name, devices = x["name"], x["devices"]
   if not isinstance(name, str):
     raise UserError(f"{where}: field 'name' must be a layer name, got {name!r}")
-  at = f"{where} (layer '{name}')"
+  at = f"{where}: layer '{name}'"
   if (not isinstance(devices, list) or not devices
       or any(isinstance(v, bool) or not isinstance(v, int) for v in devices)):
     raise UserError(f"{at}: 'devices' must be a non-empty list of device indices in "
                     f"[0, {num_devices})")
   bad = [v for v in devices if not 0 <= v < num_devices]
   if bad:
-    raise UserError(f"{at}: uses device {bad[0]}, outside the plan's {num_devices} devices "
+    raise UserError(f"{at} uses device {bad[0]}, outside the plan's {num_devices} devices "
                     f"(valid: 0..{num_devices - 1})")
   if len(set(devices)) != len(devices):
-    raise UserError(f"{at}: lists a device twice: {devices}")
+    raise UserError(f"{at} lists a device twice: {devices}")
   if "sharding" in x and schema != PLAN_SCHEMA:
     raise UserError(f"{at}: a {schema} plan has no 'sharding'; write schema {PLAN_SCHEMA}")
   sharding = LayerSharding.from_json(x.get("sharding"), len(devices), at)
   d, m = sharding.mesh
   if batch % d:
-    raise UserError(f"{at}: splits global batch {batch} over {d} devices; "
+    raise UserError(f"{at} splits global batch {batch} over {d} devices; "
                     f"the batch must be divisible by every layer's data-axis size")
   want = sample_ranges(batch, d, m)
   ranges = want if x.get("samples") is None else _ranges(x["samples"], len(devices), at)
