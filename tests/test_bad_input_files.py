@@ -143,3 +143,13 @@ def test_a_profile_with_a_layer_twice_is_refused_naming_it(tmp_path):
   with pytest.raises(UserError, match="^profile file " + str(ppath)) as err:
     ProfileTable.load(ppath)
   assert "key 'b' appears twice" in str(err.value)
+
+
+def test_a_profile_with_nan_is_refused_naming_the_field(tmp_path):
+  _, ppath = write_graph_and_profile(tmp_path)
+  edit_json(ppath, lambda d: d["layers"]["c"]["4"].update(bwd_ms=float("nan")))
+  with pytest.raises(UserError, match="^profile file " + str(ppath)) as err:
+    ProfileTable.load(ppath)
+  assert "field 'layers.c.4.bwd_ms' is nan" in str(err.value)
+  with pytest.raises(UserError, match="layer 'c' batch 4 field 'bwd_ms' is nan"):
+    ProfileTable.from_json(json.loads(ppath.read_text()), str(ppath))  # parsed in memory
