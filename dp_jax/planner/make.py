@@ -39,8 +39,8 @@ MEMORY_PENALTIES_MS_PER_GB = (0.01, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e6)
 def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
               num_devices: int, global_batch: int, amplification_limit: float = math.inf,
               device_counts: str = "divisors", overlap_allreduce: bool = True,
-              amplification_floor_ms: float = 0.3, grad_bytes_per_param: float = 4,
-              optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4,
+              amplification_floor_ms: float = 0.3, gradient_precision: str = "fp32",
+              optimizer: str = "momentum", param_bytes_per_param: float = 4,
               check_memory: bool = True, batch_norm: str = "sync", mode: str = "fastest",
               frontier_limits: Iterable[float] = DEFAULT_LIMITS,
               sharding: Iterable[str] = ("samples",)) -> Plan:
@@ -53,8 +53,7 @@ def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
       num_devices=num_devices, global_batch=global_batch,
       amplification_limit=amplification_limit, device_counts=device_counts,
       overlap_allreduce=overlap_allreduce, amplification_floor_ms=amplification_floor_ms,
-      grad_bytes_per_param=grad_bytes_per_param,
-      optimizer_bytes_per_param=optimizer_bytes_per_param,
+      gradient_precision=gradient_precision, optimizer=optimizer,
       param_bytes_per_param=param_bytes_per_param, check_memory=check_memory,
       batch_norm=batch_norm, sharding=tuple(sharding) if not isinstance(sharding, str)
       else sharding)
