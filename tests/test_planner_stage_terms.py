@@ -1,4 +1,4 @@
-"""Stage terms and the optimizer update, priced by the cost model (dp_jax/planner/stage_terms.py)."""
+"""Stage terms and the optimizer update, priced by the cost model (planner/stage_terms.py)."""
 
 import dataclasses
 
