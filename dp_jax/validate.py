@@ -9,7 +9,8 @@ validate.amplification_limits and validate.plans random valid plans (seeded) - p
 one's step time with the planner's own evaluation on the calibrated cluster and the profile
 (dp_jax.planner.evaluate, its stage terms from dp_jax.planner.stage_terms), run each with
 the runtime (dp_jax.runtime.plan_timing: interleaved between plans, each timed step right
-after a step of the same plan, as in training; the profile times its programs the same way), and write validation.csv,
+after a step of the same plan, as in training; the profile times its programs the same way),
+and write validation.csv,
 metrics.json, calibration.json and scatter.png into the run folder (and W&B). Details:
 docs/validation.md.
 """

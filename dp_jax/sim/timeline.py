@@ -9,7 +9,8 @@ backward pass (else one piece after the stage's backward), then the ring latency
 planner, the next backward segment waits for the stage's all-reduce, and a stage's per-stage
 terms (program launch, boundaries; CostModel.stage_overhead_ms) end its backward. A move
 costs half of the planner's move_ms forward (activations) and half backward (their
-gradients), on every device of both layouts. A block starts with the fork's sends into all its branches as one move (they
+gradients), on every device of both layouts. A block starts with the fork's sends into all
+its branches as one move (they
 share the fork's link); then branch groups run side by side, branches in one group one after
 another; then the join's receives from all branches as one move (they share the join's link);
 identity (fork -> join) moves come last. Backward mirrors the forward order.
