@@ -55,7 +55,7 @@ class ClusterSpec:
   # memory bandwidth the optimizer update reaches (0: the device's datasheet bandwidth).
   program_launch_us: float = 0.0
   stage_boundary_us: float = 0.0
-  update_bandwidth_GBps: float = 0.0
+  update_memory_GBps: float = 0.0
 
   def __post_init__(self):
     for key in ("num_nodes", "devices_per_node"):
@@ -76,7 +76,7 @@ class ClusterSpec:
         raise UserError(f"cluster {self.name}: {key} must be in (0, 1], got {value!r}")
     for key in ("intra_node_latency_us", "inter_node_latency_us",
                 "inter_node_latency_per_doubling_us", "program_launch_us", "stage_boundary_us",
-                "update_bandwidth_GBps"):
+                "update_memory_GBps"):
       value = getattr(self, key)
       if not _is_number(value) or value < 0 or not math.isfinite(value):
         raise UserError(f"cluster {self.name}: {key} must be >= 0, got {value!r}")
@@ -123,7 +123,7 @@ _FIELDS = tuple(f.name for f in fields(ClusterSpec))
 _FLOATS = ("memory_gb_per_device", "intra_node_bandwidth_GBps", "intra_node_latency_us",
            "inter_node_bandwidth_GBps", "inter_node_latency_us", "intra_node_bus_efficiency",
            "inter_node_bus_efficiency", "inter_node_latency_per_doubling_us",
-           "program_launch_us", "stage_boundary_us", "update_bandwidth_GBps")
+           "program_launch_us", "stage_boundary_us", "update_memory_GBps")
 
 
 def load_cluster(config: Mapping[str, Any]) -> ClusterSpec:

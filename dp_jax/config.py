@@ -49,7 +49,7 @@ class ClusterConfig:
   inter_node_latency_per_doubling_us: float = 0.0  # per doubling of the nodes spanned beyond 2
   program_launch_us: float = 0.0  # one stage's program per step
   stage_boundary_us: float = 0.0  # host work of one stage boundary beyond its launch
-  update_bandwidth_GBps: float = 0.0  # optimizer update bandwidth; 0: the device datasheet's
+  update_memory_GBps: float = 0.0  # optimizer update bandwidth; 0: the device datasheet's
   num_devices: int | None = None  # G of the job; None: every device of the cluster
 
 

@@ -24,7 +24,7 @@ from dp_jax.planner.synthetic import linear_profile, resnet_like
 from dp_jax.profile.table import ProfileTable
 
 CLUSTER = ClusterSpec("t", "synthetic", 16, 4, 80.0, 100.0, 2.0, 10.0, 5.0,
-                      update_bandwidth_GBps=1e3)
+                      update_memory_GBps=1e3)
 
 
 def busiest_by_device(batch, sp, gp, sc, gc):

@@ -22,7 +22,7 @@ def cluster(**kw) -> ClusterSpec:
   base = dict(name="t", device="synthetic", num_nodes=1, devices_per_node=4,
               memory_gb_per_device=80.0, intra_node_bandwidth_GBps=100.0,
               intra_node_latency_us=2.0, inter_node_bandwidth_GBps=10.0,
-              inter_node_latency_us=5.0, update_bandwidth_GBps=BW)
+              inter_node_latency_us=5.0, update_memory_GBps=BW)
   return ClusterSpec(**{**base, **kw})
 
 
@@ -81,8 +81,8 @@ def test_update_is_in_compute_not_backward_and_reported_per_stage():
 def test_unknown_device_without_update_bandwidth_is_one_line_error():
   graph = mlp(widths=(8, 4))
   profile = linear_profile(graph, [1, 2], np.random.default_rng(0))
-  with pytest.raises(UserError, match="update_bandwidth_GBps"):
-    build_cost_model(graph, profile, cluster(update_bandwidth_GBps=0.0),
+  with pytest.raises(UserError, match="update_memory_GBps"):
+    build_cost_model(graph, profile, cluster(update_memory_GBps=0.0),
                      PlanOptions(num_devices=2, global_batch=2))
 
 

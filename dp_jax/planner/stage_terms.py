@@ -4,7 +4,7 @@ Two terms every evaluation (and the search, the simulator and validate) charges:
 - the optimizer update (update_ms): each device holding a layer streams its parameters,
   gradients and optimizer state through memory once per step: read and write the float32
   parameter and each state buffer, read the gradient (in its all-reduce precision), at the
-  cluster's update bandwidth (update_bandwidth_GBps, else the device's datasheet HBM
+  cluster's update bandwidth (update_memory_GBps, else the device's datasheet HBM
   bandwidth); 0 when the profile's timings already include it (meta["includes_update"]);
 - the per-stage terms of costs.CostModel (stage_ms, enter_ms, leave_ms): a stage launches its
   program (program_launch_us); a boundary between two stages adds host work
@@ -42,13 +42,13 @@ def update_bytes_per_param(options: PlanOptions) -> float:
 
 def update_GBps(cluster: ClusterSpec) -> float:
   """Bandwidth of the optimizer update: the cluster's, else the device's datasheet HBM."""
-  if cluster.update_bandwidth_GBps > 0:
-    return cluster.update_bandwidth_GBps
+  if cluster.update_memory_GBps > 0:
+    return cluster.update_memory_GBps
   try:
     return get_device(cluster.device).mem_bandwidth / 1e9
   except UserError:
     raise UserError(f"cluster {cluster.name}: device '{cluster.device}' has no datasheet memory "
-                    "bandwidth to price the optimizer update; set update_bandwidth_GBps in the "
+                    "bandwidth to price the optimizer update; set update_memory_GBps in the "
                     "cluster config") from None
 
 

@@ -72,7 +72,7 @@ class LocalCalibration:
                    inter_node_latency_per_doubling_us=0.0,
                    program_launch_us=self.dispatch_us,
                    stage_boundary_us=max(self.stage_us - self.dispatch_us, 0.0),
-                   update_bandwidth_GBps=momentum / max(self.update_ns_per_param, 1e-9))
+                   update_memory_GBps=momentum / max(self.update_ns_per_param, 1e-9))
 
 
 def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
