@@ -29,7 +29,9 @@ class ClusterSpec:
   Links: inside a node every device has intra_node_bandwidth_GBps (line rate, per direction);
   nodes connect through nics_per_node NICs of inter_node_bandwidth_GBps each. A collective
   reaches `bus efficiency x line rate` of bus bandwidth (what nccl-tests reports as busbw);
-  latencies are per collective (or per point-to-point move). collectives="rail" prices
+  latencies are per collective (or per point-to-point move); a collective that spans n > 2
+  nodes adds inter_node_latency_per_doubling_us per doubling of n beyond 2 (NCCL's tree and
+  ring latencies grow with the nodes they cross). collectives="rail" prices
   collectives as NCCL runs them (one ring per NIC rail); "flat" is the old single ring through
   one link at line rate (same latencies), kept for comparison only.
   """
@@ -47,6 +49,13 @@ class ClusterSpec:
   intra_node_bus_efficiency: float = 1.0
   inter_node_bus_efficiency: float = 1.0
   collectives: str = "rail"
+  inter_node_latency_per_doubling_us: float = 0.0  # added per doubling of nodes beyond 2
+  # Host and program costs of running a plan's stages (docs/cost_model.md, "Stage terms"):
+  # launching one stage's program, the extra host work of one stage boundary, and the
+  # memory bandwidth the optimizer update reaches (0: the device's datasheet bandwidth).
+  program_launch_us: float = 0.0
+  stage_boundary_us: float = 0.0
+  update_memory_GBps: float = 0.0
 
   def __post_init__(self):
     for key in ("num_nodes", "devices_per_node"):
@@ -65,7 +74,9 @@ class ClusterSpec:
       value = getattr(self, key)
       if not _is_number(value) or not 0 < value <= 1:
         raise UserError(f"cluster {self.name}: {key} must be in (0, 1], got {value!r}")
-    for key in ("intra_node_latency_us", "inter_node_latency_us"):
+    for key in ("intra_node_latency_us", "inter_node_latency_us",
+                "inter_node_latency_per_doubling_us", "program_launch_us", "stage_boundary_us",
+                "update_memory_GBps"):
       value = getattr(self, key)
       if not _is_number(value) or value < 0 or not math.isfinite(value):
         raise UserError(f"cluster {self.name}: {key} must be >= 0, got {value!r}")
@@ -111,7 +122,8 @@ def _is_number(value: Any) -> bool:
 _FIELDS = tuple(f.name for f in fields(ClusterSpec))
 _FLOATS = ("memory_gb_per_device", "intra_node_bandwidth_GBps", "intra_node_latency_us",
            "inter_node_bandwidth_GBps", "inter_node_latency_us", "intra_node_bus_efficiency",
-           "inter_node_bus_efficiency")
+           "inter_node_bus_efficiency", "inter_node_latency_per_doubling_us",
+           "program_launch_us", "stage_boundary_us", "update_memory_GBps")
 
 
 def load_cluster(config: Mapping[str, Any]) -> ClusterSpec:
@@ -166,10 +178,15 @@ def class_bus_GBps(cluster: ClusterSpec) -> np.ndarray:
 
 def class_latency_ms(cluster: ClusterSpec, count) -> np.ndarray:
   """(devices_per_node + 1, *count.shape) latency of one collective per link class and size:
-  the class's latency once per collective (0 on one device), in both pricings."""
+  the class's latency once per collective (0 on one device), in both pricings; across nodes
+  plus inter_node_latency_per_doubling_us x log2(nodes / 2), nodes = max(2, ceil(count /
+  devices_per_node)) (the nodes a group of `count` devices spans at least)."""
   count = np.asarray(count, dtype=float)
   k = np.arange(cluster.devices_per_node + 1).reshape((-1,) + (1,) * count.ndim)
-  lat = np.where(k == 0, cluster.intra_node_latency_us, cluster.inter_node_latency_us) / 1000.0
+  nodes = np.maximum(2.0, np.ceil(count / cluster.devices_per_node))
+  inter = cluster.inter_node_latency_us + cluster.inter_node_latency_per_doubling_us * np.log2(
+      nodes / 2.0)
+  lat = np.where(k == 0, cluster.intra_node_latency_us, inter) / 1000.0
   return lat * (count > 1)
 
 

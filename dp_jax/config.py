@@ -46,6 +46,10 @@ class ClusterConfig:
   intra_node_bus_efficiency: float = 1.0
   inter_node_bus_efficiency: float = 1.0
   collectives: str = "rail"  # rail (NCCL's rail-aligned rings) or flat (old single ring)
+  inter_node_latency_per_doubling_us: float = 0.0  # per doubling of the nodes spanned beyond 2
+  program_launch_us: float = 0.0  # one stage's program per step
+  stage_boundary_us: float = 0.0  # host work of one stage boundary beyond its launch
+  update_memory_GBps: float = 0.0  # optimizer update bandwidth; 0: the device datasheet's
   num_devices: int | None = None  # G of the job; None: every device of the cluster
 
 
@@ -69,8 +73,8 @@ class PlannerConfig:
   device_counts: DeviceCounts = DeviceCounts.divisors
   overlap_allreduce: bool = True
   mode: PlannerMode = PlannerMode.fastest
-  gradient_bytes_per_param: int = 4
-  optimizer_bytes_per_param: int = 8
+  gradient_precision: str = "fp32"  # the gradient all-reduce: fp32 or bf16 (docs/cost_model.md)
+  optimizer: str = "momentum"  # sgd, momentum, adam, adamw: its state and its update are priced
   batch_norm: str = "sync"  # sync: statistics over a stage's batch (priced); local: per device
   # what a layer may split: [samples] (data parallel per layer) or [samples,weights] (also a
   # linear/conv/attention layer's weights, on a 2-D (data, model) mesh); docs/cost_model.md

@@ -23,8 +23,6 @@ RULES: tuple[tuple[str, float, bool, bool], ...] = (
     ("cluster.memory_gb_per_device", 0, True, False),
     ("planner.amplification_limit", 1, False, True),
     ("planner.amplification_floor_ms", 0, False, False),
-    ("planner.gradient_bytes_per_param", 1, False, False),
-    ("planner.optimizer_bytes_per_param", 0, False, False),
     ("profile.repeats", 1, False, False),
     ("profile.warmup", 0, False, False),
     ("profile.max_batch", 1, False, False),

@@ -79,8 +79,7 @@ def background_for(cfg: Any, graph, profile, cluster, plan):
   opts = plan_options(plan)
   return background_job(graph, profile, cluster, int(bg.batch_per_device),
                         piece_ms=float(cfg.interference.piece_ms),
-                        grad_bytes_per_param=opts.grad_bytes_per_param,
-                        optimizer_bytes_per_param=opts.optimizer_bytes_per_param,
+                        gradient_precision=opts.gradient_precision, optimizer=opts.optimizer,
                         param_bytes_per_param=opts.param_bytes_per_param)
 
 

@@ -6,10 +6,11 @@ every layer in context and what a stage boundary costs (dp_jax.profile.in_contex
 dp_jax.profile.boundary; or each layer alone under its stage's load, dp_jax.profile.loaded),
 take a set of plans - data parallelism, the planner's burst plans at each
 validate.amplification_limits and validate.plans random valid plans (seeded) - predict each
-one's step time with the planner's cost model plus the runtime overhead term
-(dp_jax.planner.local_overhead), run each with the runtime (dp_jax.runtime.plan_timing:
-interleaved between plans, each timed step right after a step of the same plan, as in
-training; the profile times its programs the same way), and write validation.csv,
+one's step time with the planner's own evaluation on the calibrated cluster and the profile
+(dp_jax.planner.evaluate, its stage terms from dp_jax.planner.stage_terms), run each with
+the runtime (dp_jax.runtime.plan_timing: interleaved between plans, each timed step right
+after a step of the same plan, as in training; the profile times its programs the same way),
+and write validation.csv,
 metrics.json, calibration.json and scatter.png into the run folder (and W&B). Details:
 docs/validation.md.
 """
@@ -34,7 +35,7 @@ from dp_jax.tracking import Run
 log = logging.getLogger("dp_jax.validate")
 COLUMNS = ("plan", "kind", "predicted_ms", "measured_ms", "error_pct", "stages", "devices_used",
            "device_counts", "compute_ms", "sync_ms", "move_ms", "overhead_ms", "boundary_ms",
-           "measured_min_ms", "measured_max_ms")
+           "update_ms", "measured_min_ms", "measured_max_ms")
 
 
 class Statistic(str, Enum):
@@ -111,42 +112,25 @@ def plan_set(graph, profile, cluster, cfg: Any, g: int) -> list[tuple[str, str, 
   return out
 
 
-def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int, cal) -> dict[str, Any]:
-  """The planner's evaluation of `assignment` plus the local overhead term, in ms."""
+def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int) -> dict[str, Any]:
+  """The planner's own evaluation of `assignment` on the calibrated cluster and the profile
+  (dp_jax.planner.evaluate: compute with the update unless profiled, all-reduce unless
+  profiled, moves, per-stage launches and boundaries), in ms, with its parts."""
   from dp_jax import workflow
   from dp_jax.planner import evaluate_plan
-  from dp_jax.planner.local_overhead import boundaries_ms, overhead_ms
-  from dp_jax.runtime.stages import series_parallel_order
 
   opts = workflow.plan_options(cfg.planner, g, cfg.batch_size)
   opts.pop("num_devices")
   opts.pop("global_batch")
   ev = evaluate_plan(graph, profile, cluster, assignment, global_batch=cfg.batch_size,
                      num_devices=g, **opts)
-  params = {n.name: n.params for n in graph.nodes}
-  # every stage but the first begins at a boundary: k layers before it (series-parallel
-  # order), after the stage holding layer k
-  order = series_parallel_order(graph)
-  pos = {n: i for i, n in enumerate(order)}
-  stage_of = {n: s for s in ev.stages for n in s.layers}
-  bounds = []
-  for s in ev.stages:
-    k = min(pos[n] for n in s.layers)
-    if k > 0:
-      bounds.append((k, cfg.batch_size // stage_of[order[k - 1]].placement[1],
-                     cfg.batch_size // s.placement[1]))
-  boundary = boundaries_ms(profile.meta.get("boundary_ms") or {}, bounds)
-  update = 0.0 if profile.meta.get("includes_update") else cal.update_ns_per_param
-  over = overhead_ms([s.layers for s in ev.stages], params, dispatch_us=cal.dispatch_us,
-                     stage_us=cal.stage_us, update_ns_per_param=update, boundary_ms=boundary)
-  sync = sum(s.sync_ms for s in ev.stages)
-  # a profile measured on the stage's devices has the all-reduce inside (serial on XLA:CPU,
-  # planner.overlap_allreduce=false): the cluster's priced all-reduce is not added again
-  counted = 0.0 if profile.meta.get("includes_allreduce") else sync
-  return {"predicted_ms": ev.iteration_ms - sync + counted + over, "stages": len(ev.stages),
+  n = len(ev.stages)
+  host = n * cluster.program_launch_us / 1e3 + (n - 1) * cluster.stage_boundary_us / 1e3
+  return {"predicted_ms": ev.iteration_ms, "stages": n,
           "compute_ms": sum(s.compute_ms for s in ev.stages),
-          "sync_ms": counted,
-          "move_ms": sum(m.ms for m in ev.moves), "overhead_ms": over, "boundary_ms": boundary}
+          "sync_ms": sum(s.sync_ms for s in ev.stages),
+          "move_ms": sum(m.ms for m in ev.moves), "overhead_ms": ev.overhead_ms,
+          "boundary_ms": ev.overhead_ms - host, "update_ms": ev.update_ms}
 
 
 def scatter_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -235,7 +219,7 @@ def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
   plans = plan_set(graph, profile, cluster, cfg, g)
   rows = []
   for name, kind, a in plans:
-    rows.append({"plan": name, "kind": kind, **predict(graph, profile, cluster, cfg, a, g, cal),
+    rows.append({"plan": name, "kind": kind, **predict(graph, profile, cluster, cfg, a, g),
                  "devices_used": len({d for s, c in a.values() for d in range(s, s + c)}),
                  "device_counts": "/".join(str(c) for c in sorted({c for _, c in a.values()},
                                                                   reverse=True))})

@@ -71,8 +71,8 @@ def plan_options(planner_cfg: Any, num_devices: int, global_batch: int) -> dict[
               overlap_allreduce=bool(planner_cfg.overlap_allreduce),
               device_counts=enum_value(planner_cfg.device_counts),
               amplification_floor_ms=float(planner_cfg.amplification_floor_ms),
-              grad_bytes_per_param=planner_cfg.gradient_bytes_per_param,
-              optimizer_bytes_per_param=planner_cfg.optimizer_bytes_per_param,
+              gradient_precision=str(planner_cfg.get("gradient_precision", "fp32")),
+              optimizer=str(planner_cfg.get("optimizer", "momentum")),
               batch_norm=str(planner_cfg.get("batch_norm", "sync")),
               sharding=sharding_option(planner_cfg.get("sharding", ["samples"])))
 

@@ -53,7 +53,8 @@ def random_model(seed: int, g: int = 4, b: int = 4, max_branches: int = 3, max_d
   graph = random_forkjoin(rng, max_branches, max_depth)
   cluster = ClusterSpec("t", "synthetic", 64, int(rng.choice([1, 2, 4])), 1e6,
                         float(rng.uniform(1, 50)), float(rng.uniform(0, 30)),
-                        float(rng.uniform(0.1, 5)), float(rng.uniform(0, 100)))
+                        float(rng.uniform(0.1, 5)), float(rng.uniform(0, 100)),
+                        update_memory_GBps=1e3)
   profile = linear_profile(graph, [1, 2, 3, 4, 6, 8, 12], rng)
   opts = PlanOptions(num_devices=g, global_batch=b, overlap_allreduce=bool(rng.random() < 0.5))
   return build_cost_model(graph, profile, cluster, opts)

@@ -179,7 +179,7 @@ def test_layer_that_never_fits_is_named():
                   out_bytes_per_sample=4)
   graph = LayerGraph(model="chain", input_shape=(1,), input_dtype="float32",
                      nodes=graph.nodes + (big,))
-  small = ClusterSpec("small", "x", 1, 8, 1.0, 100.0, 1.0, 10.0, 1.0)
+  small = ClusterSpec("small", "x", 1, 8, 1.0, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
   with pytest.raises(UserError, match="layer 'huge' does not fit in 1 GB per device"):
     make_plan(graph, flat_profile(graph), small, num_devices=8, global_batch=8)
 
@@ -187,14 +187,14 @@ def test_layer_that_never_fits_is_named():
 def test_memory_overflow_is_repaired_or_named():
   graph = chain_graph(10, out_bytes=10**7)  # 10 layers x 8 samples x 10 MB = 0.8 GB on one device
   profile = flat_profile(graph)
-  roomy = ClusterSpec("roomy", "x", 1, 8, 10.0, 100.0, 1.0, 10.0, 1.0)
+  roomy = ClusterSpec("roomy", "x", 1, 8, 10.0, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
   fast = make_plan(graph, profile, roomy, num_devices=8, global_batch=8)
   assert fast.predicted["memory_peak_gb"] == pytest.approx(0.8)
-  tight = ClusterSpec("tight", "x", 1, 8, 0.5, 100.0, 1.0, 10.0, 1.0)
+  tight = ClusterSpec("tight", "x", 1, 8, 0.5, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
   p = make_plan(graph, profile, tight, num_devices=8, global_batch=8)
   assert p.predicted["memory_peak_gb"] <= 0.5
   assert p.predicted["iteration_ms"] >= fast.predicted["iteration_ms"]
-  tiny = ClusterSpec("tiny", "x", 1, 8, 0.05, 100.0, 1.0, 10.0, 1.0)
+  tiny = ClusterSpec("tiny", "x", 1, 8, 0.05, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
   with pytest.raises(UserError, match=r"no plan fits in 0.05 GB per device: device \d+ needs"):
     make_plan(graph, profile, tiny, num_devices=8, global_batch=8)
 

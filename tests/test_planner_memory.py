@@ -76,11 +76,11 @@ def test_layer_state_and_saved_bytes():
 def test_job_and_placed_bytes_agree():
   a, b = node(name="a", saved_bytes_per_sample=60), node(name="b", inputs=("a",))
   graph = LayerGraph(model="m", input_shape=(5,), input_dtype="float32", nodes=(a, b))
-  whole = memory.job_bytes(graph, 4)
+  whole = memory.job_bytes(graph, 4, optimizer_bytes_per_param=8)  # Adam
   layers = [{"name": "a", "devices": [0, 1], "samples": [[0, 2], [2, 4]]},
             {"name": "b", "devices": [0], "samples": [[0, 4]]}]
   used = memory.placed_bytes(graph, as_plan({"model": "m", "global_batch": 4, "num_devices": 2,
-                                            "layers": layers}))
+                                            "layers": layers}), optimizer_bytes_per_param=8)
   assert used[0] == pytest.approx(160 + 2 * 60 + 160 + 4 * 20)
   assert used[1] == pytest.approx(160 + 2 * 60)
   assert whole == pytest.approx(2 * 160 + 4 * 60 + 4 * 20)

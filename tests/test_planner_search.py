@@ -89,7 +89,8 @@ def random_case(seed, overlap):
   g, b = SHAPES[seed % len(SHAPES)]
   cluster = ClusterSpec("t", "synthetic", 64, int(rng.choice([1, 2, 4, 8])), 1e6,
                         float(rng.uniform(1, 50)), float(rng.uniform(0, 30)),
-                        float(rng.uniform(0.1, 5)), float(rng.uniform(0, 100)))
+                        float(rng.uniform(0.1, 5)), float(rng.uniform(0, 100)),
+                        update_memory_GBps=1e3)
   profile = linear_profile(graph, [1, 2, 3, 4, 6, 8, 12], rng)
   opts = PlanOptions(num_devices=g, global_batch=b, overlap_allreduce=overlap)
   model = build_cost_model(graph, profile, cluster, opts)
@@ -139,7 +140,8 @@ def test_dp_equals_brute_force_on_hand_made_blocks(name, overlap):
   top = graph.decompose()
   for seed in range(4):
     rng = np.random.default_rng(seed)
-    cluster = ClusterSpec("t", "synthetic", 4, 2, 1e6, 20.0, 5.0, 2.0, 30.0)
+    cluster = ClusterSpec("t", "synthetic", 4, 2, 1e6, 20.0, 5.0, 2.0, 30.0,
+                          update_memory_GBps=1e3)
     model = build_cost_model(graph, linear_profile(graph, [1, 2, 4, 8], rng), cluster,
                              PlanOptions(num_devices=8, global_batch=8, overlap_allreduce=overlap))
     mask = np.ones(model.compute_ms.shape, dtype=bool)

@@ -10,6 +10,7 @@ forks and joins); before concurrent lanes could take weight shardings such plans
 overlap in 5 of 48 blocks, by up to 17.0%.
 """
 
+import dataclasses
 import itertools
 import math
 
@@ -110,6 +111,10 @@ def test_seed_zero_needs_a_per_stage_choice():
   """The chain the old rules lost by 8.1%: every layer on 4 devices, two blocks 4-way and the
   last 2-way (a data group of 2 that all-reduces while the others' backward hides it)."""
   model = random_model(0, layers=3, overlap=True)
+  # the chain as it was found, before the optimizer update was priced (it changes the winner)
+  no_update = dataclasses.replace(model.profile, meta={**model.profile.meta,
+                                                       "includes_update": True})
+  model = build_cost_model(model.graph, no_update, model.cluster, model.options)
   ms, assignment, shardings = planner(model)
   best, _, _ = brute_force(model)
   assert ms == pytest.approx(best, rel=TOLERANCE)

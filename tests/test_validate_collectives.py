@@ -40,6 +40,8 @@ def test_main_prints_the_ratios(script, capsys):
 
 def test_small_message_latency_within_tolerance_of_cited_measurements(script):
   rows = script.latency_table()
-  assert {m.used_for for m, _, _ in rows} == {"intra_node_latency_us", "inter_node_latency_us"}
+  assert {m.used_for for m, _, _ in rows} == {"intra_node_latency_us", "inter_node_latency_us",
+                                              "inter_node_latency_per_doubling_us"}
+  assert max(m.nodes * m.gpus_per_node for m, _, _ in rows) >= 64
   for m, model_us, measured_us in rows:
     assert model_us / measured_us == pytest.approx(1, abs=script.TOLERANCE), m.source

@@ -25,13 +25,11 @@ from dp_jax.cluster import (
 )
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
-from dp_jax.planner import memory, sharded
+from dp_jax.planner import memory, sharded, stage_terms
 from dp_jax.planner.options import PlanOptions, candidate_counts
+from dp_jax.planner.segments import Placement  # (first device, number of devices)
 from dp_jax.profile.devices import DTYPE_BYTES, canonical_dtype
 from dp_jax.profile.table import MissingProfileError, ProfileTable
-
-Placement = tuple[int, int]  # (first device, number of devices)
-
 
 # --- collectives ------------------------------------------------------------------------------
 
@@ -134,7 +132,7 @@ class CostModel:
   counts: np.ndarray  # (C,) ascending, counts[0] == 1
   names: tuple[str, ...]  # graph order
   row: dict[str, int]
-  compute_ms: np.ndarray  # (L, C) forward + backward at per-device batch B / count
+  compute_ms: np.ndarray  # (L, C) forward + backward + optimizer update at B / count per device
   bwd_ms: np.ndarray  # (L, C)
   grad_bytes: np.ndarray  # (L,) gradient bytes all-reduced per step
   out_bytes: np.ndarray  # (L,) output bytes per sample (what a move sends)
@@ -143,10 +141,15 @@ class CostModel:
   state_bytes: np.ndarray  # (L,) params + gradients + optimizer state per device holding it
   bn_bytes: np.ndarray  # (L,) bytes of one batch-norm statistics all-reduce (0: none)
   interpolated: frozenset[str] = frozenset()  # layers priced from interpolated profile rows
+  # (L,) optimizer update of the layer's parameters on one device holding them whole, included
+  # in compute_ms (not in bwd_ms); a weight-sharded layer updates its share
+  # (dp_jax/planner/stage_terms.py). None: zero.
+  update_ms: np.ndarray | None = None
   # Per-stage terms (a stage: a maximal run of layers on one placement, rows i..k in forward
   # order): it pays stage_ms[c] + enter_ms[i, c] + leave_ms[k, c] on count index c, in its
-  # backward (program dispatch, boundary program time); None: zero. enter_ms of the model's
-  # input layer and leave_ms of its output layer are zero by construction.
+  # backward (program launch, a boundary's host work and program time: priced by
+  # dp_jax/planner/stage_terms.py); None: zero. enter_ms of the model's input layer and
+  # leave_ms of its output layer are zero by construction.
   stage_ms: np.ndarray | None = None  # (C,)
   enter_ms: np.ndarray | None = None  # (L, C)
   leave_ms: np.ndarray | None = None  # (L, C)
@@ -172,8 +175,12 @@ class CostModel:
     hit = self._cache.get(key)
     if hit is None:
       t = self.profile.lookup(name, self.batch // count)
-      hit = self._cache[key] = (t.fwd_ms + t.bwd_ms, t.bwd_ms)
+      hit = self._cache[key] = (t.fwd_ms + t.bwd_ms + self.layer_update_ms(name), t.bwd_ms)
     return hit
+
+  def layer_update_ms(self, name: str, share: float = 1.0) -> float:
+    """The optimizer update of `share` of a layer's parameters on one device."""
+    return 0.0 if self.update_ms is None else float(self.update_ms[self.row[name]]) * share
 
   def layer_ms(self, name: str, p: Placement,
                sharding: sharded.Sharding | None = None) -> tuple[float, float]:
@@ -313,11 +320,17 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
       if t.interpolated:
         interpolated.add(name)
   params = np.array([memory.layer_params(n, options.param_bytes_per_param) for n in graph.nodes])
+  update = stage_terms.update_ms(params, profile, cluster, options)
+  comp += update[:, None]
+  stage_ms, enter_ms, leave_ms = stage_terms.stage_terms(graph, profile, cluster, options, counts)
+  # a profile timed on the stage's devices has the gradient all-reduce inside its programs
+  # (dp_jax.profile.in_context): the cluster's all-reduce is not priced again
+  grads = 0.0 if profile.meta.get("includes_allreduce") else options.grad_bytes_per_param
   scales = element_scales(graph, profile)
   model = CostModel(
       graph=graph, profile=profile, cluster=cluster, options=options, counts=counts,
       names=names, row={n: i for i, n in enumerate(names)}, compute_ms=comp, bwd_ms=bwd,
-      grad_bytes=params * options.grad_bytes_per_param,
+      grad_bytes=params * grads,
       out_bytes=moved_bytes_per_sample(graph, profile),
       in_bytes=input_bytes_per_sample(graph, profile),
       saved_bytes=np.array([memory.saved_bytes_per_sample(n, x)
@@ -328,7 +341,8 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
                                                options.optimizer_bytes_per_param,
                                                options.param_bytes_per_param)
                             for n in graph.nodes]),
-      interpolated=frozenset(interpolated))
+      interpolated=frozenset(interpolated), update_ms=update, stage_ms=stage_ms,
+      enter_ms=enter_ms, leave_ms=leave_ms)
   for i, name in enumerate(names):
     for c, g in enumerate(counts):
       model._cache[(name, int(g))] = (comp[i, c], bwd[i, c])

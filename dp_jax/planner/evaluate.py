@@ -1,7 +1,9 @@
 """The cost of a given plan: the single source of truth that the search is optimal against.
 
 What one training step is charged (ms; B global batch, a layer on g devices holds B/g samples):
-- compute: profiled fwd + bwd of every layer at per-device batch B/g;
+- compute: profiled fwd + bwd of every layer at per-device batch B/g, plus its optimizer update
+  on each of its devices (dp_jax/planner/stage_terms.py; charged with the forward work, so a
+  stage's all-reduce overlaps only its backward);
 - a stage is a maximal run of consecutive chain items on the same devices; a fork/join block
   joins the run only when the fork, every branch layer and the join share those devices
   ("merged"); otherwise the block ends the fork's run and the join starts a new one;
@@ -27,8 +29,9 @@ What one training step is charged (ms; B global batch, a layer on g devices hold
   dp_jax/planner/sharded.py: compute at the sharded shape, its entry gather and activation
   collectives in its forward / backward, its share of the gradients all-reduced over its data
   groups as its bandwidth term in the stage's all-reduce (docs/cost_model.md);
-- a stage's per-stage terms (CostModel.stage_ms / enter_ms / leave_ms: dispatch, the program
-  time a boundary adds) in its backward;
+- a stage's per-stage terms (CostModel.stage_ms / enter_ms / leave_ms: its program launch, half
+  of each boundary it touches: host work and the program time the profile measured there;
+  dp_jax/planner/stage_terms.py) in its backward;
 - gpu_ms: sum over stages of devices x (compute + sync + per-stage terms), over moves of
   devices of both sets x move time, and for a fork's sends (a join's receives) the devices of
   all of them together x their total time.
@@ -41,11 +44,11 @@ from dataclasses import dataclass
 
 from dp_jax.cluster import ClusterSpec
 from dp_jax.errors import UserError
-from dp_jax.graph import Chain, LayerGraph, Parallel
+from dp_jax.graph import LayerGraph
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.options import PlanOptions
-from dp_jax.planner.sharded import Sharding, check_sharding, is_samples
-from dp_jax.planner.structure import first_layer, flat_layers, last_layer, sharing_groups
+from dp_jax.planner.segments import Block, Move, Segment, Stage, segments
+from dp_jax.planner.sharded import Sharding, check_sharding, is_samples, param_share
 from dp_jax.profile.table import ProfileTable
 
 
@@ -58,6 +61,7 @@ class StageCost:
   compute_ms: float
   sync_ms: float
   overhead_ms: float = 0.0  # the per-stage terms (CostModel.stage_overhead_ms), in its backward
+  update_ms: float = 0.0  # the optimizer update of its layers on one of its devices (in compute)
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,12 @@ class Evaluation:
   stages: tuple[StageCost, ...]
   moves: tuple[MoveCost, ...]
   forward_ms: float = 0.0  # the forward pass's share of iteration_ms
+  update_ms: float = 0.0  # the stages' optimizer updates (in their compute), summed
+
+  @property
+  def overhead_ms(self) -> float:
+    """The stages' per-stage terms (program launches, boundaries), summed."""
+    return float(sum(s.overhead_ms for s in self.stages))
 
 
 def evaluate_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
@@ -103,9 +113,10 @@ def evaluate(model: CostModel, assignment: Mapping[str, Placement],
   stages: list[StageCost] = []
   moves: list[MoveCost] = []
   walk = _Walk(model, assignment, shardings, stages, moves)
-  fwd, bwd = walk.chain(model.graph.decompose())
+  fwd, bwd = walk.walk(segments(model.graph, assignment))
   return Evaluation(iteration_ms=float(fwd + bwd), gpu_ms=float(walk.gpu), stages=tuple(stages),
-                    moves=tuple(moves), forward_ms=float(fwd))
+                    moves=tuple(moves), forward_ms=float(fwd),
+                    update_ms=float(sum(s.update_ms for s in stages)))
 
 
 def _check_assignment(model: CostModel, assignment: Mapping[str, Placement]) -> None:
@@ -140,50 +151,33 @@ def weight_shardings(model: CostModel, assignment: Mapping[str, Placement],
 
 
 class _Walk:
-  """One evaluation's recursion over the decomposition: (forward ms, backward ms) per part,
-  collecting stages, moves and device-ms (gpu)."""
+  """One evaluation's walk over the plan's segments (dp_jax/planner/segments.py, the
+  simulator's too): (forward ms, backward ms) per part, collecting stages, moves and
+  device-ms (gpu)."""
 
   def __init__(self, model, assignment, shardings, stages, moves):
     self.m, self.a, self.s, self.stages, self.moves = model, assignment, shardings, stages, moves
     self.gpu = 0.0
 
-  def chain(self, chain: Chain) -> tuple[float, float]:
+  def walk(self, segs: tuple[Segment, ...]) -> tuple[float, float]:
     fwd = bwd = 0.0
-    run, prev_node = None, None
-    for item in chain.items:
-      if isinstance(item, Parallel):
-        if self._merged(item):
-          run.extend(flat_layers(item))
-          continue
-        f, b = self._close(run)
-        run, prev_node = None, None
-        f2, b2 = self._block(item)
-        fwd, bwd = fwd + f + f2, bwd + b + b2
-        continue
-      if run is not None and self.a[run[-1]] == self.a[item]:
-        run.append(item)
+    for seg in segs:
+      if isinstance(seg, Stage):
+        f, b = self._stage(seg)
+      elif isinstance(seg, Move):
+        f = b = self._move(seg.src, seg.dst) / 2
       else:
-        f, b = self._close(run)
-        if prev_node is not None:
-          half = self._move(prev_node, item) / 2
-          f, b = f + half, b + half
-        fwd, bwd = fwd + f, bwd + b
-        run = [item]
-      prev_node = item
-    f, b = self._close(run)
-    return fwd + f, bwd + b
+        f, b = self._block(seg)
+      fwd, bwd = fwd + f, bwd + b
+    return fwd, bwd
 
-  def _merged(self, block: Parallel) -> bool:
-    p = self.a[block.fork]
-    return self.a[block.join] == p and all(self.a[n] == p for n in flat_layers(block))
-
-  def _close(self, run) -> tuple[float, float]:
-    if not run:
-      return 0.0, 0.0
-    p = self.a[run[0]]
-    compute, sync = self.m.stage(tuple(run), p, self.s)
+  def _stage(self, st: Stage) -> tuple[float, float]:
+    p, run = st.placement, st.layers
+    compute, sync = self.m.stage(run, p, self.s)
     over = self.m.stage_overhead_ms(run[0], run[-1], p[1])
-    self.stages.append(StageCost(p, tuple(run), compute, sync, over))
+    update = sum(self.m.layer_update_ms(n, param_share(self.m.graph.node(n), self.s.get(n)))
+                 for n in run)
+    self.stages.append(StageCost(p, run, compute, sync, over, update))
     self.gpu += p[1] * (compute + sync + over)
     bwd = sum(self.m.layer_ms(n, p, self.s.get(n))[1] for n in run)
     return compute - bwd, bwd + sync + over
@@ -196,41 +190,29 @@ class _Walk:
         self.gpu += devices * ms
     return ms
 
-  def _block(self, block: Parallel) -> tuple[float, float]:
+  def _block(self, block: Block) -> tuple[float, float]:
     """The fork's sends into the branches, one after another (they share the fork's link);
     groups of branches that share a device side by side (branches in a group one after
     another); the join's receives from the branches, one after another (they share the join's
     link); the identity moves. Backward mirrors it. Forward and backward maxima over groups
     are taken separately."""
-    fs, bs, masks, sends, receives = [], [], [], [], []
-    for branch in block.branches:
-      if not branch.items:
-        continue
-      sends.append((block.fork, first_layer(branch)))
-      receives.append((last_layer(branch), block.join))
-      f, b = self.chain(branch)
-      fs.append(f)
-      bs.append(b)
-      mask = 0
-      for n in flat_layers(branch):
-        mask |= _mask(self.a[n])
-      masks.append(mask)
-    moved = self._shared_moves(sends) + self._shared_moves(receives)
-    moved += sum(self._move(block.fork, block.join) for b in block.branches if not b.items)
-    groups = sharing_groups(masks)
-    fwd = max((sum(fs[i] for i in g) for g in groups), default=0.0)
-    bwd = max((sum(bs[i] for i in g) for g in groups), default=0.0)
+    parts = [self.walk(br.body) for br in block.branches]
+    moved = self._shared_moves([br.move_in for br in block.branches])
+    moved += self._shared_moves([br.move_out for br in block.branches])
+    moved += sum(self._move(mv.src, mv.dst) for mv in block.identity)
+    fwd = max((sum(parts[i][0] for i in g) for g in block.group_index), default=0.0)
+    bwd = max((sum(parts[i][1] for i in g) for g in block.group_index), default=0.0)
     return fwd + moved / 2, bwd + moved / 2
 
-  def _shared_moves(self, edges: list[tuple[str, str]]) -> float:
+  def _shared_moves(self, moves: list[Move]) -> float:
     """Moves that share one end's link, run one after another: the devices of all of them
     are busy for their total time."""
     total, mask = 0.0, 0
-    for src, dst in edges:
-      ms = self._move(src, dst, count_gpu=False)
+    for mv in moves:
+      ms = self._move(mv.src, mv.dst, count_gpu=False)
       if ms > 0:
         total += ms
-        mask |= _mask(self.a[src]) | _mask(self.a[dst])
+        mask |= _mask(self.a[mv.src]) | _mask(self.a[mv.dst])
     self.gpu += bin(mask).count("1") * total
     return total
 

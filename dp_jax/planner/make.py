@@ -39,8 +39,8 @@ MEMORY_PENALTIES_MS_PER_GB = (0.01, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e6)
 def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
               num_devices: int, global_batch: int, amplification_limit: float = math.inf,
               device_counts: str = "divisors", overlap_allreduce: bool = True,
-              amplification_floor_ms: float = 0.3, grad_bytes_per_param: float = 4,
-              optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4,
+              amplification_floor_ms: float = 0.3, gradient_precision: str = "fp32",
+              optimizer: str = "momentum", param_bytes_per_param: float = 4,
               check_memory: bool = True, batch_norm: str = "sync", mode: str = "fastest",
               frontier_limits: Iterable[float] = DEFAULT_LIMITS,
               sharding: Iterable[str] = ("samples",)) -> Plan:
@@ -53,8 +53,7 @@ def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
       num_devices=num_devices, global_batch=global_batch,
       amplification_limit=amplification_limit, device_counts=device_counts,
       overlap_allreduce=overlap_allreduce, amplification_floor_ms=amplification_floor_ms,
-      grad_bytes_per_param=grad_bytes_per_param,
-      optimizer_bytes_per_param=optimizer_bytes_per_param,
+      gradient_precision=gradient_precision, optimizer=optimizer,
       param_bytes_per_param=param_bytes_per_param, check_memory=check_memory,
       batch_norm=batch_norm, sharding=tuple(sharding) if not isinstance(sharding, str)
       else sharding)
@@ -185,6 +184,8 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
         samples=tuple(sample_ranges(opts.global_batch, count // m, m)),
         extra={**entry, "kind": node.kind, "per_device_batch": opts.global_batch // (count // m),
                "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
+               "update_ms": model.layer_update_ms(node.name,
+                                                  sharded.param_share(node, sh)),
                "sync_ms": float(sync_share[node.name]),
                "move_in_ms": float(moved_in.get(node.name, 0.0)),
                "amplification": _amplification(model, amp, node.name, count, sh, column)
@@ -203,13 +204,18 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
           opts.global_batch / dp.iteration_ms * 1e3 if dp.iteration_ms else 0.0,
       "speedup_vs_data_parallel": dp.iteration_ms / ev.iteration_ms if ev.iteration_ms else 1.0,
       "data_parallel_devices": dp_count,
+      # of iteration_ms: the optimizer updates (in compute) and the stage terms (launches,
+      # boundaries), summed over stages; docs/cost_model.md
+      "update_ms": ev.update_ms, "data_parallel_update_ms": dp.update_ms,
+      "stage_overhead_ms": ev.overhead_ms, "data_parallel_stage_overhead_ms": dp.overhead_ms,
       "memory_peak_gb": float(used.max()) / memory.GB,
       "data_parallel_memory_peak_gb": float(dp_used.max()) / memory.GB,
   }
   job = model.cluster.with_num_devices(g)
   more = {
       "stages": [{"devices": [s.placement[0], s.placement[1]], "layers": list(s.layers),
-                  "compute_ms": s.compute_ms, "sync_ms": s.sync_ms} for s in ev.stages],
+                  "compute_ms": s.compute_ms, "sync_ms": s.sync_ms, "update_ms": s.update_ms,
+                  "overhead_ms": s.overhead_ms} for s in ev.stages],
       "moves": [{"src": m.src, "dst": m.dst, "ms": m.ms, "devices": m.devices}
                 for m in ev.moves],
       "topology": {"nodes": job.num_nodes, "devices_per_node": job.devices_per_node,

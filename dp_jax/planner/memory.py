@@ -32,6 +32,7 @@ if TYPE_CHECKING:
   from dp_jax.planner.plan import Plan
 
 GB = 1e9
+MOMENTUM_STATE_BYTES = 4  # the default optimizer's state (PlanOptions.optimizer: momentum)
 
 
 # --- per layer, from the graph (no cost model needed) -----------------------------------------
@@ -43,7 +44,8 @@ def layer_params(node: LayerNode, param_bytes_per_param: float = 4) -> float:
 
 
 def state_bytes(node: LayerNode, grad_bytes_per_param: float = 4,
-                optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4) -> float:
+                optimizer_bytes_per_param: float = MOMENTUM_STATE_BYTES,
+                param_bytes_per_param: float = 4) -> float:
   """Parameters + gradients + optimizer state of one layer, on every device that holds it."""
   return float(node.param_bytes) + layer_params(node, param_bytes_per_param) * (
       grad_bytes_per_param + optimizer_bytes_per_param)
@@ -82,8 +84,8 @@ def split_saved_per_sample(saved: float, in_bytes: float, out_bytes: float,
 
 
 def job_bytes(graph: LayerGraph, batch: int, *, grad_bytes_per_param: float = 4,
-              optimizer_bytes_per_param: float = 8, param_bytes_per_param: float = 4,
-              element_scale: float = 1.0) -> float:
+              optimizer_bytes_per_param: float = MOMENTUM_STATE_BYTES,
+              param_bytes_per_param: float = 4, element_scale: float = 1.0) -> float:
   """One device training the whole model at `batch` (a background job's copy)."""
   return float(sum(state_bytes(n, grad_bytes_per_param, optimizer_bytes_per_param,
                                param_bytes_per_param)
@@ -91,7 +93,8 @@ def job_bytes(graph: LayerGraph, batch: int, *, grad_bytes_per_param: float = 4,
 
 
 def placed_bytes(graph: LayerGraph, plan: Plan, num_devices: int | None = None, *,
-                 grad_bytes_per_param: float = 4, optimizer_bytes_per_param: float = 8,
+                 grad_bytes_per_param: float = 4,
+                 optimizer_bytes_per_param: float = MOMENTUM_STATE_BYTES,
                  param_bytes_per_param: float = 4, element_scale: float = 1.0) -> np.ndarray:
   """(devices,) bytes each device holds under the plan's layers (their devices, sample ranges
   and weight shardings); num_devices defaults to the plan's."""

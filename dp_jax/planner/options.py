@@ -13,6 +13,12 @@ DEVICE_COUNT_MODES = ("divisors", "powers_of_two")
 BATCH_NORM_MODES = ("sync", "local")  # statistics over a stage's whole batch / per device
 MODES = ("fastest", "frontier")
 SHARDING_CHOICES = ("samples", "weights")  # split samples / also weights (out, in, heads)
+# Gradient precision of the all-reduce: bytes per parameter sent (docs/cost_model.md,
+# "Gradient precision").
+GRADIENT_BYTES = {"fp32": 4, "bf16": 2}
+# Optimizer state per parameter, float32 (docs/cost_model.md, "Optimizer update"): plain SGD
+# none, SGD with momentum one buffer, Adam / AdamW two moments.
+OPTIMIZER_STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8, "adamw": 8}
 
 
 @dataclass(frozen=True)
@@ -25,8 +31,8 @@ class PlanOptions:
   device_counts: str = "divisors"
   overlap_allreduce: bool = True
   amplification_floor_ms: float = 0.3  # the original DeepPool exempts layers under 300 us
-  grad_bytes_per_param: int = 4  # gradients all-reduced in fp32
-  optimizer_bytes_per_param: int = 8  # Adam: two fp32 moments
+  gradient_precision: str = "fp32"  # fp32 or bf16 all-reduce (GRADIENT_BYTES)
+  optimizer: str = "momentum"  # sgd, momentum, adam, adamw (OPTIMIZER_STATE_BYTES)
   param_bytes_per_param: int = 4  # only used to count params when a node gives param_bytes alone
   check_memory: bool = True
   batch_norm: str = "sync"  # sync: statistics all-reduced over a layer's devices (priced)
@@ -55,12 +61,25 @@ class PlanOptions:
     f = self.amplification_floor_ms
     if isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 0:
       raise UserError(f"amplification_floor_ms must be a number >= 0, got {f!r}")
-    for key in ("grad_bytes_per_param", "optimizer_bytes_per_param", "param_bytes_per_param"):
-      value = getattr(self, key)
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise UserError(f"{key} must be a number >= 0, got {value!r}")
-    if self.param_bytes_per_param <= 0:
-      raise UserError(f"param_bytes_per_param must be > 0, got {self.param_bytes_per_param!r}")
+    if self.gradient_precision not in GRADIENT_BYTES:
+      raise UserError(f"gradient_precision '{self.gradient_precision}' is unknown "
+                      f"(valid: {', '.join(GRADIENT_BYTES)})")
+    if self.optimizer not in OPTIMIZER_STATE_BYTES:
+      raise UserError(f"optimizer '{self.optimizer}' is unknown "
+                      f"(valid: {', '.join(OPTIMIZER_STATE_BYTES)})")
+    value = self.param_bytes_per_param
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+      raise UserError(f"param_bytes_per_param must be > 0, got {value!r}")
+
+  @property
+  def grad_bytes_per_param(self) -> int:
+    """Bytes per parameter of the gradient all-reduce (gradient_precision)."""
+    return GRADIENT_BYTES[self.gradient_precision]
+
+  @property
+  def optimizer_bytes_per_param(self) -> int:
+    """Optimizer state bytes per parameter (optimizer)."""
+    return OPTIMIZER_STATE_BYTES[self.optimizer]
 
 
 def check_sharding_choices(value) -> tuple[str, ...]:

@@ -192,7 +192,8 @@ def _data_groups(model: CostModel, nbytes: float, p: Placement, m: int, collecti
 
 def layer_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
              ) -> tuple[float, float]:
-  """(fwd + bwd ms, bwd ms) of a weight-sharded layer, with its batch-norm syncs."""
+  """(fwd + bwd + update ms, bwd ms) of a weight-sharded layer, with its batch-norm syncs and
+  the optimizer update of its parameter share."""
   m, _ = sharding
   d = p[1] // m
   node = model.graph.node(name)
@@ -201,9 +202,11 @@ def layer_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
                           model.profile.dtype)
   af, ab = activation_ms(model, name, p, sharding)
   fwd, bwd = t.fwd_ms * rf + af, t.bwd_ms * rb + ab
-  bn = model.bn_bytes[model.row[name]] * param_share(node, sharding)
+  share = param_share(node, sharding)
+  bn = model.bn_bytes[model.row[name]] * share
   sync = _data_groups(model, bn, p, m, group_collective_ms)
-  return fwd + bwd + 2 * sync, bwd + sync
+  update = model.layer_update_ms(name, share)  # each device updates its share
+  return fwd + bwd + update + 2 * sync, bwd + sync
 
 
 def grad_bytes(model: CostModel, name: str, sharding: Sharding | None) -> float:

@@ -19,7 +19,7 @@ rescaled by the profile's level of the whole model over its round's U (net of e;
 between the profile's rounds cancels). Boundaries not measured are interpolated linearly in k
 (nearest outside the measured cuts). A plan's boundary between a stage of per-device batch b1
 and the next of b2 is priced at the mean of the two batches' boundary_k
-(dp_jax.planner.local_overhead.boundaries_ms): a cut prices the first stage's split and the
+(dp_jax.planner.stage_terms): a cut prices the first stage's split and the
 second's start at one device count, and separating the two needs the prefix totals, measured
 in other rounds, whose noise (about 5% of vgg16's step at 2 rounds) exceeds a boundary's
 cost. What this leaves out: the split of a stage that starts after the first layer is priced

@@ -10,7 +10,7 @@ the training loss for the whole model, the mean of the output for a shorter pref
 the global batch B (per-device batch B // g). Layer k's cost is fused(P_k) - fused(P_k-1)
 (through the running maximum, so a noisy prefix never gives a negative cost; a trivial
 program's call stands for P_0, the dispatch being priced per stage call by
-dp_jax.planner.local_overhead), so the costs of any stage that starts at the first layer sum
+dp_jax.planner.stage_terms), so the costs of any stage that starts at the first layer sum
 to its measured program, with the update, the all-reduce and the fusion with neighbours
 inside (meta: includes_update, includes_allreduce).
 

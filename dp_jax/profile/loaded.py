@@ -18,7 +18,7 @@ Cached like dp_jax.profile.measure, with g and the core count in the key.
 Each layer is its own program here, but the runtime runs a stage's layers as one program: so
 the time of an empty round (a trivial program per device, the same threads) is subtracted
 from every forward and backward time (floored at 0), and the runtime's dispatch is priced per
-stage call instead (dp_jax.planner.local_overhead). meta["empty_round_ms"] records it per g.
+stage call instead (dp_jax.planner.stage_terms). meta["empty_round_ms"] records it per g.
 """
 
 from __future__ import annotations

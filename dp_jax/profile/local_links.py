@@ -54,13 +54,25 @@ class LocalCalibration:
   points: dict  # the raw (bytes, ms) medians behind each fit
 
   def cluster(self, base: ClusterSpec) -> ClusterSpec:
-    """`base` with the measured links: all-reduce bandwidth, transfer latency, G devices."""
+    """`base` with the measured links (all-reduce bandwidth, transfer latency, G devices) and
+    stage terms: a stage's program launch (dispatch_us), the host work a boundary adds beyond
+    the added stage's launch (stage_us - dispatch_us, so k stages cost dispatch_us + (k - 1)
+    stage_us) and the update bandwidth of the measured momentum SGD update."""
+    from dp_jax.planner.options import PlanOptions
+    from dp_jax.planner.stage_terms import update_bytes_per_param
+
+    momentum = update_bytes_per_param(PlanOptions(num_devices=1, global_batch=1,
+                                                  optimizer="momentum"))
     return replace(base, name=f"{base.name}_calibrated", num_nodes=1,
                    devices_per_node=self.num_devices,
                    intra_node_bandwidth_GBps=self.allreduce_GBps,
                    intra_node_latency_us=self.transfer_latency_us,
                    inter_node_bandwidth_GBps=self.allreduce_GBps,
-                   inter_node_latency_us=self.transfer_latency_us)
+                   inter_node_latency_us=self.transfer_latency_us,
+                   inter_node_latency_per_doubling_us=0.0,
+                   program_launch_us=self.dispatch_us,
+                   stage_boundary_us=max(self.stage_us - self.dispatch_us, 0.0),
+                   update_memory_GBps=momentum / max(self.update_ns_per_param, 1e-9))
 
 
 def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:

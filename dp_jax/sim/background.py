@@ -6,7 +6,9 @@ sequence of programs for that model alone on one device (dp_jax/multiplex.py, st
 consecutive layers (series-parallel order) grouped while a group's forward and backward each
 stay within piece_ms (DeepPool: be_graph_split_ms, about 0.5 ms; a longer layer stands alone),
 then each group's forward, the last group's forward+backward, each group's backward with its
-optimizer update in reverse. Piece times come from the profile. Memory is the planner's model
+optimizer update in reverse. Piece times come from the profile, plus each layer's optimizer
+update priced as the planner prices it (dp_jax/planner/stage_terms.py: the job's whole model
+on one device, in its backward pieces). Memory is the planner's model
 (dp_jax/planner/memory.py) of the job on one device: parameters, gradients, optimizer state and
 saved activations.
 """
@@ -20,41 +22,50 @@ from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph, flat_layers
 from dp_jax.multiplex import DEFAULT_PIECE_MS, BackgroundJob, layer_groups, step_pieces
 from dp_jax.planner import memory
-from dp_jax.planner.costs import build_cost_model
+from dp_jax.planner.costs import CostModel, build_cost_model
 from dp_jax.planner.options import PlanOptions
 from dp_jax.profile.table import ProfileTable
 
 __all__ = ["DEFAULT_PIECE_MS", "BackgroundJob", "background_job", "check_memory", "job_bytes"]
 
 
-def job_bytes(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, batch: int, *,
-              grad_bytes_per_param: float = 4, optimizer_bytes_per_param: float = 8,
-              param_bytes_per_param: float = 4) -> float:
-  """The planner's memory model of the whole model on one device at `batch`."""
+def job_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, batch: int, *,
+              gradient_precision: str = "fp32", optimizer: str = "momentum",
+              param_bytes_per_param: float = 4) -> CostModel:
+  """The planner's cost model of the whole model on one device at `batch`."""
   opts = PlanOptions(num_devices=1, global_batch=batch, check_memory=False,
-                     grad_bytes_per_param=grad_bytes_per_param,
-                     optimizer_bytes_per_param=optimizer_bytes_per_param,
+                     gradient_precision=gradient_precision, optimizer=optimizer,
                      param_bytes_per_param=param_bytes_per_param)
-  model = build_cost_model(graph, profile, cluster.with_num_devices(1), opts)
+  return build_cost_model(graph, profile, cluster.with_num_devices(1), opts)
+
+
+def job_bytes(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, batch: int,
+              **options) -> float:
+  """The planner's memory model of the whole model on one device at `batch`."""
+  model = job_model(graph, profile, cluster, batch, **options)
   return float(memory.device_bytes(model, {n: (0, 1) for n in model.names})[0])
 
 
 def background_job(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, batch: int, *,
-                   piece_ms: float = DEFAULT_PIECE_MS, **memory_kw) -> BackgroundJob:
-  """The job `graph` at per-device `batch`, timed by `profile`, sized by the planner's model."""
+                   piece_ms: float = DEFAULT_PIECE_MS, **options) -> BackgroundJob:
+  """The job `graph` at per-device `batch`, timed by `profile` with its optimizer update,
+  sized by the planner's model (`options`: gradient_precision, optimizer,
+  param_bytes_per_param)."""
   if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
     raise UserError(f"background batch_per_device must be an integer >= 1, got {batch!r}")
+  model = job_model(graph, profile, cluster, batch, **options)
   names = list(flat_layers(graph.decompose()))
   timings = [profile.lookup(n, batch) for n in names]
-  fwd, bwd = [t.fwd_ms for t in timings], [t.bwd_ms for t in timings]
+  fwd = [t.fwd_ms for t in timings]
+  bwd = [t.bwd_ms + model.layer_update_ms(n) for t, n in zip(timings, names, strict=True)]
   groups = layer_groups(names, fwd, bwd, piece_ms)
   pieces = step_pieces(groups, fwd, bwd)
   ms = np.array([p[2] for p in pieces])
   if not ms.sum() > 0:
     raise UserError(f"background model {graph.model} takes no time at batch {batch} in its "
                     "profile; use a profile with timings for it")
-  return BackgroundJob(graph.model, batch, tuple(f"{p}:{g}" for p, g, _ in pieces), ms,
-                       job_bytes(graph, profile, cluster, batch, **memory_kw),
+  used = float(memory.device_bytes(model, {n: (0, 1) for n in model.names})[0])
+  return BackgroundJob(graph.model, batch, tuple(f"{p}:{g}" for p, g, _ in pieces), ms, used,
                        tuple(tuple(names[i] for i in g) for g in groups))
 
 

@@ -50,6 +50,14 @@ def plan_options(plan: Plan) -> PlanOptions:
   if not isinstance(given, dict):
     raise UserError("plan 'options' must be an object of planner options")
   kw = {k: v for k, v in given.items() if k in _OPTION_NAMES}
+  legacy = {"grad_bytes_per_param": ("gradient_precision", {4: "fp32", 2: "bf16"}),
+            "optimizer_bytes_per_param": ("optimizer", {0: "sgd", 4: "momentum", 8: "adam"})}
+  for old, (new, names) in legacy.items():  # plans written before the named options
+    if old in given and new not in given:
+      if given[old] not in names:
+        raise UserError(f"plan option {old}={given[old]!r} has no {new} (valid: "
+                        f"{', '.join(str(k) for k in names)}); re-make the plan")
+      kw[new] = names[given[old]]
   if kw.get("amplification_limit", 0) is None:
     kw["amplification_limit"] = math.inf
   kw.update(num_devices=plan.num_devices, global_batch=plan.global_batch)

@@ -1,14 +1,16 @@
 """One foreground iteration as a dependency graph of tasks and its schedule, per device range.
 
 Built from the planner's own cost terms (dp_jax/planner/costs.py) on the planner's segments
-(dp_jax/sim/segments.py): the forward pass walks the segments in order, then the backward pass
+(dp_jax/planner/segments.py): the forward pass walks the segments in order, then the backward pass
 walks them in reverse. A stage's layers run one after another on its devices (forward, then
 backward in reverse); its gradient all-reduce runs on the communication stream, one piece per
 layer as soon as that layer's backward is done when the plan overlaps all-reduce with the
 backward pass (else one piece after the stage's backward), then the ring latency once. As in the
-planner, the next backward segment waits for the stage's all-reduce. A move costs half of the
-planner's move_ms forward (activations) and half backward (their gradients), on every device of
-both layouts. A block starts with the fork's sends into all its branches as one move (they
+planner, the next backward segment waits for the stage's all-reduce, and a stage's per-stage
+terms (program launch, boundaries; CostModel.stage_overhead_ms) end its backward. A move
+costs half of the planner's move_ms forward (activations) and half backward (their
+gradients), on every device of both layouts. A block starts with the fork's sends into all
+its branches as one move (they
 share the fork's link); then branch groups run side by side, branches in one group one after
 another; then the join's receives from all branches as one move (they share the join's link);
 identity (fork -> join) moves come last. Backward mirrors the forward order.
@@ -24,8 +26,8 @@ import numpy as np
 from dp_jax.cluster import collective_latency_ms
 from dp_jax.errors import UserError
 from dp_jax.planner.costs import CostModel, Placement, move_ms
+from dp_jax.planner.segments import Block, Move, Segment, Stage, segments
 from dp_jax.planner.sharded import Sharding
-from dp_jax.sim.segments import Block, Move, Segment, Stage, segments
 
 STREAMS = ("compute", "comm")
 KINDS = ("fwd", "bwd", "move", "allreduce", "bg")
@@ -207,17 +209,21 @@ class _Builder:
       if overlap and band[name] > 0:
         comm = self.add(span, "comm", "allreduce", f"all-reduce {name}", band[name],
                         tuple(dict.fromkeys(after + comm)), st.index)
-    if not any(v > 0 for v in band.values()):
-      return after
-    latency = float(collective_latency_ms(self.m.cluster, start, count))
-    label = f"all-reduce stage {st.index}"
-    if overlap:
-      done = self.add(span, "comm", "allreduce", f"{label} latency", latency,
-                      tuple(dict.fromkeys(after + comm)), st.index)
-    else:
-      done = self.add(span, "comm", "allreduce", label, latency + sum(band.values()), after,
-                      st.index)
-    return tuple(dict.fromkeys(after + done))
+    if any(v > 0 for v in band.values()):
+      latency = float(collective_latency_ms(self.m.cluster, start, count))
+      label = f"all-reduce stage {st.index}"
+      if overlap:
+        done = self.add(span, "comm", "allreduce", f"{label} latency", latency,
+                        tuple(dict.fromkeys(after + comm)), st.index)
+      else:
+        done = self.add(span, "comm", "allreduce", label, latency + sum(band.values()), after,
+                        st.index)
+      after = tuple(dict.fromkeys(after + done))
+    # the per-stage terms (program launch, boundaries), at the end of its backward as the
+    # planner charges them (CostModel.stage_overhead_ms)
+    over = self.m.stage_overhead_ms(st.layers[0], st.layers[-1], count)
+    return self.add(span, "compute", "bwd", f"stage {st.index} launch and boundaries", over,
+                    after, st.index)
 
   def move_ms(self, mv: Move) -> float:
     (s0, g0), (s1, g1) = self.a[mv.src], self.a[mv.dst]

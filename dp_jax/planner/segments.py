@@ -1,10 +1,12 @@
-"""A plan cut into stages, moves and fork/join blocks, in the planner evaluation's order.
+"""A plan cut into stages, moves and fork/join blocks: the one stage walk of evaluate and the
+simulator (dp_jax/planner/evaluate.py, dp_jax/sim/timeline.py).
 
-The rules are those of dp_jax/planner/evaluate.py: a stage is a maximal run of chain items on
-the same devices (a fork/join block whose fork, branch layers and join share those devices joins
-the run); an edge between consecutive chain layers on different devices is a move; any other
-block holds its branches, grouped so that branches sharing a device are in one group (they run
-one after another), plus the fork -> join moves of identity branches.
+A stage is a maximal run of chain items on the same devices (a fork/join block whose fork,
+branch layers and join share those devices joins the run); an edge between consecutive chain
+layers on different devices is a move; any other block holds its non-empty branches in branch
+order, grouped so that branches sharing a device are in one group (they run one after
+another), plus the fork -> join moves of identity branches. Stages are numbered in walk order
+(a block's branches in branch order). Pure Python: no JAX.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dp_jax.graph import Chain, LayerGraph, Parallel
-from dp_jax.planner.costs import Placement
 from dp_jax.planner.structure import first_layer, flat_layers, last_layer, sharing_groups
+
+Placement = tuple[int, int]  # (first device, number of devices) of the job
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,14 @@ class Block:
 
   fork: str
   join: str
-  groups: tuple[tuple[Branch, ...], ...]  # groups share no device; branches in a group do
+  branches: tuple[Branch, ...]  # the non-empty branches, in branch order
+  group_index: tuple[tuple[int, ...], ...]  # groups of branches (indices) that share devices
   identity: tuple[Move, ...]  # fork -> join moves of empty branches, charged after the groups
+
+  @property
+  def groups(self) -> tuple[tuple[Branch, ...], ...]:
+    """Groups share no device; branches in a group do (and run one after another)."""
+    return tuple(tuple(self.branches[i] for i in g) for g in self.group_index)
 
 
 Segment = Stage | Move | Block
@@ -114,9 +123,5 @@ def _block(block: Parallel, a: Mapping[str, Placement], counter: list[int]) -> B
       s, c = a[n]
       mask |= ((1 << c) - 1) << s
     masks.append(mask)
-  return Block(block.fork, block.join, _groups(branches, masks), tuple(identity))
-
-
-def _groups(branches: list[Branch], masks: list[int]) -> tuple[tuple[Branch, ...], ...]:
-  """Connected components of 'shares a device', each in branch order, by first branch."""
-  return tuple(tuple(branches[i] for i in g) for g in sharing_groups(masks))
+  groups = tuple(tuple(g) for g in sharing_groups(masks))
+  return Block(block.fork, block.join, tuple(branches), groups, tuple(identity))
