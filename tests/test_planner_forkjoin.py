@@ -14,7 +14,9 @@ import pytest
 from forkjoin_brute import brute_force, planner, random_model, restrictions
 
 from dp_jax.planner import make_plan
-from dp_jax.planner.search import _lane, _lane_plan, build_tables
+from dp_jax.planner.search import build_tables
+from dp_jax.planner.search.chains import _lane
+from dp_jax.planner.search.lanes import _lane_plan
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.metrics import metrics
 
