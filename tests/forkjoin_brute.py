@@ -81,7 +81,7 @@ def brute_force(model) -> tuple[float, dict]:
 def planner(model) -> tuple[float, dict]:
   """The search's assignment and its evaluate() cost (which must be the search's own value)."""
   mask = np.ones(model.compute_ms.shape, dtype=bool)
-  a, value = search(build_tables(model, mask))
+  a, _, value = search(build_tables(model, mask))
   ms = evaluate(model, a).iteration_ms
   assert abs(ms - value) <= 1e-9 * ms, (ms, value)
   return ms, a

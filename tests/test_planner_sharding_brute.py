@@ -31,7 +31,7 @@ from dp_jax.planner import make_plan, sharded, stage_choice
 from dp_jax.planner.costs import build_cost_model, stage_sync_ms
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
-from dp_jax.planner.search import build_tables, chain_shardings, search
+from dp_jax.planner.search import build_tables, search
 from dp_jax.profile.analytic import analytic_profile
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.metrics import metrics
@@ -101,8 +101,8 @@ def test_the_search_value_is_its_plans_evaluation(overlap):
   for seed in range(6):
     model = random_model(seed, layers=4, overlap=overlap)
     t = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool), rule="exact")
-    assignment, value = search(t)
-    ms = evaluate(model, assignment, chain_shardings(t, assignment)).iteration_ms
+    assignment, shardings, value = search(t)
+    ms = evaluate(model, assignment, shardings).iteration_ms
     assert value == pytest.approx(ms, rel=TOLERANCE), seed
 
 

@@ -26,7 +26,7 @@ from dp_jax.planner.evaluate import Evaluation, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import MODES, PlanOptions
 from dp_jax.planner.plan import LayerPlan, Plan
-from dp_jax.planner.search import SHARDING_RULES, build_tables, chain_shardings, search
+from dp_jax.planner.search import SHARDING_RULES, build_tables, search
 from dp_jax.planner.sharded import Sharding
 from dp_jax.profile.table import ProfileTable
 from dp_jax.sharding import layer_sharding, sample_ranges
@@ -131,8 +131,8 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
 
 def _search(tables) -> tuple[dict[str, Placement], dict[str, Sharding]]:
   """The search's assignment and the weight shardings of its layers (empty: none exists)."""
-  assignment, _ = search(tables)
-  return assignment, chain_shardings(tables, assignment)
+  found = search(tables)
+  return found.assignment, found.shardings
 
 
 def _fits(model: CostModel, assignment: Mapping[str, Placement],

@@ -64,6 +64,8 @@ fork/join graphs at G = 4 and assert their margins there.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from dp_jax.planner.costs import Placement
@@ -73,22 +75,30 @@ from dp_jax.planner.search.tables import (
   SHARDING_RULES,
   _Tables,
   build_tables,
-  chain_shardings,
 )
+from dp_jax.planner.sharded import Sharding
 
-__all__ = ["ELEMENTWISE_KINDS", "SHARDING_RULES", "build_tables", "chain_shardings", "search"]
+__all__ = ["ELEMENTWISE_KINDS", "SHARDING_RULES", "Found", "build_tables", "search"]
 
 
-def search(t: _Tables) -> tuple[dict[str, Placement], float]:
-  """The least-cost assignment of the whole graph and its cost (ms per iteration)."""
+class Found(NamedTuple):
+  """What a search found: every layer's placement, the weight-sharded layers' shardings (the
+  rest split samples) and the plan's cost (ms per iteration; infinite and empty: none)."""
+
+  assignment: dict[str, Placement]
+  shardings: dict[str, Sharding]
+  iteration_ms: float
+
+
+def search(t: _Tables) -> Found:
+  """The least-cost plan of the whole graph; reads `t`, writes nothing into it."""
   top = t.model.graph.decompose()
   sol = _solve_chain(t, top, np.zeros((1, len(t.counts))))
   final = sol.value[len(top.items) - 1][0]
   g = int(final.argmin())
   out: dict[str, Placement] = {}
-  t.chained.clear()
-  t.laned.clear()
+  shards: dict[str, Sharding] = {}
   if np.isfinite(final[g]):
-    _place_chain(t, sol, 0, g, out)
-  return out, float(final[g])
+    _place_chain(t, sol, 0, g, out, shards)
+  return Found(out, shards, float(final[g]))
 

@@ -239,8 +239,9 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
 # --- reconstruction --------------------------------------------------------------------------
 
 
-def _place_chain(t: _Tables, sol: _ChainSol, f: int, g: int, out: dict) -> None:
-  """Write the placements of the best plan of `sol` for fork count f and last count g."""
+def _place_chain(t: _Tables, sol: _ChainSol, f: int, g: int, out: dict, shards_out: dict) -> None:
+  """Write the placements (into `out`) and weight shardings (into `shards_out`) of the best plan
+  of `sol` for fork count f and last count g."""
   items, k = sol.chain.items, len(sol.chain.items) - 1
   while True:
     if t.options is None:
@@ -250,22 +251,24 @@ def _place_chain(t: _Tables, sol: _ChainSol, f: int, g: int, out: dict) -> None:
       i, shards = _stage_shardings(t, sol, k, f, g)
     for r, sh in zip(sol.flat[sol.spans[i][0]: sol.spans[k][1]], shards, strict=True):
       out[t.model.names[r]] = (0, int(t.counts[g]))
-      t.chained[t.model.names[r]] = sh
+      if sh is not None:
+        shards_out[t.model.names[r]] = sh
     if i == 0:
       return
     prev = int(sol.arg_in[i][f, g])
     if isinstance(items[i - 1], Parallel):
-      _place_block(t, sol.blocks[i - 1], prev, g, out)
+      _place_block(t, sol.blocks[i - 1], prev, g, out, shards_out)
       k, g = i - 2, prev
     else:
       k, g = i - 1, prev
 
 
-def _place_block(t: _Tables, bs: _BlockSol, f: int, j: int, out: dict) -> None:
+def _place_block(t: _Tables, bs: _BlockSol, f: int, j: int, out: dict, shards_out: dict) -> None:
   if bs.concurrent[f, j]:
-    _, layout = _lane_dp(t, bs.lanes, bs.plan, np.array([f]), np.array([j]), track=True)
+    _, (layout, shards) = _lane_dp(t, bs.lanes, bs.plan, np.array([f]), np.array([j]), track=True)
     out.update(layout)
+    shards_out.update(shards)
     return
   for sol in bs.branches:
-    _place_chain(t, sol, f, int(sol.arg_exit[f, j]), out)
+    _place_chain(t, sol, f, int(sol.arg_exit[f, j]), out, shards_out)
 

@@ -127,7 +127,7 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
   count inside it (lp.options). The groups tier keeps, per state, the partial layout with the
   least partial cost (exact for one lane, a heuristic for more); lp None: packed lanes.
   Partial layouts that cannot beat `bound` are dropped. With track (one fork and one join
-  count), also returns the layout (layer -> placement).
+  count), also returns the layout: (layer -> placement, layer -> weight sharding).
   """
   k, budget, cl = t.counts, t.budget, t.model.cluster
   moves_in, moves_out = t.lane_moves()
@@ -248,7 +248,7 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
   if not track or not np.isfinite(best_fj[0, 0]):
     return best_fj, None
   e, tf, tb = np.unravel_index(int(total[..., 0, 0].argmin()), total.shape[:3])
-  layout, placed = {}, full
+  layout, shards, placed = {}, {}, full
   while placed:
     prev, prev_e, start, c = (int(x) for x in backs[placed][:, e, tf, tb])
     if c >= 0:
@@ -259,9 +259,10 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
       o = lp.options[i][-1 - c]
       layout.update({name: (s, int(k[ci])) for name, (s, ci) in zip(lanes[i].names, o.places,
                                                                     strict=True)})
-      t.laned.update(zip(lanes[i].names, o.shards, strict=False))
+      shards.update((n, sh) for n, sh in zip(lanes[i].names, o.shards, strict=False)
+                    if sh is not None)
     placed, e = prev, prev_e
-  return best_fj, layout
+  return best_fj, (layout, shards)
 
 
 def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
@@ -272,7 +273,8 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
   the devices used so far, and for each state the partial layout with the least partial cost
   is kept (partial costs only grow as lanes are added; exact for two lanes, a heuristic for
   more). Partial layouts already at or above `bound` are dropped (the caller keeps the other
-  mode there). With track (one fork and one join count), also returns the layout.
+  mode there). With track (one fork and one join count), also returns the layout (as
+  _lane_dp: placements, and no weight shardings).
   """
   k, budget = t.counts, t.budget
   moves_in, moves_out = t.lane_moves()
@@ -333,5 +335,5 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
   for from_s, from_c in reversed(history):
     layout.append((int(from_s[at]), int(from_c[at])))
     at = layout[-1][0]
-  return best, {name: (s, int(k[c])) for lane, (s, c) in zip(lanes, layout[::-1], strict=True)
-                for name in lane.names}
+  return best, ({name: (s, int(k[c])) for lane, (s, c) in zip(lanes, layout[::-1], strict=True)
+                 for name in lane.names}, {})

@@ -37,9 +37,6 @@ class _Tables:
   prefix_params: np.ndarray | None = None  # (L, C) bool: the layer all-reduces gradients there
   options: stage_choice.Options | None = None  # weight shardings on the prefix (rule "exact")
   offers: dict | None = None  # (row, column) -> offered weight shardings (None: where allowed)
-  chained: dict = field(default_factory=dict)  # layer -> sharding (None: samples) of the layers
-  # the last reconstruction placed on prefixes
-  laned: dict = field(default_factory=dict)  # the same for layers it placed in concurrent lanes
   edges: dict = field(default_factory=dict)
   lanes: tuple | None = None
 
@@ -106,15 +103,6 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
                  lat=lat, link0=link0, has_params=model.grad_bytes > 0, prefix_band=prefix_band,
                  prefix_params=prefix_params, options=options,
                  offers=offers if options is not None else None)
-
-
-def chain_shardings(t: _Tables, assignment: dict) -> dict:
-  """Weight shardings of the layers the last reconstruction placed (layer -> (m, split)): on
-  prefixes, or in concurrent lanes; the others split samples."""
-  out = {name: sh for name, sh in t.chained.items()
-         if sh is not None and assignment[name][0] == 0}
-  out.update((name, sh) for name, sh in t.laned.items() if sh is not None)
-  return out
 
 
 def _run_sync(t: _Tables, rows: np.ndarray, kind: int) -> np.ndarray:
