@@ -9,7 +9,10 @@ The objective is exactly evaluate() (dp_jax/planner/evaluate.py) over this plan 
   disjoint and anywhere in [0, G) in any order (one group on one lane is allowed too); in
   the exact tier (below) a group of one short branch may also change device count inside its
   lane, its layers on any ranges within the lane [lo, hi) they span, and with weight sharding
-  each of its layers may take any sharding offered on its count.
+  each of its layers may take any sharding offered on its count;
+- a single-input elementwise layer (ELEMENTWISE_KINDS) stays on its producer's devices: a
+  branch that opens with one runs on the fork's devices (serialized: on the fork's count; in a
+  concurrent block its group's lane is the fork's [0, f), beside the other groups' lanes).
 
 Chain DP. V[k][f, g]: least cost of the chain up to node item k, given the enclosing fork
 runs on count f and node k on count g. A stage is a run of items i..k on one count g, so

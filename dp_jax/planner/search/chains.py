@@ -203,7 +203,8 @@ def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
   fwd[:, bad] = INF
   back[:, bad] = INF
   return _Lane(rows, names, float(t.model.out_bytes[fork_row]),
-               float(t.model.out_bytes[t.model.row[last_layer(branch)]]), fwd, back)
+               float(t.model.out_bytes[t.model.row[last_layer(branch)]]), fwd, back,
+               _elementwise(t, names[0]))
 
 
 
@@ -214,17 +215,15 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
   identities = sum(1 for b in block.branches if not b.items)
   serial = identities * enter
   sols, lanes = [], []
-  pinned = False  # a branch opens with an elementwise layer: it stays on the fork's devices
   for branch in block.branches:
     if branch.items:
-      first_elementwise = _elementwise(t, first_layer(branch))
-      pinned |= first_elementwise
-      sol = _solve_chain(t, branch, same if first_elementwise else enter)
+      pinned = _elementwise(t, first_layer(branch))  # it stays on the fork's devices
+      sol = _solve_chain(t, branch, same if pinned else enter)
       _close_branch(t, sol)
       sols.append(sol)
       serial = serial + sol.exit
       lanes.append(_lane(t, branch, fork_row))
-  if lanes and not pinned:
+  if lanes:
     every = np.arange(len(t.counts))
     # lanes only matter where they beat serial (a hair of slack against rounding)
     bound = (serial - identities * enter) * (1 + 1e-9) + 1e-12

@@ -9,7 +9,7 @@ import numpy as np
 from dp_jax.cluster import link_class
 from dp_jax.planner.costs import move_from_parts
 from dp_jax.planner.search.layouts import _options
-from dp_jax.planner.search.tables import INF, _Tables
+from dp_jax.planner.search.tables import INF, _Tables, fork_pin
 
 # Work caps (array cells a block's lane search touches) that pick its tier (module docstring).
 EXACT_CELLS = 5e6
@@ -165,7 +165,8 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
         s = np.arange(last + 1)
         cls = link_class(cl, s, k[c])
         at[key] = (last, s, g.fwd[cls, c], g.bwd[cls, c],
-                   sum(sends(i, c)[0][: last + 1] for i in g.members),
+                   sum(sends(i, c)[0][: last + 1] + fork_pin(lanes[i].pinned, s, c, fsel)
+                       for i in g.members),
                    sum(sends(i, c)[1][: last + 1] for i in g.members))
     return at[key]
 
@@ -297,7 +298,8 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
       if not n:
         continue
       s = shifts[:n]  # shifts ascend, so the lanes that fit are a prefix
-      into = move_from_parts([x[s, c][:, fsel] for x in moves_in], lane.first_bytes)
+      into = move_from_parts([x[s, c][:, fsel] for x in moves_in], lane.first_bytes) + fork_pin(
+          lane.pinned, s, c, fsel)
       out = move_from_parts([x[s, c][:, jsel] for x in moves_out], lane.last_bytes)
       sends = state[0][:n] + into[:, :, None] + out[:, None, :]
       cls = link_class(t.model.cluster, s, k[c])

@@ -9,7 +9,7 @@ import numpy as np
 
 from dp_jax.cluster import link_class
 from dp_jax.planner.costs import move_from_parts, move_parts
-from dp_jax.planner.search.tables import ELEMENTWISE_KINDS, _Lane, _run_sync, _Tables
+from dp_jax.planner.search.tables import ELEMENTWISE_KINDS, INF, _Lane, _run_sync, _Tables
 from dp_jax.planner.sharded import candidates
 
 OPTION_LAYOUTS = 64  # most layouts of one branch the exact tier enumerates
@@ -140,6 +140,8 @@ def _options(t: _Tables, lane: _Lane) -> list | None:
     if ("out", s2, c2) not in memo:
       memo[("out", s2, c2)] = move_from_parts([x[s2, c2] for x in moves_out], lane.last_bytes)
     into, out = memo[("in", s1, c1)], memo[("out", s2, c2)]
+    if lane.pinned:  # on the fork's devices only
+      into = np.where((np.arange(len(k)) == c1) & (s1 == 0), into, INF)
     pool.append(_Option(lo, hi, combo, fwd, bwd, into, out, shards))
   if not pool:
     return []
