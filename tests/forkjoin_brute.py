@@ -9,6 +9,7 @@ that an older plan space could not (the issue's three restrictions, plus off-pre
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -53,9 +54,9 @@ def random_forkjoin(rng: np.random.Generator, max_branches: int = 3, max_depth: 
 
 
 def random_model(seed: int, g: int = 4, b: int = 4, max_branches: int = 3, max_depth: int = 2,
-                 elementwise: float = 0.0):
+                 elementwise: float = 0.0, stage_terms: bool = False):
   """A cost model of a random fork/join graph on g devices, global batch b (`elementwise`:
-  random_forkjoin's share of relu layers in branches)."""
+  random_forkjoin's share of relu layers in branches; `stage_terms`: with_stage_terms)."""
   rng = np.random.default_rng(seed)
   graph = random_forkjoin(rng, max_branches, max_depth, elementwise)
   cluster = ClusterSpec("t", "synthetic", 64, int(rng.choice([1, 2, 4])), 1e6,
@@ -63,7 +64,17 @@ def random_model(seed: int, g: int = 4, b: int = 4, max_branches: int = 3, max_d
                         float(rng.uniform(0.1, 5)), float(rng.uniform(0, 100)))
   profile = linear_profile(graph, [1, 2, 3, 4, 6, 8, 12], rng)
   opts = PlanOptions(num_devices=g, global_batch=b, overlap_allreduce=bool(rng.random() < 0.5))
-  return build_cost_model(graph, profile, cluster, opts)
+  model = build_cost_model(graph, profile, cluster, opts)
+  return with_stage_terms(model, seed) if stage_terms else model
+
+
+def with_stage_terms(model, seed: int):
+  """The model with random nonzero per-stage terms (CostModel.stage_ms, enter_ms, leave_ms)."""
+  rng = np.random.default_rng(seed + 10**6)
+  rows, cols = len(model.names), len(model.counts)
+  return dataclasses.replace(model, stage_ms=rng.uniform(0.05, 2.0, cols),
+                             enter_ms=rng.uniform(0.0, 1.0, (rows, cols)),
+                             leave_ms=rng.uniform(0.0, 1.0, (rows, cols)), _cache={})
 
 
 def placements(model) -> list[tuple[int, int]]:

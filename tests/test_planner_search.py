@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from forkjoin_brute import with_stage_terms
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -113,6 +114,22 @@ def test_dp_equals_brute_force(seed, overlap):
   best = min(evaluate(model, a).iteration_ms
              for a in enum_chain(top, allowed, model.options.num_devices))
   assert value <= best * (1 + 1e-9) + 1e-12  # the space also has count changes inside lanes
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(seed=st.integers(0, 10**6), overlap=st.booleans())
+def test_dp_optimizes_per_stage_terms(seed, overlap):
+  """Random nonzero per-stage terms (CostModel.stage_ms, enter_ms, leave_ms): the search's value
+  is its plan's evaluate() cost, and no plan of the enumerated space is faster."""
+  model, mask, allowed = random_case(seed, overlap)
+  model = with_stage_terms(model, seed)
+  top = model.graph.decompose()
+  assume(space_size(top, allowed, model.options.num_devices) <= 3000)
+  assignment, _, value = search(build_tables(model, mask))
+  assert evaluate(model, assignment).iteration_ms == pytest.approx(value, rel=1e-9)
+  best = min(evaluate(model, a).iteration_ms
+             for a in enum_chain(top, allowed, model.options.num_devices))
+  assert value <= best * (1 + 1e-9) + 1e-12
 
 
 def graph_of(edges: dict[str, list[str]]) -> LayerGraph:

@@ -159,3 +159,21 @@ def test_open_stage_states_price_a_stage_as_stage_sync_ms():
     p, q, _ = stage_choice.prune(*stage_choice.step(p, q, opts, r))
   assert p.min() == pytest.approx(best, rel=1e-12)
   assert p.shape[0] < width ** layers  # dominated states were dropped
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_planner_optimizes_per_stage_terms_with_weight_shardings(overlap):
+  """Random nonzero per-stage terms (CostModel.stage_ms, enter_ms, leave_ms): on chains (the
+  per-stage sharding choice, open-stage states with overlap) the search's value is its plan's
+  evaluate() cost and no (count, sharding) assignment is faster; on a fork/join block no
+  layout of its branches on any ranges with any shardings is faster (sharded lanes)."""
+  for seed in range(6):
+    model = random_model(seed, layers=3, overlap=overlap, stage_terms=True)
+    t = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool), rule="exact")
+    assignment, shardings, value = search(t)
+    assert evaluate(model, assignment, shardings).iteration_ms == pytest.approx(
+        value, rel=TOLERANCE), seed
+    assert margin(seed, layers=3, overlap=overlap, stage_terms=True) <= TOLERANCE, seed
+  for seed in (LANE_SEED, 0, 1):
+    (_, gap, _, _), = survey([seed], overlap=overlap, branches_only=True, stage_terms=True)
+    assert gap <= TOLERANCE, seed

@@ -17,8 +17,10 @@ The objective is exactly evaluate() (dp_jax/planner/evaluate.py) over this plan 
 Chain DP. V[k][f, g]: least cost of the chain up to node item k, given the enclosing fork
 runs on count f and node k on count g. A stage is a run of items i..k on one count g, so
 V[k][:, g] = min over run starts i of Vin[i][:, g] + run(i..k, g), where Vin[i] prices
-everything before i (the move into i, or the block that i joins). Runs may be cut where
-evaluate() would not cut them; that never helps (latency is paid once, exposure is
+everything before i (the move into i, or the block that i joins). A run also pays the cost
+model's per-stage terms (CostModel.stage_ms[g] + enter_ms[i, g] + leave_ms[k, g], all >= 0),
+as does every stage of a branch in a lane. Runs may be cut where evaluate() would not cut
+them; that never helps (latency and per-stage terms are paid once per run, exposure is
 sub-additive), so the minimum is evaluate()'s optimum. Cost O(items^2 C + items C^3) per
 chain with C candidate counts.
 

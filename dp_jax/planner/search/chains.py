@@ -82,6 +82,7 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
   no_start = np.array([k > 0 and isinstance(chain.items[k - 1], str)
                        and _elementwise(t, chain.items[k]) for k in nodes], dtype=bool)
   node_ids = np.array(nodes, dtype=np.int64)
+  stage_in = t.stage_ms[None, :] + t.enter_ms[flat[starts]]  # (nodes, C) a stage's own terms
   items = chain.items
   for k, item in enumerate(items):
     if isinstance(item, Parallel):
@@ -114,6 +115,8 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
         paid = lat[None, :] + cum_paid[e] - cum_paid[s]
         kind[paid < run] = RUN_PAID
         run = np.minimum(run, paid)
+    leave = t.leave_ms[flat[e - 1]][None, :]
+    run = run + stage_in[: i + 1] + leave
     run[(cum_bad[e] - cum_bad[s]) > 0] = INF
     run[no_start[: i + 1]] = INF  # an elementwise layer stays on its producer's devices
     total = vin[: i + 1] + run[:, None, :]
@@ -124,11 +127,11 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
       continue
     sol.kind[k] = kind[best, cols[None, :]]
     if overlap:
-      fresh = None if no_start[i] else vin[i] + lat[None, :]
+      fresh = None if no_start[i] else vin[i] + lat[None, :] + stage_in[i][None, :]
       front = _advance(t, sol, front, spans[k][0], fresh)
       if front is not None:
         state = front[0].argmin(axis=0)
-        value = np.take_along_axis(front[0], state[None], axis=0)[0]
+        value = np.take_along_axis(front[0], state[None], axis=0)[0] + leave
         better = value < sol.value[k]
         sol.value[k] = np.where(better, value, sol.value[k])
         sol.kind[k] = np.where(better, RUN_OPEN, sol.kind[k])
@@ -199,6 +202,7 @@ def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
   bwd = t.bwd_k[:, rows].sum(axis=1)  # (K, C)
   fwd = t.compute_k[:, rows].sum(axis=1) - bwd
   back = np.stack([bwd[kind] + _run_sync(t, rows, kind) for kind in range(len(t.band))])
+  back = back + t.stage_terms(rows[0], rows[-1])[None, :]  # the branch is one stage
   bad = ~t.allowed[rows].all(axis=0)
   fwd[:, bad] = INF
   back[:, bad] = INF

@@ -44,7 +44,8 @@ def _branch_cost(t: _Tables, rows: np.ndarray, places: tuple, memo: dict) -> tup
       (s, c), run = places[i], rows[i: j + 1]
       kind = int(link_class(t.model.cluster, s, t.counts[c]))
       back = t.bwd_k[kind, run, c].sum()
-      memo[key] = (t.compute_k[kind, run, c].sum() - back, back + _run_sync(t, run, kind)[c])
+      memo[key] = (t.compute_k[kind, run, c].sum() - back,
+                   back + _run_sync(t, run, kind)[c] + t.stage_terms(run[0], run[-1])[c])
     fwd, bwd = fwd + memo[key][0], bwd + memo[key][1]
     if j + 1 < len(rows):
       key = (j, places[j], places[j + 1])
@@ -103,7 +104,8 @@ def _sharded_branch_cost(t: _Tables, names: tuple, places: tuple, shards: tuple,
     run = tuple(names[i: j + 1])
     compute, sync = model.stage(run, placed[i], spec)
     back = sum(model.layer_ms(n, placed[i], spec.get(n))[1] for n in run)
-    fwd, bwd = fwd + compute - back, bwd + back + sync
+    terms = t.stage_terms(model.row[run[0]], model.row[run[-1]])[places[i][1]]
+    fwd, bwd = fwd + compute - back, bwd + back + sync + terms
     if j + 1 < len(names):
       half = model.move(names[j], placed[j], placed[j + 1])[0] / 2
       fwd, bwd = fwd + half, bwd + half

@@ -37,8 +37,15 @@ class _Tables:
   prefix_params: np.ndarray | None = None  # (L, C) bool: the layer all-reduces gradients there
   options: stage_choice.Options | None = None  # weight shardings on the prefix (rule "exact")
   offers: dict | None = None  # (row, column) -> offered weight shardings (None: where allowed)
+  stage_ms: np.ndarray | None = None  # (C,) per-stage terms (CostModel; zeros when it has none)
+  enter_ms: np.ndarray | None = None  # (L, C)
+  leave_ms: np.ndarray | None = None  # (L, C)
   edges: dict = field(default_factory=dict)
   lanes: tuple | None = None
+
+  def stage_terms(self, first_row: int, last_row: int) -> np.ndarray:
+    """(C,) the per-stage terms of a stage from row `first_row` to row `last_row`."""
+    return self.stage_ms + self.enter_ms[first_row] + self.leave_ms[last_row]
 
   def edge(self, src_row: int) -> np.ndarray:
     """(C, C) move cost from a layer on prefix count a to one on prefix count b."""
@@ -102,7 +109,19 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
                  compute=compute, bwd=bwd, compute_k=compute_k, bwd_k=bwd_k, band=band,
                  lat=lat, link0=link0, has_params=model.grad_bytes > 0, prefix_band=prefix_band,
                  prefix_params=prefix_params, options=options,
-                 offers=offers if options is not None else None)
+                 offers=offers if options is not None else None, **stage_terms(model))
+
+
+def stage_terms(model: CostModel) -> dict:
+  """The cost model's per-stage terms as arrays (zeros where it has none)."""
+  shape = (len(model.names), len(model.counts))
+  for name in ("stage_ms", "enter_ms", "leave_ms"):
+    value = getattr(model, name)
+    if value is not None and not (np.asarray(value) >= 0).all():
+      raise ValueError(f"CostModel.{name} has negative or NaN entries; the search needs them >= 0")
+  return {"stage_ms": np.zeros(shape[1]) if model.stage_ms is None else np.asarray(model.stage_ms),
+          "enter_ms": np.zeros(shape) if model.enter_ms is None else np.asarray(model.enter_ms),
+          "leave_ms": np.zeros(shape) if model.leave_ms is None else np.asarray(model.leave_ms)}
 
 
 def _run_sync(t: _Tables, rows: np.ndarray, kind: int) -> np.ndarray:
