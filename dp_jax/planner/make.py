@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -171,6 +172,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   for mv in ev.moves:
     moved_in[mv.dst] = moved_in.get(mv.dst, 0.0) + mv.ms
   amp = amplification(model)
+  ranges = functools.cache(lambda b, d, m: tuple(sample_ranges(b, d, m)))  # shared by layers
   layers = []
   for node in model.graph.nodes:
     start, count = assignment[node.name]
@@ -182,7 +184,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
     entry = {} if sh is None else {"sharding": layer_sharding(node, (count // m, m), sh[1])}
     layers.append(LayerPlan(
         name=node.name, devices=tuple(range(start, start + count)),
-        samples=tuple(sample_ranges(opts.global_batch, count // m, m)),
+        samples=ranges(opts.global_batch, count // m, m),
         extra={**entry, "kind": node.kind, "per_device_batch": opts.global_batch // (count // m),
                "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
                "sync_ms": float(sync_share[node.name]),

@@ -129,10 +129,10 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
   Partial layouts that cannot beat `bound` are dropped. With track (one fork and one join
   count), also returns the layout: (layer -> placement, layer -> weight sharding).
   """
-  k, budget, cl = t.counts, t.budget, t.model.cluster
-  moves_in, moves_out = t.lane_moves()
   if lp is None:
     return _packed_lane_dp(t, lanes, fsel, jsel, track, bound)
+  k, budget, cl = t.counts, t.budget, t.model.cluster
+  moves_in, moves_out = t.lane_moves()
   exact = lp.tau_f is not None
   nf, nb = (len(lp.tau_f), len(lp.tau_b)) if exact else (1, 1)
   if not nf * nb:
@@ -278,7 +278,6 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
   _lane_dp: placements, and no weight shardings).
   """
   k, budget = t.counts, t.budget
-  moves_in, moves_out = t.lane_moves()
   shifts = np.array([0], dtype=np.int64)
   shape = (len(fsel), len(jsel))
   state = [np.zeros((1, *shape)) for _ in range(3)]  # moves, forward max, backward max
@@ -287,10 +286,12 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
   for li, lane in enumerate(lanes):
     last = li == len(lanes) - 1
     later = len(lanes) - 1 - li  # every later lane needs at least one device
-    if not last:
-      table = [np.full((budget + 1, *shape), INF) for _ in range(4)]  # total, moves, fwd, bwd
-      from_s = np.full(budget + 1, -1, dtype=np.int64)
-      from_c = np.full(budget + 1, -1, dtype=np.int64)
+    if not last:  # the lane ends this one can reach, one table row each
+      ends = np.unique(np.concatenate([shifts + int(kc) for kc in k]))
+      ends = ends[ends <= budget - later]
+      table = [np.full((len(ends), *shape), INF) for _ in range(4)]  # total, moves, fwd, bwd
+      from_s = np.full(len(ends), -1, dtype=np.int64)
+      from_c = np.full(len(ends), -1, dtype=np.int64)
     for c in range(len(k)):
       if not np.isfinite(lane.fwd[:, c]).any():
         continue
@@ -298,9 +299,10 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
       if not n:
         continue
       s = shifts[:n]  # shifts ascend, so the lanes that fit are a prefix
-      into = move_from_parts([x[s, c][:, fsel] for x in moves_in], lane.first_bytes) + fork_pin(
+      moves_in, moves_out = t.lane_moves_at(s, c)
+      into = move_from_parts([x[:, fsel] for x in moves_in], lane.first_bytes) + fork_pin(
           lane.pinned, s, c, fsel)
-      out = move_from_parts([x[s, c][:, jsel] for x in moves_out], lane.last_bytes)
+      out = move_from_parts([x[:, jsel] for x in moves_out], lane.last_bytes)
       sends = state[0][:n] + into[:, :, None] + out[:, None, :]
       cls = link_class(t.model.cluster, s, k[c])
       fwd = np.maximum(state[1][:n], lane.fwd[cls, c][:, None, None])
@@ -313,7 +315,7 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
           best_at = (int(s[cand[:, 0, 0].argmin()]), c)
         np.minimum(best, low, out=best)
       else:
-        target = s + k[c]
+        target = np.searchsorted(ends, s + k[c])
         better = cand < table[0][target]
         if track:
           pick = better[:, 0, 0]
@@ -323,9 +325,10 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
     if not last:
       if bound is not None:
         table[0][table[0] >= bound] = INF
-      shifts = np.flatnonzero(np.isfinite(table[0]).any(axis=(1, 2)))
-      state = [tab[shifts] for tab in table[1:]]
-      history.append((from_s, from_c))
+      reached = np.flatnonzero(np.isfinite(table[0]).any(axis=(1, 2)))
+      shifts = ends[reached]
+      state = [tab[reached] for tab in table[1:]]
+      history.append((ends, from_s, from_c))
       if not len(shifts):
         break
   if not track:
@@ -334,8 +337,9 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
     return best, None
   layout = [best_at]
   at = best_at[0]
-  for from_s, from_c in reversed(history):
-    layout.append((int(from_s[at]), int(from_c[at])))
+  for ends, from_s, from_c in reversed(history):
+    row = int(np.searchsorted(ends, at))
+    layout.append((int(from_s[row]), int(from_c[row])))
     at = layout[-1][0]
   return best, ({name: (s, int(k[c])) for lane, (s, c) in zip(lanes, layout[::-1], strict=True)
                  for name in lane.names}, {})
