@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -166,8 +167,15 @@ def link_class(cluster: ClusterSpec, start, count):
   return np.where(spans, least, 0).astype(np.int64)
 
 
+@cache
 def class_bus_GBps(cluster: ClusterSpec) -> np.ndarray:
-  """(devices_per_node + 1,) bus bandwidth of a collective per link class."""
+  """(devices_per_node + 1,) bus bandwidth of a collective per link class (read-only: cached)."""
+  out = _class_bus_GBps(cluster)
+  out.setflags(write=False)
+  return out
+
+
+def _class_bus_GBps(cluster: ClusterSpec) -> np.ndarray:
   k = np.arange(cluster.devices_per_node + 1)
   if cluster.collectives == "flat":
     return np.where(k == 0, cluster.intra_node_bandwidth_GBps, cluster.inter_node_bandwidth_GBps)
@@ -192,11 +200,26 @@ def class_latency_ms(cluster: ClusterSpec, count) -> np.ndarray:
 
 def bus_bandwidth_GBps(cluster: ClusterSpec, start, count):
   """Bus bandwidth of a collective over devices [start, start + count)."""
+  if isinstance(start, int) and isinstance(count, int):  # one range: cached
+    return _range_link(cluster, start, count)[0]
   return class_bus_GBps(cluster)[link_class(cluster, start, count)]
 
 
 def collective_latency_ms(cluster: ClusterSpec, start, count):
   """Latency of one collective over devices [start, start + count) (0 on one device)."""
+  if isinstance(start, int) and isinstance(count, int):  # one range: cached
+    return _range_link(cluster, start, count)[1]
+  return _latency_ms(cluster, start, count)
+
+
+@cache
+def _range_link(cluster: ClusterSpec, start: int, count: int) -> tuple[float, float]:
+  """(bus bandwidth, latency) of one range, as the array versions price it."""
+  return (float(class_bus_GBps(cluster)[link_class(cluster, start, count)]),
+          float(_latency_ms(cluster, start, count)))
+
+
+def _latency_ms(cluster: ClusterSpec, start, count):
   cls = link_class(cluster, start, count)
   table = class_latency_ms(cluster, count)
   return np.take_along_axis(table, np.asarray(cls)[None, ...], axis=0)[0] if np.ndim(cls) else (
@@ -249,14 +272,23 @@ def p2p_link(cluster: ClusterSpec, first, last):
 # --- strided groups (a 2-D mesh's data axis: devices first, first + stride, ...) ---------------
 
 
+@cache
 def strided_link_class(cluster: ClusterSpec, first: int, count: int, stride: int) -> int:
   """link_class of the devices first + i stride, i < count: 0 inside one node, else the devices
   of its least-populated node (stride 1 is link_class of the range)."""
-  per_node: dict[int, int] = {}
-  for i in range(count):
-    node = cluster.node_of(first + i * stride)
-    per_node[node] = per_node.get(node, 0) + 1
-  return 0 if len(per_node) <= 1 else min(per_node.values())
+  return int(strided_link_classes(cluster, [first], count, stride)[0])
+
+
+def strided_link_classes(cluster: ClusterSpec, firsts, count: int, stride: int) -> np.ndarray:
+  """strided_link_class of the group starting at each of `firsts` (one array pass)."""
+  firsts = np.asarray(firsts, dtype=np.int64).reshape(-1, 1)
+  nodes = (firsts + stride * np.arange(count)) // cluster.devices_per_node  # ascending per row
+  run = np.concatenate([np.zeros((len(firsts), 1), dtype=np.int64),
+                        np.cumsum(np.diff(nodes, axis=1) != 0, axis=1)], axis=1)
+  per_node = np.bincount((run + count * np.arange(len(firsts))[:, None]).ravel(),
+                         minlength=len(firsts) * count).reshape(len(firsts), count)
+  least = np.where(per_node > 0, per_node, count + 1).min(axis=1)
+  return np.where(run[:, -1] > 0, least, 0).astype(np.int64)
 
 
 def strided_volume_ms(cluster: ClusterSpec, nbytes, first: int, count: int, stride: int,

@@ -35,6 +35,7 @@ class PlanConfig:
   batch_size: int = 32
   graph: str | None = None  # a graph JSON to plan instead of the zoo model
   out: str | None = None  # plan JSON path; default <output dir>/plan.json
+  chart: bool = True  # also draw devices_per_layer.png (imports matplotlib)
   seed: int = 0
 
 
@@ -131,11 +132,13 @@ def plan_task(cfg: Any, run: Run) -> dict[str, Any]:
   plan.save(out)
   rows = layer_rows(plan)
   print_plan(plan, rows)
-  chart = plot_devices_per_layer(plan, out_dir / "devices_per_layer.png")
   run.log_table("plan_layers", COLUMNS, rows)
-  run.log_image("devices_per_layer", chart)
+  print(f"plan: {out}")
+  if cfg.chart:
+    chart = plot_devices_per_layer(plan, out_dir / "devices_per_layer.png")
+    run.log_image("devices_per_layer", chart)
+    print(f"chart: {chart}")
   p = plan.predicted
-  print(f"plan: {out}\nchart: {chart}")
   return {"model": plan.model, "num_devices": plan.num_devices, "global_batch": plan.global_batch,
           "cluster": plan.cluster, "amplification_limit": plan.amplification_limit,
           "iteration_ms": p["iteration_ms"], "gpu_ms": p["gpu_ms"],

@@ -134,7 +134,8 @@ class Run:
     if self.wandb_run is None:
       return
     try:
-      self.wandb_run.config.update({"devices": device_summary()}, allow_val_change=True)
+      if "jax" in sys.modules:  # an app that never used JAX does not import it to describe it
+        self.wandb_run.config.update({"devices": device_summary()}, allow_val_change=True)
     except Exception as e:  # noqa: BLE001
       log.warning("could not record the device summary: %s", e)
     self._safe(self.wandb_run.finish, exit_code=exit_code)

@@ -19,7 +19,7 @@ import itertools
 import math
 
 import numpy as np
-from forkjoin_brute import branch_mask
+from forkjoin_brute import branch_mask, with_stage_terms
 
 from dp_jax.cluster import ClusterSpec
 from dp_jax.graph import LayerGraph, LayerNode
@@ -88,9 +88,10 @@ def random_forkjoin(rng: np.random.Generator, depth: int = 1, branches: int = 2)
 
 
 def random_model(seed: int, layers: int = 3, overlap: bool | None = None,
-                 forkjoin: bool = False, branches: int = 2):
+                 forkjoin: bool = False, branches: int = 2, stage_terms: bool = False):
   """A cost model of a random chain (or fork/join block: `layers` is then the branch depth) on
-  G = 4 devices, B = 4 or 8, weight sharding allowed."""
+  G = 4 devices, B = 4 or 8, weight sharding allowed (`stage_terms`: random per-stage terms,
+  forkjoin_brute.with_stage_terms)."""
   rng = np.random.default_rng(seed)
   graph = random_forkjoin(rng, layers, branches) if forkjoin else random_chain(rng, layers)
   batch = int(rng.choice([4, 8]))
@@ -102,7 +103,8 @@ def random_model(seed: int, layers: int = 3, overlap: bool | None = None,
     overlap = bool(rng.random() < 0.5)
   opts = PlanOptions(num_devices=4, global_batch=batch, overlap_allreduce=overlap,
                      check_memory=False, sharding=WEIGHTS)
-  return build_cost_model(graph, profile, cluster, opts)
+  model = build_cost_model(graph, profile, cluster, opts)
+  return with_stage_terms(model, seed) if stage_terms else model
 
 
 def choices(model, name: str, anywhere: bool = False
@@ -172,14 +174,14 @@ def off_prefix(assignment: dict) -> set[str]:
 
 
 def survey(seeds, overlap: bool, layers: int = 1, branches_only: bool = False,
-           branches: int = 2) -> list[tuple]:
+           branches: int = 2, stage_terms: bool = False) -> list[tuple]:
   """(seed, margin of the brute force over every placement and sharding, the winner's
   concurrent weight-sharded layers, its off-prefix layers) per fork/join seed;
   `branches_only`: the fork and the join stay on prefixes (a quicker check of the lanes)."""
   rows = []
   for seed in seeds:
     model = random_model(seed, layers=layers, overlap=overlap, forkjoin=True,
-                         branches=branches)
+                         branches=branches, stage_terms=stage_terms)
     ends = {model.names[0], model.names[-1]}
     anywhere = frozenset(set(model.names) - ends) if branches_only else True
     best, a, s = brute_force(model, anywhere=anywhere)

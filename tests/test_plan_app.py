@@ -86,3 +86,29 @@ def test_a_profile_extrapolated_beyond_its_batches_is_warned_and_recorded(tmp_pa
   assert plan["profile"]["extrapolated_batches"] == [2, 4, 8]
   assert plan["made_for"] == {"name": "toy", "input_shape": [], "layers": 4, "options": {}}
   assert plan["cluster_config"]["name"] == "a100_nvlink_8"
+
+
+def test_a_known_graph_plans_without_jax_matplotlib_or_wandb(tmp_path):
+  """With the graph given as JSON, chart=false and W&B off the app imports none of JAX,
+  matplotlib and wandb (it still writes the plan and its table)."""
+  import os
+  import subprocess
+  import sys
+
+  from apps import REPO
+
+  gpath, ppath = write_graph_and_profile(tmp_path)
+  out = tmp_path / "plan.json"
+  env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
+  result = subprocess.run(
+      [sys.executable, "-X", "importtime", "-m", "dp_jax.plan", f"graph={gpath}",
+       f"profile={ppath}", "cluster=a100_nvlink_8", "cluster.num_devices=4", "batch_size=8",
+       f"out={out}", "logger=disabled", "chart=false", f"hydra.run.dir={tmp_path}/run"],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+              if line.startswith("import time:")}
+  assert "dp_jax.planner.search" in imported  # the report is complete
+  assert not imported & {"jax", "matplotlib", "wandb", "flax"}, imported & {"jax", "matplotlib"}
+  assert [lp.name for lp in Plan.load(out).layers] == ["a", "b", "c", "d"]
+  assert not (tmp_path / "run" / "devices_per_layer.png").exists()

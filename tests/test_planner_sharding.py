@@ -25,7 +25,7 @@ from dp_jax.planner import Plan, make_plan, memory, sharded
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
-from dp_jax.planner.search import build_tables, chain_shardings, search
+from dp_jax.planner.search import build_tables, search
 from dp_jax.profile.analytic import analytic_profile
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.metrics import metrics
@@ -179,12 +179,11 @@ def test_offers_limit_the_shardings_and_place_a_layer_samples_cannot_take():
   allowed[r, :] = False
   allowed[r, 0] = True  # fc1 splits samples on one device only
   t = build_tables(model, allowed, rule="exact")  # no offers: shardings only where samples is
-  assignment, _ = search(t)
-  assert assignment["fc1"] == (0, 1) and "fc1" not in chain_shardings(t, assignment)
+  assignment, shardings, _ = search(t)
+  assert assignment["fc1"] == (0, 1) and "fc1" not in shardings
   t = build_tables(model, allowed, rule="exact", offers={(r, c): ((8, "out"),)})
   assert [sh for sh in t.options.shardings[r][c] if sh] == [(8, "out")]
-  assignment, value = search(t)
-  shardings = chain_shardings(t, assignment)
+  assignment, shardings, value = search(t)
   assert assignment["fc1"] == (0, 8) and shardings["fc1"] == (8, "out")
   assert evaluate(model, assignment, shardings).iteration_ms == pytest.approx(value, rel=1e-9)
 

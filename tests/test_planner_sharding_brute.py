@@ -32,7 +32,7 @@ from dp_jax.planner import make_plan, sharded, stage_choice
 from dp_jax.planner.costs import build_cost_model, stage_sync_ms
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
-from dp_jax.planner.search import build_tables, chain_shardings, search
+from dp_jax.planner.search import build_tables, search
 from dp_jax.profile.analytic import analytic_profile
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.metrics import metrics
@@ -102,8 +102,8 @@ def test_the_search_value_is_its_plans_evaluation(overlap):
   for seed in range(6):
     model = random_model(seed, layers=4, overlap=overlap)
     t = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool), rule="exact")
-    assignment, value = search(t)
-    ms = evaluate(model, assignment, chain_shardings(t, assignment)).iteration_ms
+    assignment, shardings, value = search(t)
+    ms = evaluate(model, assignment, shardings).iteration_ms
     assert value == pytest.approx(ms, rel=TOLERANCE), seed
 
 
@@ -164,3 +164,21 @@ def test_open_stage_states_price_a_stage_as_stage_sync_ms():
     p, q, _ = stage_choice.prune(*stage_choice.step(p, q, opts, r))
   assert p.min() == pytest.approx(best, rel=1e-12)
   assert p.shape[0] < width ** layers  # dominated states were dropped
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_planner_optimizes_per_stage_terms_with_weight_shardings(overlap):
+  """Random nonzero per-stage terms (CostModel.stage_ms, enter_ms, leave_ms): on chains (the
+  per-stage sharding choice, open-stage states with overlap) the search's value is its plan's
+  evaluate() cost and no (count, sharding) assignment is faster; on a fork/join block no
+  layout of its branches on any ranges with any shardings is faster (sharded lanes)."""
+  for seed in range(6):
+    model = random_model(seed, layers=3, overlap=overlap, stage_terms=True)
+    t = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool), rule="exact")
+    assignment, shardings, value = search(t)
+    assert evaluate(model, assignment, shardings).iteration_ms == pytest.approx(
+        value, rel=TOLERANCE), seed
+    assert margin(seed, layers=3, overlap=overlap, stage_terms=True) <= TOLERANCE, seed
+  for seed in (LANE_SEED, 0, 1):
+    (_, gap, _, _), = survey([seed], overlap=overlap, branches_only=True, stage_terms=True)
+    assert gap <= TOLERANCE, seed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -26,7 +27,7 @@ from dp_jax.planner.evaluate import Evaluation, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import MODES, PlanOptions
 from dp_jax.planner.plan import LayerPlan, Plan
-from dp_jax.planner.search import SHARDING_RULES, build_tables, chain_shardings, search
+from dp_jax.planner.search import SHARDING_RULES, build_tables, search
 from dp_jax.planner.sharded import Sharding
 from dp_jax.profile.table import ProfileTable
 from dp_jax.sharding import layer_sharding, sample_ranges
@@ -130,8 +131,8 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
 
 def _search(tables) -> tuple[dict[str, Placement], dict[str, Sharding]]:
   """The search's assignment and the weight shardings of its layers (empty: none exists)."""
-  assignment, _ = search(tables)
-  return assignment, chain_shardings(tables, assignment)
+  found = search(tables)
+  return found.assignment, found.shardings
 
 
 def _fits(model: CostModel, assignment: Mapping[str, Placement],
@@ -170,6 +171,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   for mv in ev.moves:
     moved_in[mv.dst] = moved_in.get(mv.dst, 0.0) + mv.ms
   amp = amplification(model)
+  ranges = functools.cache(lambda b, d, m: tuple(sample_ranges(b, d, m)))  # shared by layers
   layers = []
   for node in model.graph.nodes:
     start, count = assignment[node.name]
@@ -181,7 +183,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
     entry = {} if sh is None else {"sharding": layer_sharding(node, (count // m, m), sh[1])}
     layers.append(LayerPlan(
         name=node.name, devices=tuple(range(start, start + count)),
-        samples=tuple(sample_ranges(opts.global_batch, count // m, m)),
+        samples=ranges(opts.global_batch, count // m, m),
         extra={**entry, "kind": node.kind, "per_device_batch": opts.global_batch // (count // m),
                "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
                "update_ms": model.layer_update_ms(node.name,

@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dp_jax.cluster import allgather_ms, allreduce_ms, group_collective_ms, strided_volume_ms
+from dp_jax.cluster import (
+  allgather_ms,
+  allreduce_ms,
+  group_collective_ms,
+  link_class,
+  strided_link_classes,
+  strided_volume_ms,
+)
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph, LayerNode
 from dp_jax.profile.analytic import default_params, layer_cost, layer_times_ms
@@ -154,7 +161,16 @@ def _model_groups(fn, cluster, nbytes: float, start: int, d: int, m: int) -> flo
   """The slowest model group's collective (the d groups run side by side)."""
   if m <= 1 or nbytes <= 0:
     return 0.0
-  return float(np.max(fn(cluster, nbytes, start + m * np.arange(d), np.full(d, m))))
+  return max(float(fn(cluster, nbytes, j, m)) for j in _model_group_firsts(cluster, start, d, m))
+
+
+@cache
+def _model_group_firsts(cluster, start: int, d: int, m: int) -> tuple[int, ...]:
+  """First devices of one model group [start + m i, + m) per link class among the d groups (a
+  range's collectives depend on it through its link class and size only)."""
+  firsts = start + m * np.arange(d)
+  classes = link_class(cluster, firsts, m)
+  return tuple(int(firsts[i]) for i in np.unique(classes, return_index=True)[1])
 
 
 def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
@@ -187,7 +203,16 @@ def _data_groups(model: CostModel, nbytes: float, p: Placement, m: int, collecti
   d = count // m
   if d <= 1 or nbytes <= 0:
     return 0.0
-  return max(float(collective(model.cluster, nbytes, start + j, d, m)) for j in range(m))
+  return max(float(collective(model.cluster, nbytes, j, d, m))
+             for j in _data_group_firsts(model.cluster, start, d, m))
+
+
+@cache
+def _data_group_firsts(cluster, start: int, d: int, m: int) -> tuple[int, ...]:
+  """First devices of one data group (d devices, stride m) per link class among the m groups
+  (a strided group's collectives depend on it through its link class and size only)."""
+  classes = strided_link_classes(cluster, start + np.arange(m), d, m)
+  return tuple(start + int(j) for j in np.unique(classes, return_index=True)[1])
 
 
 def layer_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
