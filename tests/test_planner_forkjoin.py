@@ -146,7 +146,7 @@ def issue_model(seed: int = 0):
   graph = LayerGraph("issue", (1,), "float32", nodes)
   cluster = ClusterSpec("t", "synthetic", 4, 2, 1e6, float(rng.uniform(1, 50)),
                         float(rng.uniform(0, 30)), float(rng.uniform(0.1, 5)),
-                        float(rng.uniform(0, 100)))
+                        float(rng.uniform(0, 100)), update_memory_GBps=1e3)
   profile = linear_profile(graph, [1, 2, 4], rng)
   opts = PlanOptions(num_devices=4, global_batch=4, overlap_allreduce=bool(rng.random() < 0.5))
   return build_cost_model(graph, profile, cluster, opts)
