@@ -163,9 +163,8 @@ def simulate_task(cfg: Any, run: Run) -> dict[str, Any]:
   from hydra.core.hydra_config import HydraConfig
 
   from dp_jax import workflow
-  from dp_jax.planner import Plan
-
   from dp_jax.compare import tolerance_of
+  from dp_jax.planner import Plan
 
   interference(cfg)  # bad cap or policy: fail before any planning
   tolerance_of(cfg)
