@@ -73,11 +73,11 @@ def frontier_shapes(rows: list[Row]) -> list[tuple[int, int]]:
 
 
 def frontier_figure(rows: list[Row], cluster: str, path: Path) -> Path:
-  """Per model (rows) and a few shapes (columns): cluster samples/s against iteration time of
-  data parallelism on every d <= G with the background job on the rest (a line over d, d
-  annotated) and of the burst plans with background fill (a line over A); shaded: the d whose
-  foreground is within the tolerance of the headline burst plan's (the matched band); star: the
-  matched baseline."""
+  """Per model (rows) and a few shapes (columns): cluster samples/s against foreground time
+  (log) of data parallelism on every d <= G with the background job on the rest (a line over
+  d, d annotated) and of the burst plans with background fill (a line over A); shaded: the d
+  whose foreground is within the tolerance of the headline burst plan's (the matched band);
+  star: the matched baseline."""
   plt = plots.pyplot()
   sub = [r for r in rows if r["cluster"] == cluster]
   models = plots.ordered({r["model"] for r in sub})
@@ -92,7 +92,7 @@ def frontier_figure(rows: list[Row], cluster: str, path: Path) -> Path:
       _frontier_panel(ax, cell)
       ax.set_title(f"{model}, G={g}, B={b}", fontsize=8)
       if i == len(models) - 1:
-        ax.set_xlabel("foreground ms / iteration", fontsize=8)
+        ax.set_xlabel("foreground time per iteration (ms)", fontsize=8)
       if j == 0:
         ax.set_ylabel("cluster samples/s", fontsize=8)
   handles, labels = plots.legend_entries(ax for row in axes for ax in row)
@@ -104,7 +104,7 @@ def frontier_figure(rows: list[Row], cluster: str, path: Path) -> Path:
 
 def _frontier_panel(ax, cell: list[Row]) -> None:
   """One frontier panel (see frontier_figure)."""
-  from matplotlib.ticker import FuncFormatter
+  from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
   head = next((r for r in cell if _limit(r) == HEADLINE_LIMIT), cell[0] if cell else None)
   front = next((r["data_parallel_frontier"] for r in cell if r.get("data_parallel_frontier")),
@@ -133,24 +133,17 @@ def _frontier_panel(ax, cell: list[Row]) -> None:
             [head["matched_data_parallel_cluster_samples_per_s"]], "*", ms=10,
             color="tab:blue", label="matched DP + background (the fair baseline)")
   ax.set_xscale("log")
-  ax.set_yscale("log")
   plain = FuncFormatter(lambda v, _: f"{v:g}")
-  for axis in (ax.xaxis, ax.yaxis):
-    axis.set_major_locator(plots_log_locator())
-    axis.set_major_formatter(plain)
-    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+  ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=6))
+  ax.xaxis.set_major_formatter(plain)
+  ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+  ax.yaxis.set_major_locator(MaxNLocator(5))
+  ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
   ax.tick_params(labelsize=7, which="both")
   ax.grid(alpha=0.3, which="both")
   if head is not None:
     ax.text(0.98, 0.04, f"vs matched: {simulated.matched_label(head)}", fontsize=6,
             ha="right", transform=ax.transAxes)
-
-
-def plots_log_locator():
-  """Few major ticks on a log axis (1, 2, 5 x 10^k)."""
-  from matplotlib.ticker import LogLocator
-
-  return LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=5)
 
 
 def _limit(r: Row) -> float:

@@ -172,7 +172,7 @@ def swept_params(path: Path) -> dict[str, list[str]]:
                                               or {}).items()}
   for text in (hydra.get("overrides") or {}).get("task") or []:  # command-line sweeps win
     key, value = aggregate.parse_override(str(text))
-    if "," in value and not value.lstrip().startswith(("[", "{")):
+    if key in params or ("," in value and not value.lstrip().startswith(("[", "{"))):
       params[key] = value
   return {k: [v.strip() for v in val.split(",") if v.strip()] for k, val in params.items()}
 
