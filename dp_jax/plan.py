@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from dp_jax.cli import hydra_app
+from dp_jax.compare import ComparisonConfig
 from dp_jax.config import ClusterConfig, LoggerConfig, ModelConfig, PlannerConfig, ProfileConfig
 from dp_jax.tracking import Run
 
@@ -31,6 +32,7 @@ class PlanConfig:
   cluster: ClusterConfig = MISSING
   planner: PlannerConfig = field(default_factory=PlannerConfig)
   profile: ProfileConfig = field(default_factory=ProfileConfig)
+  comparison: ComparisonConfig = field(default_factory=ComparisonConfig)
   logger: LoggerConfig = field(default_factory=LoggerConfig)
   batch_size: int = 32
   graph: str | None = None  # a graph JSON to plan instead of the zoo model
@@ -63,29 +65,83 @@ def _r(v: Any) -> Any:
   return round(v, 4) if isinstance(v, float) and math.isfinite(v) else v
 
 
-def print_plan(plan, rows: list[list[Any]]) -> None:
+def comparisons(graph, profile, cluster, plan, tolerance: float) -> dict[str, Any]:
+  """Predicted: the burst plan against the fastest data parallelism on d <= G devices (the fair
+  baseline) and against data parallelism on all G, each with its margin and verdict."""
+  from dp_jax.compare import compare, fields
+  from dp_jax.sim.engine import cost_model_for, data_parallel_ms
+  from dp_jax.sim.metrics import fastest_data_parallel
+
+  p = plan.predicted
+  d, ms = fastest_data_parallel(data_parallel_ms(cost_model_for(graph, profile, cluster, plan)))
+  return {"comparison_tolerance": tolerance, "best_data_parallel_devices": d,
+          "best_data_parallel_iteration_ms": ms,
+          **fields("speedup_vs_best_data_parallel",
+                   compare(p["iteration_ms"], ms, tolerance, lower_is_better=True)),
+          **fields("speedup", compare(p["iteration_ms"], p["data_parallel_iteration_ms"],
+                                      tolerance, lower_is_better=True))}
+
+
+def fair_comparison(plan, c: dict[str, Any]) -> str:
+  """The predicted comparisons in words: fastest data parallelism on <= G first."""
+  from dp_jax.compare import describe
+
+  p, g, t = plan.predicted, plan.num_devices, c["comparison_tolerance"]
+  return (f"predicted: burst {p['iteration_ms']:.3f} ms/iter vs fastest data parallelism on "
+          f"<= {g} devices ({c['best_data_parallel_devices']} devices, "
+          f"{c['best_data_parallel_iteration_ms']:.3f} ms): "
+          f"{describe(c['speedup_vs_best_data_parallel'], t)}; vs data parallelism on all {g} "
+          f"({p['data_parallel_iteration_ms']:.3f} ms): {describe(c['speedup'], t)}")
+
+
+def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) -> None:
+  """The per-layer table, then the predicted comparisons (`fair`: from comparisons(); without
+  it only data parallelism on all G is known, and the line says so)."""
   from rich.console import Console
   from rich.table import Table
 
   p = plan.predicted
   table = Table(title=f"{plan.model}: B={plan.global_batch} on {plan.num_devices} devices "
-                      f"({plan.cluster}), amplification limit {plan.amplification_limit}")
+                      f"({plan.cluster}), amplification limit {plan.amplification_limit} "
+                      "(predicted)")
   for c in COLUMNS:
     table.add_column(c, justify="left" if c in ("layer", "kind") else "right")
   for row in rows:
     table.add_row(*[str(v) for v in row])
   console = Console(width=140)
   console.print(table)
-  console.print(
-      f"burst: {p['iteration_ms']:.3f} ms/iter, {p['gpu_ms']:.3f} GPU-ms | data parallel: "
-      f"{p['data_parallel_iteration_ms']:.3f} ms/iter, {p['data_parallel_gpu_ms']:.3f} GPU-ms | "
-      f"speed-up {p['data_parallel_iteration_ms'] / p['iteration_ms']:.3f}x, GPU-time saving "
-      f"{1 - p['gpu_ms'] / p['data_parallel_gpu_ms']:.1%} | "
-      f"planned in {plan.planner_seconds:.3f} s")
+  saving = (f"GPU-time saving vs data parallelism on all {plan.num_devices} "
+            f"{1 - p['gpu_ms'] / p['data_parallel_gpu_ms']:.1%} ({p['gpu_ms']:.3f} vs "
+            f"{p['data_parallel_gpu_ms']:.3f} GPU-ms) | planned in {plan.planner_seconds:.3f} s")
+  if fair is None:
+    console.print(f"predicted: burst {p['iteration_ms']:.3f} ms/iter; data parallelism on all "
+                  f"{plan.num_devices}: {p['data_parallel_iteration_ms']:.3f} ms/iter (the "
+                  f"fastest data parallelism on fewer devices was not computed) | {saving}")
+    return
+  console.print(fair_comparison(plan, fair))
+  console.print(saving)
 
 
-def plot_devices_per_layer(plan, path: Path) -> Path:
-  """Bar chart of each layer's device count (PNG)."""
+def chart_title(plan, fair: dict[str, Any] | None = None) -> str:
+  """Predicted; model, B, G, cluster, the amplification limit A, the profile, and the burst
+  plan against the fastest data parallelism on <= G (when `fair` is given) and on all G."""
+  from dp_jax.compare import describe
+
+  p = plan.predicted
+  prof = plan.extra.get("profile") or {}
+  source = " ".join(str(prof[k]) for k in ("source", "device") if prof.get(k)) or "unrecorded"
+  return (f"predicted: {plan.model}, B={plan.global_batch}, G={plan.num_devices} "
+          f"({plan.cluster}), amplification limit A={plan.amplification_limit}, profile "
+          f"{source}\nburst {p['iteration_ms']:.2f} ms/iteration" + (
+              "" if fair is None else
+              f"; fastest DP on <= {plan.num_devices} ({fair['best_data_parallel_devices']} "
+              f"devices) {fair['best_data_parallel_iteration_ms']:.2f} ms: "
+              f"{describe(fair['speedup_vs_best_data_parallel'], fair['comparison_tolerance'])}")
+          + f"; DP on all {plan.num_devices}: {p['data_parallel_iteration_ms']:.2f} ms")
+
+
+def plot_devices_per_layer(plan, path: Path, fair: dict[str, Any] | None = None) -> Path:
+  """Bar chart of each layer's device count (PNG, and PDF beside it)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -96,19 +152,16 @@ def plot_devices_per_layer(plan, path: Path) -> Path:
   ax.bar(range(len(counts)), counts, color="tab:blue", width=0.8)
   ax.axhline(plan.num_devices, color="tab:red", lw=1, ls="--", label=f"G = {plan.num_devices}")
   ax.set_xlabel("layer (topological order)")
-  ax.set_ylabel("devices")
+  ax.set_ylabel("devices of the layer")
   step = max(1, len(counts) // 40)
   ax.set_xticks(range(0, len(counts), step))
   ax.set_xticklabels([plan.layers[i].name for i in range(0, len(counts), step)], rotation=90,
                      fontsize=6)
-  p = plan.predicted
-  ax.set_title(f"{plan.model}, B={plan.global_batch}, G={plan.num_devices} ({plan.cluster}): "
-               f"{p['iteration_ms']:.2f} ms vs data parallel {p['data_parallel_iteration_ms']:.2f}"
-               " ms", fontsize=9)
+  ax.set_title(chart_title(plan, fair), fontsize=9)
   ax.legend(fontsize=8)
-  fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
   plt.close(fig)
   return path
 
@@ -118,7 +171,9 @@ def plan_task(cfg: Any, run: Run) -> dict[str, Any]:
   from hydra.core.hydra_config import HydraConfig
 
   from dp_jax import workflow
+  from dp_jax.compare import tolerance_of
 
+  tolerance = tolerance_of(cfg)
   out_dir = Path(HydraConfig.get().runtime.output_dir)
   cluster = workflow.cluster_spec(cfg.cluster)
   num_devices = workflow.job_devices(cfg.cluster, cluster)
@@ -131,11 +186,12 @@ def plan_task(cfg: Any, run: Run) -> dict[str, Any]:
   run.begin()
   plan.save(out)
   rows = layer_rows(plan)
-  print_plan(plan, rows)
+  fair = comparisons(graph, profile, cluster, plan, tolerance)
+  print_plan(plan, rows, fair)
   run.log_table("plan_layers", COLUMNS, rows)
   print(f"plan: {out}")
   if cfg.chart:
-    chart = plot_devices_per_layer(plan, out_dir / "devices_per_layer.png")
+    chart = plot_devices_per_layer(plan, out_dir / "devices_per_layer.png", fair)
     run.log_image("devices_per_layer", chart)
     print(f"chart: {chart}")
   p = plan.predicted
@@ -144,7 +200,7 @@ def plan_task(cfg: Any, run: Run) -> dict[str, Any]:
           "iteration_ms": p["iteration_ms"], "gpu_ms": p["gpu_ms"],
           "data_parallel_iteration_ms": p["data_parallel_iteration_ms"],
           "data_parallel_gpu_ms": p["data_parallel_gpu_ms"],
-          "speedup": p["data_parallel_iteration_ms"] / p["iteration_ms"],
+          **fair, "fair_comparison": fair_comparison(plan, fair),
           "gpu_time_saving": 1 - p["gpu_ms"] / p["data_parallel_gpu_ms"],
           "weight_sharded_layers": sum(lp.sharding.split != "samples" for lp in plan.layers),
           "memory_peak_gb": p.get("memory_peak_gb"),

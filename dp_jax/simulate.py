@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from dp_jax.cli import hydra_app
+from dp_jax.compare import ComparisonConfig
 from dp_jax.config import (
   BackgroundConfig,
   ClusterConfig,
@@ -53,6 +54,7 @@ class SimulateConfig:
   profile: ProfileConfig = field(default_factory=ProfileConfig)
   background: BackgroundConfig = field(default_factory=BackgroundConfig)
   interference: InterferenceConfig = field(default_factory=InterferenceConfig)
+  comparison: ComparisonConfig = field(default_factory=ComparisonConfig)
   logger: LoggerConfig = field(default_factory=LoggerConfig)
   plan: str | None = None  # a plan JSON to simulate instead of planning
   graph: str | None = None  # a graph JSON to use instead of tracing the zoo model
@@ -99,37 +101,59 @@ def timeline_json(sim, metrics: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
+def gantt_title(m: dict[str, Any], with_background: bool) -> str:
+  """The Gantt headline: simulated, the fair baseline first (matched DP + background, the
+  fastest DP on <= G devices), data parallelism on all G last, each with its margin."""
+  from dp_jax.compare import describe
+
+  t, g = m["comparison_tolerance"], m["num_devices"]
+  head = (f"simulated: {m['model']}, G={g}, B={m['global_batch']}, {m['cluster']} | burst alone "
+          f"{m['alone_iteration_ms']:.2f} ms (planner {m['planner_iteration_ms']:.2f})")
+  fg = (f"foreground vs fastest DP on <= {g} ({m['best_data_parallel_devices']} devices, "
+        f"{m['best_data_parallel_iteration_ms']:.2f} ms): "
+        f"{describe(m['speedup_vs_best_data_parallel_alone'], t)}; vs DP on all {g} "
+        f"({m['data_parallel_iteration_ms']:.2f} ms): "
+        f"{describe(m['speedup_vs_data_parallel_alone'], t)}")
+  if not with_background:
+    return f"{head}\n{fg}"
+  d = m.get("matched_data_parallel_devices")
+  matched = ("no DP on <= G within the tolerance of the burst foreground" if d is None else
+             f"vs matched DP on {d} + background: "
+             f"{describe(m['cluster_throughput_vs_matched_data_parallel'], t)}")
+  return (f"{head}\nwith background {m['background']} x{m['background_batch']} (cap "
+          f"{m['slowdown_cap']:.0%}): {m['iteration_ms']:.2f} ms; cluster throughput {matched}; "
+          f"vs DP alone on all {g}: {describe(m['cluster_throughput_vs_data_parallel'], t)}"
+          f"\n{fg}")
+
+
 def gantt(sim, metrics: dict[str, Any], path: Path) -> Path:
   from dp_jax.sim.gantt import plot_gantt
 
   m = metrics
-  title = (f"{m['model']}: G={m['num_devices']}, B={m['global_batch']}, {m['cluster']} | "
-           f"alone {m['alone_iteration_ms']:.2f} ms (planner {m['planner_iteration_ms']:.2f}, "
-           f"data parallel {m['data_parallel_iteration_ms']:.2f})")
   marks = [("alone iteration", m["alone_iteration_ms"])]
   events = sim.timeline.events()
   if sim.fill is not None:
     events = sim.fill.events
-    title += (f"\nwith background {m['background']} x{m['background_batch']}: "
-              f"{sim.fill.iteration_ms[-1]:.2f} ms (cap {sim.fill.cap:.0%}), "
-              f"{m['background_samples_per_s']:.0f} bg samples/s, cluster "
-              f"{m['cluster_throughput_vs_data_parallel']:.2f}x data parallel")
     marks.append(("slowdown cap", (1 + sim.fill.cap) * m["alone_iteration_ms"]))
-  return plot_gantt(events, sim.plan.num_devices, path, title=title, classes=sim.classes,
-                    marks=marks)
+  return plot_gantt(events, sim.plan.num_devices, path,
+                    title=gantt_title(m, sim.fill is not None), classes=sim.classes, marks=marks)
 
 
 def print_metrics(metrics: dict[str, Any]) -> list[list[Any]]:
   from rich.console import Console
   from rich.table import Table
 
-  rows = [[k, round(v, 4) if isinstance(v, float) else v] for k, v in metrics.items()]
-  table = Table(title=f"simulation of {metrics['model']} on {metrics['num_devices']} devices")
+  rows = [[k, round(v, 4) if isinstance(v, float) else v] for k, v in metrics.items()
+          if k != "fair_comparison"]
+  table = Table(title=f"simulation of {metrics['model']} on {metrics['num_devices']} devices "
+                      "(simulated)")
   table.add_column("metric")
   table.add_column("value", justify="right")
   for k, v in rows:
     table.add_row(k, str(v))
-  Console(width=100).print(table)
+  console = Console(width=100)
+  console.print(table)
+  console.print(metrics["fair_comparison"])
   return rows
 
 
@@ -138,9 +162,11 @@ def simulate_task(cfg: Any, run: Run) -> dict[str, Any]:
   from hydra.core.hydra_config import HydraConfig
 
   from dp_jax import workflow
+  from dp_jax.compare import tolerance_of
   from dp_jax.planner import Plan
 
   interference(cfg)  # bad cap or policy: fail before any planning
+  tolerance_of(cfg)
   out_dir = Path(HydraConfig.get().runtime.output_dir)
   cluster = workflow.cluster_spec(cfg.cluster)
   loaded = Plan.load(cfg.plan) if cfg.plan else None
@@ -180,15 +206,17 @@ def interference(cfg: Any) -> tuple[str, float | None]:
 
 def simulate_and_write(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -> dict[str, Any]:
   """Simulate `plan` alone and with cfg.background; write metrics, timeline and Gantt chart."""
+  from dp_jax.compare import tolerance_of
   from dp_jax.sim.engine import simulate
   from dp_jax.sim.metrics import metrics as compute_metrics
 
+  tolerance = tolerance_of(cfg)
   policy, switch_ms = interference(cfg)
   job = background_for(cfg, graph, profile, cluster, plan)
   t0 = time.perf_counter()
   sim = simulate(graph, profile, cluster, plan, job=job, cap=float(cfg.background.slowdown_cap),
                  switch_ms=switch_ms, policy=policy, iterations=cfg.iterations)
-  m = compute_metrics(sim)
+  m = compute_metrics(sim, tolerance)
   m.update(simulation_s=time.perf_counter() - t0, profile_source=profile.source)
   write_json(out_dir / "metrics.json", m)
   write_json(out_dir / "timeline.json", timeline_json(sim, m), indent=None)

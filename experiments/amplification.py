@@ -27,15 +27,16 @@ from pathlib import Path
 from experiments import plots
 from experiments.fields import (
   PLAN_IDENTITY,
+  judge,
+  judged,
   limit_label,
   number,
   percent,
   pivot,
-  times,
 )
 from experiments.pareto import on_front
 from experiments.report import Row, Study, main
-from experiments.strong_scaling import DERIVED, RESULTS
+from experiments.strong_scaling import COMPARED, DERIVED, RESULTS, VERDICTS
 from experiments.strong_scaling import derive as plan_derive
 
 GROUP = ("model", "cluster", "num_devices", "global_batch")
@@ -57,7 +58,7 @@ def mark_front(rows: list[Row]) -> list[Row]:
     flags = on_front([(r["iteration_ms"], r["gpu_ms"]) for r in members])
     for r, f in zip(members, flags, strict=True):
       r["on_front"] = f
-  return out
+  return [{**r, **judge(r, COMPARED)} for r in out]
 
 
 def figures(rows: list[Row], out: Path) -> list[Path]:
@@ -65,8 +66,8 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
   plt = plots.pyplot()
   shapes = sorted({(r["num_devices"], r["global_batch"]) for r in rows})
   models = list(dict.fromkeys(r["model"] for r in rows))
-  fig, axes = plt.subplots(len(shapes), len(models), squeeze=False,
-                           figsize=(3.3 * len(models), 2.8 * len(shapes) + 0.4))
+  fig, axes = plt.subplots(len(shapes), len(models), squeeze=False, layout="constrained",
+                           figsize=(3.3 * len(models), 2.8 * len(shapes) + 0.9))
   for i, (g, b) in enumerate(shapes):
     for j, m in enumerate(models):
       ax = axes[i][j]
@@ -87,13 +88,12 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
       plots.log_axes(ax)
       ax.tick_params(labelsize=7, which="both")
       ax.grid(alpha=0.3)
-      ax.set_xlabel("iteration ms", fontsize=8)
-      ax.set_ylabel("GPU-ms per iteration", fontsize=8)
+      ax.set_xlabel("iteration time (ms)", fontsize=8)
+      ax.set_ylabel("GPU time per iteration (GPU-ms)", fontsize=8)
   handles, labels = plots.legend_entries(axes.flat)
-  fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
-  fig.suptitle("amplification limit: foreground iteration time vs GPU-time (log-log)",
-               fontsize=10)
-  fig.tight_layout(rect=(0, 0.04, 1, 0.97))
+  fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=7)
+  fig.suptitle("predicted: foreground iteration time vs GPU time as the amplification limit A "
+               "varies (log-log)", fontsize=10)
   return [plots.save(fig, out / "amplification_front.png")]
 
 
@@ -105,18 +105,21 @@ def headline(rows: list[Row]) -> str:
     sub = [r for r in rows if (r["num_devices"], r["global_batch"]) == (g, b)]
     cols = [(f"A={limit_label(a)}", lambda r, a=a: r["amplification_limit"] == a)
             for a in limits]
-    parts.append(f"### G={g}, B={b} ({sub[0]['cluster']}): speed-up over data parallelism "
-                 "(GPU-time saving); * = on the Pareto front\n\n" + pivot(
+    parts.append(f"### G={g}, B={b} ({sub[0]['cluster']}): speed-up over the fastest data "
+                 "parallelism on <= G devices / over data parallelism on all G (GPU-time "
+                 "saving); * = on the Pareto front (predicted)\n\n" + pivot(
                      sub, row_key="model", cols=cols, row_header="model",
-                     value=lambda r: f"{times(r['speedup'])} ({percent(r['gpu_time_saving'])})"
+                     value=lambda r: f"{judged(r, 'speedup_vs_best_data_parallel')} / "
+                                     f"{judged(r, 'speedup')} ({percent(r['gpu_time_saving'])})"
                                      f"{'*' if r['on_front'] else ''}"))
   return "\n".join(parts)
 
 
 STUDY = Study(name="amplification", app="plan", doc=__doc__,
-              columns=(*PLAN_IDENTITY, *RESULTS, *DERIVED, "on_front"),
+              columns=(*PLAN_IDENTITY, *RESULTS, *DERIVED, "on_front", *VERDICTS),
               timing=("planner_seconds",), derive=derive, figures=figures, headline=headline,
-              finish=mark_front)
+              finish=mark_front,
+              kind="predicted", fits=("iteration_ms", "data_parallel_iteration_ms"))
 
 if __name__ == "__main__":
   sys.exit(main(STUDY))

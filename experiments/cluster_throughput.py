@@ -12,13 +12,16 @@ at G = 8, 16, 32 with B = 32 and G = B = 64..1024; burst planner with amplificat
 headline) and inf; background `same_family` (the foreground's model at batch 8 per device, one
 copy per device) in the idle windows under a 10% foreground slowdown cap, policy `fit`
 (docs/simulator.md). All numbers are simulated from the cost model (docs/cost_model.md).
-"cluster / DP" is (foreground + background samples/s) over data parallelism running the
-foreground alone on the same G devices; "/ (fastest DP + BG)" over data parallelism on its
-fastest device count d <= G plus the background job alone on the G - d devices it leaves free;
-"/ (matched DP + BG) @d" over data parallelism on the fewest devices d that are at least as fast
-as the burst foreground plus the background job on the other G - d ("none as fast": no data
-parallelism on d <= G matches the burst foreground). The frontier figures draw, per cell, data
-parallelism on every d <= G with the background job on the rest, beside the burst plans over A.
+The fair comparison comes first: "matched DP + BG @d" is (foreground + background samples/s)
+over the best cluster throughput of data parallelism on any d <= G devices whose foreground is
+within the comparison tolerance of the burst foreground, with the background job on the other
+G - d ("none within tolerance": no data parallelism on d <= G is that fast); then "fastest DP +
+BG" (data parallelism on its fastest d <= G plus the background job on the G - d it leaves
+free) and "DP alone" (data parallelism running the foreground alone on all G). Each ratio comes
+with its verdict: a margin within +-tolerance (`comparison.tolerance`, default the validated
+median error, dp_jax/compare.py) is a tie. The frontier figures draw, per cell, data
+parallelism on every d <= G with the background job on the rest, beside the burst plans over A,
+and shade the tolerance band of the headline burst plan's foreground.
 """
 
 from __future__ import annotations
@@ -28,76 +31,119 @@ import sys
 from pathlib import Path
 
 from experiments import plots, simulated
-from experiments.fields import limit_label, number, pivot, times
+from experiments.fields import judged, limit_label, number, pivot, tally, tolerance
 from experiments.report import Row, Study, main
 
 HEADLINE_LIMIT = 2.0
+FRONTIER_SHAPES = ((8, 32), (32, 32), (128, 128), (1024, 1024))  # columns of the frontier figure
 
 
 def figures(rows: list[Row], out: Path) -> list[Path]:
-  """Ratios to data parallelism against G, the samples/s they come from, and the frontiers."""
+  """Ratios to the baselines against G, the samples/s they come from, and the frontiers."""
   def rates(r: Row) -> list[tuple[str, float | None]]:
     """Samples/s of the burst cell and of the data-parallel baselines."""
-    return [("foreground", r["samples_per_s"]), ("background", r["background_samples_per_s"]),
-            ("cluster", r["cluster_samples_per_s"]),
-            ("DP alone", r["data_parallel_samples_per_s"]),
+    return [("burst foreground", r["samples_per_s"]),
+            ("background", r["background_samples_per_s"]),
+            ("burst + background (cluster)", r["cluster_samples_per_s"]),
+            ("matched DP + BG", r.get("matched_data_parallel_cluster_samples_per_s")),
             ("fastest DP + BG", r["best_data_parallel_cluster_samples_per_s"]),
-            ("matched DP + BG", r.get("matched_data_parallel_cluster_samples_per_s"))]
+            ("DP alone on all G", r["data_parallel_samples_per_s"])]
 
   headline_rows = [r for r in rows if _limit(r) == HEADLINE_LIMIT] or rows
+  a = limit_label(_limit(headline_rows[0]))
+  tol = tolerance(headline_rows[0])
   return [plots.grid(headline_rows, out / "cluster_throughput_ratios.png", panel_row="cluster",
                      panel_col="model", x="num_devices", points=simulated.ratio_points,
-                     xlabel="devices G", ylabel="ratio", style=simulated.ratio_style,
-                     title="burst (A=2) + background vs data parallelism (B=32 up to G=32, "
-                           "then B=G)"),
+                     xlabel="devices G", ylabel=simulated.RATIO_AXIS,
+                     style=simulated.ratio_style, reference=1.0, band=tol,
+                     title=f"simulated: burst (A={a}) + background against data parallelism "
+                           "(B=32 up to G=32, then B=G); shaded: tie band"),
           plots.grid(headline_rows, out / "cluster_throughput_samples.png", panel_row="cluster",
                      panel_col="model", x="num_devices", points=rates, xlabel="devices G",
-                     ylabel="samples/s", title="samples/s: burst (A=2) foreground, background, "
-                                               "cluster; data-parallel baselines"),
+                     ylabel="samples/s", title=f"simulated samples/s: burst (A={a}) foreground, "
+                                               "background, cluster; data-parallel baselines"),
           *[frontier_figure(rows, c, out / f"cluster_throughput_frontier_{c}.png")
             for c in dict.fromkeys(r["cluster"] for r in rows)]]
 
 
+def frontier_shapes(rows: list[Row]) -> list[tuple[int, int]]:
+  """The (G, B) columns of the frontier figure: FRONTIER_SHAPES present, else the first four."""
+  have = sorted({(r["num_devices"], r["global_batch"]) for r in rows})
+  return [s for s in FRONTIER_SHAPES if s in have] or have[:4]
+
+
 def frontier_figure(rows: list[Row], cluster: str, path: Path) -> Path:
-  """Per model and shape: iteration time vs cluster samples/s of data parallelism on every
-  d <= G with the background job on the rest (a line over d), and of the burst plans with
-  background fill (a line over the amplification limit A)."""
+  """Per model (rows) and a few shapes (columns): cluster samples/s against foreground time
+  (log) of data parallelism on every d <= G with the background job on the rest (a line over
+  d, d annotated) and of the burst plans with background fill (a line over A); shaded: the d
+  whose foreground is within the tolerance of the headline burst plan's (the matched band);
+  star: the matched baseline."""
   plt = plots.pyplot()
   sub = [r for r in rows if r["cluster"] == cluster]
   models = plots.ordered({r["model"] for r in sub})
-  shapes = sorted({(r["num_devices"], r["global_batch"]) for r in sub})
-  fig, axes = plt.subplots(len(models), len(shapes), squeeze=False,
-                           figsize=(2.6 * len(shapes), 2.3 * len(models)))
+  shapes = frontier_shapes(sub)
+  fig, axes = plt.subplots(len(models), len(shapes), squeeze=False, layout="constrained",
+                           figsize=(3.6 * len(shapes), 2.9 * len(models) + 1.0))
   for i, model in enumerate(models):
     for j, (g, b) in enumerate(shapes):
       ax = axes[i][j]
       cell = sorted((r for r in sub if r["model"] == model
                      and (r["num_devices"], r["global_batch"]) == (g, b)), key=_limit)
-      front = next((r["data_parallel_frontier"] for r in cell if r.get("data_parallel_frontier")),
-                   None)
-      if front:
-        ax.plot([p["iteration_ms"] for p in front], [p["cluster_samples_per_s"] for p in front],
-                "o-", ms=2, color="tab:gray", label="DP on d <= G + BG on the rest")
-      burst = [(r["iteration_ms"], r["cluster_samples_per_s"], _limit(r)) for r in cell
-               if r.get("iteration_ms") and r.get("cluster_samples_per_s")]
-      if burst:
-        ax.plot([x for x, _, _ in burst], [y for _, y, _ in burst], "s-", ms=4,
-                color="tab:red", label="burst + BG over A")
-        for x, y, a in burst:
-          ax.annotate(limit_label(a), (x, y), fontsize=6)
-      ax.set_xscale("log")
-      ax.set_yscale("log")
-      ax.tick_params(labelsize=6)
-      ax.set_title(f"{model} G={g} B={b}", fontsize=7)
+      _frontier_panel(ax, cell)
+      ax.set_title(f"{model}, G={g}, B={b}", fontsize=8)
       if i == len(models) - 1:
-        ax.set_xlabel("ms / iteration", fontsize=7)
+        ax.set_xlabel("foreground time per iteration (ms)", fontsize=8)
       if j == 0:
-        ax.set_ylabel("cluster samples/s", fontsize=7)
+        ax.set_ylabel("cluster samples/s", fontsize=8)
   handles, labels = plots.legend_entries(ax for row in axes for ax in row)
-  fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=8)
-  fig.suptitle(f"{cluster}: simulated frontiers (up and left is better)", y=0.995, fontsize=9)
-  fig.tight_layout(rect=(0, 0, 1, 0.97))
+  fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8)
+  fig.suptitle(f"simulated, {cluster}: cluster throughput vs foreground time "
+               "(up and left is better)", fontsize=10)
   return plots.save(fig, path)
+
+
+def _frontier_panel(ax, cell: list[Row]) -> None:
+  """One frontier panel (see frontier_figure)."""
+  from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
+
+  head = next((r for r in cell if _limit(r) == HEADLINE_LIMIT), cell[0] if cell else None)
+  front = next((r["data_parallel_frontier"] for r in cell if r.get("data_parallel_frontier")),
+               None)
+  if head is not None and number(head.get("iteration_ms")):
+    tol = tolerance(head)
+    ax.axvspan(0, head["iteration_ms"] * (1 + tol), color="0.9", zorder=0,
+               label=f"DP foreground within {tol:.1%} of burst A={limit_label(HEADLINE_LIMIT)}")
+  if front:
+    xs = [p["iteration_ms"] for p in front]
+    ax.plot(xs, [p["cluster_samples_per_s"] for p in front], "o-", ms=3, color="tab:gray",
+            label="DP on d <= G + background on G - d")
+    for p in front:
+      ax.annotate(f"d={p['devices']}", (p["iteration_ms"], p["cluster_samples_per_s"]),
+                  fontsize=5, xytext=(2, -7), textcoords="offset points", color="tab:gray")
+  burst = [(r["iteration_ms"], r["cluster_samples_per_s"], _limit(r)) for r in cell
+           if r.get("iteration_ms") and r.get("cluster_samples_per_s")]
+  if burst:
+    ax.plot([x for x, _, _ in burst], [y for _, y, _ in burst], "s-", ms=4, color="tab:red",
+            label="burst + background, over A")
+    for x, y, a in burst:
+      ax.annotate(f"A={limit_label(a)}", (x, y), fontsize=6, xytext=(3, 3),
+                  textcoords="offset points", color="tab:red")
+  if head is not None and head.get("matched_data_parallel_devices") is not None:
+    ax.plot([head["matched_data_parallel_iteration_ms"]],
+            [head["matched_data_parallel_cluster_samples_per_s"]], "*", ms=10,
+            color="tab:blue", label="matched DP + background (the fair baseline)")
+  ax.set_xscale("log")
+  plain = FuncFormatter(lambda v, _: f"{v:g}")
+  ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=6))
+  ax.xaxis.set_major_formatter(plain)
+  ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+  ax.yaxis.set_major_locator(MaxNLocator(5))
+  ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+  ax.tick_params(labelsize=7, which="both")
+  ax.grid(alpha=0.3, which="both")
+  if head is not None:
+    ax.text(0.98, 0.04, f"vs matched: {simulated.matched_label(head)}", fontsize=6,
+            ha="right", transform=ax.transAxes)
 
 
 def _limit(r: Row) -> float:
@@ -106,25 +152,34 @@ def _limit(r: Row) -> float:
 
 
 def headline(rows: list[Row]) -> str:
-  """Per cluster at A=2: cluster / DP alone, / fastest DP + BG, / matched DP + BG (its d)."""
+  """Per cluster at A=2: cluster / matched DP + BG (its d) first, then / fastest DP + BG and /
+  DP alone, each with its verdict; and the verdicts counted."""
   parts = []
   rows = [r for r in rows if _limit(r) == HEADLINE_LIMIT] or rows
   for c in dict.fromkeys(r["cluster"] for r in rows):
     sub = [r for r in rows if r["cluster"] == c]
     cols = [(f"G={g} B={b}", lambda r, g=g, b=b: (r["num_devices"], r["global_batch"]) == (g, b))
             for g, b in sorted({(r["num_devices"], r["global_batch"]) for r in sub})]
-    parts.append(f"### {c}, A=2: cluster throughput / data parallelism alone; / (fastest DP + "
-                 "background); / (matched DP + background) @ its devices\n\n" + pivot(
-                     sub, row_key="model", cols=cols, row_header="model",
-                     value=lambda r: f"{times(r['cluster_throughput_vs_data_parallel'])}; "
-                                     f"{times(r['cluster_throughput_vs_best_data_parallel'])}; "
-                                     f"{simulated.matched_label(r)}"))
+    none = sum(r.get("matched_data_parallel_devices") is None for r in sub)
+    parts.append(
+        f"### {c}, A={limit_label(_limit(sub[0]))}: cluster throughput / matched DP + "
+        "background @ its devices; / fastest DP + background; / DP alone on all G (simulated)"
+        "\n\n" + pivot(sub, row_key="model", cols=cols, row_header="model",
+                       value=lambda r: f"{simulated.matched_label(r)}; "
+                                       f"{judged(r, 'cluster_throughput_vs_best_data_parallel')}; "
+                                       f"{judged(r, 'cluster_throughput_vs_data_parallel')}") +
+        f"\nAgainst the matched baseline: "
+        f"{tally(sub, 'cluster_throughput_vs_matched_data_parallel')}, {none} with no data "
+        f"parallelism within the tolerance ({len(sub)} cells). Against data parallelism alone "
+        f"on all G: {tally(sub, 'cluster_throughput_vs_data_parallel')}.\n")
   return "\n".join(parts)
 
 
 STUDY = Study(name="cluster_throughput", app="simulate", doc=__doc__,
-              columns=(*simulated.IDENTITY, *simulated.RESULTS, *simulated.DERIVED),
-              timing=simulated.TIMING, derive=simulated.derive, figures=figures, headline=headline)
+              columns=(*simulated.IDENTITY, *simulated.RESULTS, *simulated.DERIVED,
+                       *simulated.VERDICTS),
+              timing=simulated.TIMING, derive=simulated.derive, figures=figures, headline=headline,
+              kind="simulated", fits=("cluster_samples_per_s",))
 
 if __name__ == "__main__":
   sys.exit(main(STUDY))

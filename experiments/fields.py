@@ -74,3 +74,53 @@ def pivot(rows: Sequence[Row], *, row_key: str, cols: Sequence[tuple[str, Callab
     cells = [next((value(r) for r in sub if pred(r)), "-") for _, pred in cols]
     lines.append("| " + " | ".join([str(k), *cells]) + " |")
   return "\n".join(lines) + "\n"
+
+
+def tolerance(row: Row) -> float:
+  """The cell's comparison tolerance (its summary's), else the validated default."""
+  from dp_jax.compare import VALIDATED_TOLERANCE
+
+  t = number(row.get("comparison_tolerance"))
+  return VALIDATED_TOLERANCE if t is None else t
+
+
+def judge(row: Row, names: Sequence[str]) -> Row:
+  """name_margin and name_verdict of each ratio column (dp_jax/compare.py; None if missing)."""
+  from dp_jax.compare import verdict
+
+  t, out = tolerance(row), {}
+  for name in names:
+    v = number(row.get(name))
+    out[f"{name}_margin"] = None if v is None else v - 1
+    out[f"{name}_verdict"] = None if v is None else verdict(v, t)
+  return out
+
+
+def verdict_columns(names: Sequence[str]) -> tuple[str, ...]:
+  """The margin and verdict columns of `judge` for these ratios."""
+  return tuple(c for n in names for c in (f"{n}_margin", f"{n}_verdict"))
+
+
+def judged(row: Row, name: str) -> str:
+  """'1.07x tie' / '2.11x ahead' ('-' when missing): the ratio and its verdict."""
+  return ratio_verdict(row.get(name), tolerance(row))
+
+
+def ratio_verdict(x: Any, tol: float) -> str:
+  """A ratio and its verdict at tolerance tol: '1.07x tie' ('-' when missing)."""
+  from dp_jax.compare import verdict
+
+  v = number(x)
+  return "-" if v is None else f"{v:.2f}x {verdict(v, tol)}"
+
+
+def tally(rows: Sequence[Row], name: str) -> str:
+  """'3 ahead, 5 tie, 2 behind' over the rows with that ratio (verdicts of `judge`)."""
+  from dp_jax.compare import VERDICTS, verdict
+
+  counts = {k: 0 for k in VERDICTS}
+  for r in rows:
+    v = number(r.get(name))
+    if v is not None:
+      counts[verdict(v, tolerance(r))] += 1
+  return ", ".join(f"{n} {k}" for k, n in counts.items())

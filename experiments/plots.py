@@ -1,4 +1,5 @@
-"""Matplotlib helpers the studies share: a grid of panels with one line per series, as PNG."""
+"""Matplotlib helpers the studies share: a grid of panels with one line per series, saved as
+PNG and PDF with nothing clipped (constrained layout, tight bounding box)."""
 
 from __future__ import annotations
 
@@ -33,19 +34,32 @@ def series_points(rows: Sequence[Row], x: str, points: Points) -> dict[str, list
 
 def grid(rows: Sequence[Row], path: Path, *, panel_row: str, panel_col: str, x: str,
          points: Points, xlabel: str, ylabel: str, title: str, logx: int | None = 2,
-         logy: bool = True, style: Callable[[str], dict] | None = None) -> Path:
-  """One panel per (panel_row, panel_col) value pair, one line per series; saved as PNG."""
+         logy: bool = True, style: Callable[[str], dict] | None = None,
+         reference: float | None = None, band: float | None = None) -> Path:
+  """One panel per (panel_row, panel_col) value pair, one line per series; saved as PNG + PDF.
+
+  `title` should say whether the numbers are predicted, simulated or measured. `reference`: a
+  horizontal line (1 on ratio plots: "as fast as the baseline"); `band`: a shaded +-band around
+  it (the comparison tolerance: a ratio inside it is a tie).
+  """
   plt = pyplot()
   prow, pcol = ordered({r[panel_row] for r in rows}), ordered({r[panel_col] for r in rows})
   fig, axes = plt.subplots(max(1, len(prow)), max(1, len(pcol)), squeeze=False,
-                           figsize=(3.3 * max(1, len(pcol)), 2.7 * max(1, len(prow)) + 0.6))
+                           figsize=(3.4 * max(1, len(pcol)), 2.8 * max(1, len(prow)) + 0.9),
+                           layout="constrained")
   for i, a in enumerate(prow):
     for j, b in enumerate(pcol):
       ax = axes[i][j]
       sub = [r for r in rows if r[panel_row] == a and r[panel_col] == b]
       for label, pts in series_points(sub, x, points).items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=1.2,
-                label=label, **(style(label) if style else {}))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label,
+                **{"marker": "o", "ms": 3, "lw": 1.2, **(style(label) if style else {})})
+      if reference is not None:
+        if band:
+          ax.axhspan(reference * (1 - band), reference * (1 + band), color="0.85", zorder=0,
+                     label=f"tie band (+-{band:.1%})")
+        ax.axhline(reference, color="black", lw=0.8, ls="--", zorder=1,
+                   label=f"y = {reference:g} (as the baseline)")
       ax.set_title(f"{b} | {panel_row}={a}", fontsize=8)
       log_axes(ax, x=logx, y=10 if logy else None)
       ax.tick_params(labelsize=7, which="both")
@@ -55,9 +69,9 @@ def grid(rows: Sequence[Row], path: Path, *, panel_row: str, panel_col: str, x: 
       if j == 0:
         ax.set_ylabel(ylabel, fontsize=8)
   handles, labels = legend_entries(axes.flat)
-  fig.legend(handles, labels, loc="lower center", ncol=min(6, max(1, len(labels))), fontsize=7)
+  fig.legend(handles, labels, loc="outside lower center", ncol=min(4, max(1, len(labels))),
+             fontsize=7)
   fig.suptitle(title, fontsize=10)
-  fig.tight_layout(rect=(0, 0.06, 1, 0.97))
   return save(fig, path)
 
 
@@ -96,8 +110,9 @@ def legend_entries(axes: Iterable[Any]) -> tuple[list, list[str]]:
 
 
 def save(fig, path: Path) -> Path:
-  """Write the figure as PNG and close it."""
+  """Write the figure as PNG (returned) and as PDF beside it, nothing clipped; close it."""
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
   pyplot().close(fig)
   return path

@@ -1,9 +1,16 @@
-"""A study's multirun folder -> CSV, timing CSV, markdown, PNG figures and provenance."""
+"""A study's multirun folder -> CSV, timing CSV, README.md, figures (PNG + PDF), provenance.
+
+Before aggregating, the sweep is checked against the study: a sweep none of whose finished
+cells has the study's results fails with one line; cells missing from the sweep's own grid or
+from the study's grid (conf/experiment/<study>.yaml) are warned about by name and listed in
+the README.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -15,6 +22,7 @@ from dp_jax import aggregate
 from dp_jax.errors import UserError
 
 HEAD = ("job", "cell", "status")
+OVERLAYS = Path(__file__).resolve().parents[1] / "conf" / "experiment"
 TAIL = ("seed", "git_sha", "git_dirty", "error")
 Row = dict[str, Any]
 
@@ -32,6 +40,8 @@ class Study:
   figures: Callable[[list[Row], Path], list[Path]]
   headline: Callable[[list[Row]], str]  # markdown
   finish: Callable[[list[Row]], list[Row]] = list  # columns that need the whole table
+  kind: str = "predicted"  # what its numbers are: predicted, simulated, measured (or a mix)
+  fits: tuple[str, ...] = ()  # summary keys every finished cell of the study's app has
 
   @property
   def csv_columns(self) -> list[str]:
@@ -107,36 +117,123 @@ def sweep_provenance(study: Study, sweep_dir: Path, rows: Sequence[Row]) -> dict
           "sweep_wall_s": None if wall is None else round(wall, 1)}
 
 
-def markdown(study: Study, rows: Sequence[Row], prov: dict[str, Any]) -> str:
-  """The study's markdown report: what it is, how to rerun it, headline tables, failed cells."""
+def markdown(study: Study, rows: Sequence[Row], prov: dict[str, Any],
+             figures: Sequence[Path] = ()) -> str:
+  """The study's README: what it is and how to rerun it (its docstring), what its numbers are,
+  how comparisons are judged, headline tables, figures, missing and failed cells."""
+  from dp_jax.compare import VALIDATED_TOLERANCE
+
   title, _, rest = study.doc.strip().partition("\n")
+  tols = sorted({float(r["comparison_tolerance"]) for r in rows
+                 if r.get("comparison_tolerance") is not None})
+  judged = (f"Comparisons: a margin within +-{', '.join(f'{t:.1%}' for t in tols)} "
+            "(`comparison.tolerance`, default the validated median error) is a tie, not a win "
+            "(dp_jax/compare.py).\n\n" if tols else
+            "" if study.kind == "measured" else
+            f"Comparisons: verdicts use +-{VALIDATED_TOLERANCE:.1%} (the validated median "
+            "error; these cells did not record a tolerance).\n\n")
+  figs = "".join(f"![{p.stem}]({p.name}) ([PDF]({p.with_suffix('.pdf').name}))\n\n"
+                 for p in figures)
+  missing = "".join(f"- {m}\n" for m in prov.get("missing") or [])
   return (f"# {title}\n\n{textwrap.dedent(rest).strip(chr(10))}\n\n"
-          f"Cells: {prov['cells']} ({prov['ok']} ok, {prov['failed']} failed); "
-          f"commit {', '.join(s[:12] for s in prov['git_shas'])}"
-          f"{' (uncommitted changes)' if prov['git_dirty'] else ''}.\n\n"
-          f"{study.headline(ok(rows))}\n{failed_section(rows)}")
+          f"All numbers here are **{study.kind}**. Cells: {prov['cells']} ({prov['ok']} ok, "
+          f"{prov['failed']} failed); commit {', '.join(s[:12] for s in prov['git_shas'])}"
+          f"{' (uncommitted changes)' if prov['git_dirty'] else ''}. Written by "
+          f"`python -m experiments.{study.name} <sweep> --out <this folder>`.\n\n{judged}"
+          f"{study.headline(ok(rows))}\n"
+          + (f"## Figures\n\n{figs}" if figs else "")
+          + (f"## Missing cells\n\n{missing}\n" if missing else "")
+          + failed_section(rows))
+
+
+def check_fits(study: Study, sweep_dir: Path, raw: Sequence[Row]) -> list[str]:
+  """A UserError when no finished cell has the study's results (the sweep is of another app
+  or study); else one warning per finished cell that lacks them."""
+  done = ok(raw)
+  if not study.fits or not done:
+    return []
+  lacking = [r for r in done if any(r.get(k) is None for k in study.fits)]
+  if len(lacking) == len(done):
+    raise UserError(f"{sweep_dir} is not a {study.name} sweep: none of its {len(done)} finished "
+                    f"cells has {', '.join(study.fits)} (sweep it with python -m "
+                    f"dp_jax.{study.app} -m +experiment={study.name}, or aggregate it with its "
+                    "own study)")
+  return [f"cell {r['job']} ({r['cell']}) has no {', '.join(study.fits)}" for r in lacking]
+
+
+def swept_params(path: Path) -> dict[str, list[str]]:
+  """{key: values} of a Hydra sweeper's params in a YAML file (multirun.yaml or an overlay)."""
+  import yaml
+
+  if not path.is_file():
+    return {}
+  hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
+  params = {parse_key(k): str(v) for k, v in ((hydra.get("sweeper") or {}).get("params")
+                                              or {}).items()}
+  for text in (hydra.get("overrides") or {}).get("task") or []:  # command-line sweeps win
+    key, value = aggregate.parse_override(str(text))
+    if key in params or ("," in value and not value.lstrip().startswith(("[", "{"))):
+      params[key] = value
+  return {k: [v.strip() for v in val.split(",") if v.strip()] for k, val in params.items()}
+
+
+def parse_key(key: str) -> str:
+  """'+experiment/shape' -> 'experiment/shape' (as cell overrides are read back)."""
+  return aggregate.parse_override(f"{key}=")[0]
+
+
+def cell_values(raw: Sequence[Row]) -> dict[str, set[str]]:
+  """{key: the values the sweep's cells took} from each cell's own overrides."""
+  seen: dict[str, set[str]] = {}
+  for r in raw:
+    for text in str(r.get("cell") or "").split():
+      key, value = aggregate.parse_override(text)
+      seen.setdefault(key, set()).add(value)
+  return seen
+
+
+def missing_cells(study: Study, sweep_dir: Path, raw: Sequence[Row]) -> list[str]:
+  """What the sweep lacks: cells of its own grid (multirun.yaml) that left no folder, and
+  values of the study's grid (conf/experiment/<study>.yaml) that no cell took."""
+  out = []
+  own = swept_params(sweep_dir / "multirun.yaml")
+  if own:
+    expected = math.prod(len(v) for v in own.values())
+    if len(raw) < expected:
+      out.append(f"the sweep's grid has {expected} cells, {len(raw)} found in {sweep_dir}")
+  seen = cell_values(raw)
+  for key, values in swept_params(OVERLAYS / f"{study.name}.yaml").items():
+    lack = [v for v in values if v not in seen.get(key, set())]
+    if lack:
+      out.append(f"no cells with {key}={','.join(lack)} (in the study's grid, "
+                 f"conf/experiment/{study.name}.yaml): the tables show '-' or leave them out")
+  return out
 
 
 def load(study: Study, sweep_dir: str | Path) -> tuple[list[Row], dict[str, Any]]:
-  """The study's rows of a sweep and the sweep's provenance."""
+  """The study's rows of a sweep and the sweep's provenance (its warnings under 'missing')."""
   sweep_dir = Path(sweep_dir)
   raw = cells(sweep_dir)
-  return table_rows(study, raw), sweep_provenance(study, sweep_dir, raw)
+  missing = check_fits(study, sweep_dir, raw) + missing_cells(study, sweep_dir, raw)
+  for line in missing:
+    print(f"warning: {study.name}: {line}", file=sys.stderr)
+  return table_rows(study, raw), {**sweep_provenance(study, sweep_dir, raw), "missing": missing}
 
 
 def write(study: Study, rows: list[Row], prov: dict[str, Any], out: str | Path) -> dict[str, Path]:
-  """Write CSV, timing CSV (if the study has timing columns), markdown, provenance, PNGs."""
+  """Write CSV, timing CSV (if the study has timing columns), README.md, provenance, figures."""
   out = Path(out)
   out.mkdir(parents=True, exist_ok=True)
   paths = {"csv": aggregate.write_csv(rows, out / f"{study.name}.csv", study.csv_columns)}
   if study.timing:
     paths["timing csv"] = aggregate.write_csv(rows, out / f"{study.name}_timing.csv",
                                               ["job", "cell", "status", *study.timing])
-  paths["markdown"] = out / f"{study.name}.md"
-  paths["markdown"].write_text(markdown(study, rows, prov))
+  figures = study.figures(ok(rows), out) if ok(rows) else []
+  paths["markdown"] = out / "README.md"
+  paths["markdown"].write_text(markdown(study, rows, prov, figures))
   paths["provenance"] = out / "provenance.json"
   paths["provenance"].write_text(json.dumps(prov, indent=1))
-  for png in study.figures(ok(rows), out) if ok(rows) else []:
+  for png in figures:
     paths[f"figure {png.stem}"] = png
   return paths
 

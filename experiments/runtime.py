@@ -85,7 +85,8 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
 
   return [plots.grid(rows, out / "runtime_step_ms.png", panel_row="global_batch",
                      panel_col="model", x="num_devices", points=points, xlabel="devices G",
-                     ylabel="step ms", title="measured step time on the local devices")]
+                     ylabel="step time (ms)", title="measured median step time on the local "
+                                                    "devices (predicted: the planner's)")]
 
 
 def ms(x) -> str:
@@ -99,7 +100,7 @@ def headline(rows: list[Row]) -> str:
   gs = sorted({r["num_devices"] for r in rows}, reverse=True)
   cols = [(f"{p} G={g}", lambda r, p=p, g=g: (r["plan"], r["num_devices"]) == (p, g))
           for g in gs for p in ("data_parallel", "burst")]
-  return ("### Median step ms (burst: speed-up over data parallelism)\n\n" + pivot(
+  return ("### Median step ms (measured; burst: speed-up over data parallelism)\n\n" + pivot(
       rows, row_key="model", cols=cols, row_header="model",
       value=lambda r: ms(r["median_step_ms"]) + (
           f" ({times(r['speedup_vs_data_parallel'])})" if r["plan"] == "burst" else "")))
@@ -108,7 +109,8 @@ def headline(rows: list[Row]) -> str:
 STUDY = Study(name="runtime", app="train", doc=__doc__,
               columns=(*IDENTITY, *RESULTS, *PREDICTED, "speedup_vs_data_parallel"),
               timing=(), derive=derive, figures=figures, headline=headline,
-              finish=add_speedup)
+              finish=add_speedup,
+              kind="measured", fits=("median_step_ms",))
 
 if __name__ == "__main__":
   sys.exit(main(STUDY))

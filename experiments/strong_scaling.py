@@ -31,6 +31,8 @@ from pathlib import Path
 from experiments import plots
 from experiments.fields import (
   PLAN_IDENTITY,
+  judge,
+  judged,
   limit_label,
   number,
   percent,
@@ -38,13 +40,20 @@ from experiments.fields import (
   pivot,
   plan_identity,
   ratio,
-  times,
+  ratio_verdict,
+  tally,
+  tolerance,
+  verdict_columns,
 )
 from experiments.report import Row, Study, main
 
 RESULTS = ("iteration_ms", "gpu_ms", "data_parallel_iteration_ms", "data_parallel_gpu_ms",
-           "speedup", "gpu_time_saving")
+           "speedup", "gpu_time_saving", "best_data_parallel_devices",
+           "best_data_parallel_iteration_ms", "speedup_vs_best_data_parallel")
 DERIVED = ("samples_per_s", "data_parallel_samples_per_s", "idle_fraction")
+# The burst plan against the fastest data parallelism on d <= G (fair) and on all G.
+COMPARED = ("speedup_vs_best_data_parallel", "speedup")
+VERDICTS = ("comparison_tolerance", *verdict_columns(COMPARED))
 HEADLINE_SHAPES = ((8, 32), (32, 32), (1024, 1024))
 
 
@@ -57,7 +66,28 @@ def derive(row: Row) -> Row:
   out["data_parallel_samples_per_s"] = None if dp is None else b / dp * 1e3
   busy = ratio(out["gpu_ms"], None if it is None else g * it)
   out["idle_fraction"] = None if busy is None else 1 - busy
+  out["comparison_tolerance"] = tolerance(row)
   return out
+
+
+def finish(rows: list[Row]) -> list[Row]:
+  """The fastest data parallelism on d <= G from the sweep itself where a cell's summary lacks
+  it (the sweep's cells of the same model, cluster, A and B at G' <= G), then the verdicts."""
+  out = [dict(r) for r in rows]
+  for r in out:
+    if number(r.get("speedup_vs_best_data_parallel")) is not None or number(
+        r.get("iteration_ms")) is None:
+      continue
+    same = [q for q in out if number(q.get("data_parallel_iteration_ms")) is not None and
+            (q["model"], q["cluster"], q["amplification_limit"], q["global_batch"]) ==
+            (r["model"], r["cluster"], r["amplification_limit"], r["global_batch"]) and
+            q["num_devices"] <= r["num_devices"]]
+    best = min(same, key=lambda q: (q["data_parallel_iteration_ms"], q["num_devices"]))
+    r.update(best_data_parallel_devices=best["num_devices"],
+             best_data_parallel_iteration_ms=best["data_parallel_iteration_ms"],
+             speedup_vs_best_data_parallel=ratio(best["data_parallel_iteration_ms"],
+                                                 r["iteration_ms"]))
+  return [{**r, **judge(r, COMPARED)} for r in out]
 
 
 def batch_series(row: Row) -> list[str]:
@@ -77,8 +107,8 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
   paths = []
   for a in sorted({r["amplification_limit"] for r in rows}):
     sub = [r for r in rows if r["amplification_limit"] == a]
-    for y, dp_y, what in (("iteration_ms", "data_parallel_iteration_ms", "iteration ms"),
-                          ("gpu_ms", "data_parallel_gpu_ms", "GPU-ms per iteration")):
+    for y, dp_y, what in (("iteration_ms", "data_parallel_iteration_ms", "iteration time (ms)"),
+                          ("gpu_ms", "data_parallel_gpu_ms", "GPU time per iteration (GPU-ms)")):
       def points(r, y=y, dp_y=dp_y):
         """Burst and data-parallel values of the cell, once per batch series it is in."""
         return [(f"{s} {b}", r[k]) for b in batch_series(r)
@@ -87,8 +117,8 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
       paths.append(plots.grid(
           sub, out / f"strong_scaling_{y}_A{limit_label(a)}.png", panel_row="cluster",
           panel_col="model", x="num_devices", points=points, xlabel="devices G", ylabel=what,
-          title=f"strong scaling: {what}, burst (A={limit_label(a)}) vs data parallel (DP)",
-          style=style))
+          title=f"predicted strong scaling: {what}, burst (A={limit_label(a)}, solid) vs data "
+                "parallelism (DP, dashed)", style=style))
   return paths
 
 
@@ -113,12 +143,14 @@ def best_table(rows: list[Row], a: float) -> str:
   best = [r for r in best_over_g(rows) if r["amplification_limit"] == a and
           r["global_batch"] == 32]
   clusters = list(dict.fromkeys(r["cluster"] for r in best))
+  tol = tolerance(next(iter(rows), {}))
   return (f"### B=32, each at its fastest G <= 32: data parallelism -> burst (A={limit_label(a)})"
-          "\n\n" + pivot(best, row_key="model", row_header="model",
-                          cols=[(c, lambda r, c=c: r["cluster"] == c) for c in clusters],
-                          value=lambda r: f"{r['dp_ms']:.2f} ms @G={r['dp_g']} -> "
-                                          f"{r['burst_ms']:.2f} ms @G={r['burst_g']} "
-                                          f"({times(r['dp_ms'] / r['burst_ms'])})"))
+          " (predicted; the verdict judges the margin against the tolerance)\n\n" + pivot(
+              best, row_key="model", row_header="model",
+              cols=[(c, lambda r, c=c: r["cluster"] == c) for c in clusters],
+              value=lambda r: f"{r['dp_ms']:.2f} ms @G={r['dp_g']} -> "
+                              f"{r['burst_ms']:.2f} ms @G={r['burst_g']} "
+                              f"({ratio_verdict(r['dp_ms'] / r['burst_ms'], tol)})"))
 
 
 def headline(rows: list[Row]) -> str:
@@ -131,16 +163,23 @@ def headline(rows: list[Row]) -> str:
     cols = [(f"{c} G={g} B={b}", lambda r, c=c, g=g, b=b: (r["cluster"], r["num_devices"],
                                                          r["global_batch"]) == (c, g, b))
             for c in clusters for g, b in HEADLINE_SHAPES]
-    parts.append(f"### Amplification limit {limit_label(a)}: burst speed-up over data "
-                 "parallelism (GPU-time saving)\n\n" + pivot(
+    parts.append(f"### Amplification limit {limit_label(a)}: burst speed-up over the fastest "
+                 "data parallelism on <= G devices / over data parallelism on all G (GPU-time "
+                 "saving) (predicted)\n\n" + pivot(
                      sub, row_key="model", cols=cols, row_header="model",
-                     value=lambda r: f"{times(r['speedup'])} ({percent(r['gpu_time_saving'])})"))
+                     value=lambda r: f"{judged(r, 'speedup_vs_best_data_parallel')} / "
+                                     f"{judged(r, 'speedup')} ({percent(r['gpu_time_saving'])})")
+                 + f"\nOver every cell at A={limit_label(a)}, against the fastest data "
+                   f"parallelism on <= G: {tally(sub, 'speedup_vs_best_data_parallel')}; against "
+                   f"data parallelism on all G: {tally(sub, 'speedup')}.\n")
   return "\n".join(parts)
 
 
 STUDY = Study(name="strong_scaling", app="plan", doc=__doc__,
-              columns=(*PLAN_IDENTITY, *RESULTS, *DERIVED), timing=("planner_seconds",),
-              derive=derive, figures=figures, headline=headline)
+              columns=(*PLAN_IDENTITY, *RESULTS, *DERIVED, *VERDICTS),
+              timing=("planner_seconds",), derive=derive, figures=figures, headline=headline,
+              finish=finish,
+              kind="predicted", fits=("iteration_ms", "data_parallel_iteration_ms"))
 
 if __name__ == "__main__":
   sys.exit(main(STUDY))

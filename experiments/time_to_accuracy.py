@@ -149,7 +149,8 @@ def steps_figure(rows: list[Row], out: Path) -> Path:
   plt = plots.pyplot()
   f = fits(rows)
   models = list(dict.fromkeys(r["model"] for r in rows))
-  fig, axes = plt.subplots(len(models), 2, squeeze=False, figsize=(8.4, 3.4 * len(models) + 0.5))
+  fig, axes = plt.subplots(len(models), 2, squeeze=False, figsize=(8.4, 3.4 * len(models) + 0.5),
+                           layout="constrained")
   for (ax_s, ax_e), model in zip(axes, models, strict=True):
     bs, steps = points(rows, model)
     m = f.get(model)
@@ -172,8 +173,8 @@ def steps_figure(rows: list[Row], out: Path) -> Path:
       ax.grid(alpha=0.3)
     ax_s.legend(fontsize=7)
   target = next((r["target"] for r in rows), None)
-  fig.suptitle(f"digits, test accuracy {target}: measured, with McCandlish's fit", fontsize=10)
-  fig.tight_layout()
+  fig.suptitle(f"measured: digits, steps to test accuracy {target}, with McCandlish's fit",
+               fontsize=10)
   return plots.save(fig, out / "time_to_accuracy_steps.png")
 
 
@@ -182,7 +183,7 @@ def devices_figure(rows: list[Row], out: Path) -> Path:
   plt = plots.pyplot()
   table = by_devices(rows)
   panels = list(dict.fromkeys((q["model"], q["step_time_model"]) for q in table))
-  fig, axes = plt.subplots(1, max(1, len(panels)), squeeze=False,
+  fig, axes = plt.subplots(1, max(1, len(panels)), squeeze=False, layout="constrained",
                            figsize=(6.4 * max(1, len(panels)), 4.4))
   colors = {"data_parallel": "tab:orange", "burst": "tab:blue"}
   for ax, (model, step_model) in zip(axes[0], panels, strict=False):
@@ -203,13 +204,12 @@ def devices_figure(rows: list[Row], out: Path) -> Path:
     ax.set_title(f"{model} steps x {model} step time" if step_model == model else
                  f"hypothetical: {model} steps x {step_model} step time", fontsize=9)
     ax.set_xlabel("devices G", fontsize=8)
-    ax.set_ylabel("seconds to the target", fontsize=8)
+    ax.set_ylabel("time to the target (s)", fontsize=8)
     ax.tick_params(labelsize=7, which="both")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
   fig.suptitle("time to accuracy = measured steps x predicted ms per step (dgx_a100); thin "
                "lines: one per B", fontsize=10)
-  fig.tight_layout()
   return plots.save(fig, out / "time_to_accuracy_vs_devices.png")
 
 
@@ -273,7 +273,9 @@ def best_table(best: Sequence[Row]) -> str:
 
 STUDY = Study(name="time_to_accuracy", app="accuracy", doc=__doc__,
               columns=(*IDENTITY, *RESULTS, *FIT), timing=(), derive=derive,
-              figures=figures, headline=headline, finish=add_fit)
+              figures=figures, headline=headline, finish=add_fit,
+              kind="measured steps (times predicted ms per step where labelled)",
+              fits=("best_lr",))
 
 
 def track_fit(sweep_dir: Path, rows: Sequence[Row]) -> None:

@@ -48,12 +48,10 @@ def plan_rows(r: Row) -> list[dict]:
 
 def figures(rows: list[Row], out: Path) -> list[Path]:
   """One scatter of predicted vs measured over every model's plans; per-model CSVs copied."""
-  import matplotlib
+  from experiments import plots
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(6, 5.5))
+  plt = plots.pyplot()
+  fig, ax = plt.subplots(figsize=(6, 5.5), layout="constrained")
   values = []
   for r in rows:
     plans = plan_rows(r)
@@ -74,14 +72,10 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
   ax.fill_between([lo, hi], [lo * 0.8, hi * 0.8], [lo * 1.2, hi * 1.2], color="grey",
                   alpha=0.15, label="+-20%")
   ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
-         xlabel="measured ms / step", ylabel="predicted ms / step",
+         xlabel="measured step time (ms)", ylabel="predicted step time (ms)",
          title="predicted vs measured step time, local devices")
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = out / "scatter.png"
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return [path]
+  return [plots.save(fig, out / "scatter.png")]
 
 
 def headline(rows: list[Row]) -> str:
@@ -99,7 +93,9 @@ def headline(rows: list[Row]) -> str:
 
 STUDY = Study(name="validation", app="validate", doc=__doc__,
               columns=(*IDENTITY, *RESULTS), timing=(), derive=derive, figures=figures,
-              headline=headline)
+              headline=headline,
+              kind="measured (with the cost model's predictions beside)",
+              fits=("median_abs_pct_error",))
 
 if __name__ == "__main__":
   sys.exit(main(STUDY))

@@ -25,7 +25,18 @@ import sys
 from pathlib import Path
 
 from experiments import plots
-from experiments.fields import PLAN_IDENTITY, number, pick, pivot, plan_identity, ratio, times
+from experiments.fields import (
+  PLAN_IDENTITY,
+  judge,
+  judged,
+  number,
+  pick,
+  pivot,
+  plan_identity,
+  ratio,
+  tolerance,
+  verdict_columns,
+)
 from experiments.report import Row, Study, main
 
 RESULTS = ("iteration_ms", "gpu_ms", "data_parallel_iteration_ms", "weight_sharded_layers",
@@ -45,6 +56,7 @@ def derive(row: Row) -> Row:
          **pick(row, RESULTS)}
   it = number(out["iteration_ms"])
   out["samples_per_s"] = None if it is None else out["global_batch"] / it * 1e3
+  out["comparison_tolerance"] = tolerance(row)
   return out
 
 
@@ -55,8 +67,8 @@ def _key(r: Row) -> tuple:
 def finish(rows: list[Row]) -> list[Row]:
   """speedup_vs_samples: the samples-only plan's iteration time / this plan's, same cell."""
   base = {_key(r): r["iteration_ms"] for r in rows if r["sharding"] == SAMPLES}
-  return [{**r, "speedup_vs_samples": ratio(base.get(_key(r)), r["iteration_ms"])}
-          for r in rows]
+  out = [{**r, "speedup_vs_samples": ratio(base.get(_key(r)), r["iteration_ms"])} for r in rows]
+  return [{**r, **judge(r, ("speedup_vs_samples",))} for r in out]
 
 
 def style(label: str) -> dict:
@@ -69,8 +81,8 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
   return [plots.grid(
       rows, out / "weight_sharding_iteration_ms.png", panel_row="cluster", panel_col="model",
       x="num_devices", points=lambda r: [(r["sharding"], r["iteration_ms"])],
-      xlabel="devices G", ylabel="iteration ms (B=32)",
-      title="weight sharding: samples only (dashed) vs samples + weights (solid)", style=style)]
+      xlabel="devices G", ylabel="iteration time (ms), B=32",
+      title="predicted: samples only (dashed) vs samples + weights (solid)", style=style)]
 
 
 def headline(rows: list[Row]) -> str:
@@ -86,10 +98,10 @@ def headline(rows: list[Row]) -> str:
       if b is None or number(r["iteration_ms"]) is None:
         return "-"
       return (f"{b['iteration_ms']:.2f} -> {r['iteration_ms']:.2f} "
-              f"({times(r['speedup_vs_samples'])}, {r['weight_sharded_layers']} sharded)")
+              f"({judged(r, 'speedup_vs_samples')}, {r['weight_sharded_layers']} sharded)")
 
     parts.append(f"### {cluster}, B=32: iteration ms, samples only -> samples + weights "
-                 "(speed-up, weight-sharded layers)\n\n" + pivot(
+                 "(speed-up with its verdict, weight-sharded layers; predicted)\n\n" + pivot(
                      sub, row_key="model", row_header="model",
                      cols=[(f"G={g}", lambda r, g=g: r["num_devices"] == g) for g in gs],
                      value=cell))
@@ -98,9 +110,11 @@ def headline(rows: list[Row]) -> str:
 
 STUDY = Study(name="weight_sharding", app="plan", doc=__doc__,
               columns=(*PLAN_IDENTITY, "sharding", *RESULTS, "samples_per_s",
-                       "speedup_vs_samples"),
+                       "speedup_vs_samples", "comparison_tolerance",
+                       *verdict_columns(("speedup_vs_samples",))),
               timing=("planner_seconds",), derive=derive, figures=figures, headline=headline,
-              finish=finish)
+              finish=finish,
+              kind="predicted", fits=("iteration_ms",))
 
 if __name__ == "__main__":
   sys.exit(main(STUDY))

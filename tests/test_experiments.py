@@ -109,7 +109,7 @@ def test_an_impossible_cell_fails_alone_and_is_listed(tmp_path, capsys):
   rows = {r["num_devices"]: r for r in read_csv(tmp_path / "out" / "amplification.csv")}
   assert rows["8"]["status"] == "ok" and float(rows["8"]["iteration_ms"]) > 0
   assert rows["64"]["status"] == "failed" and "global_batch" in rows["64"]["error"]
-  md = (tmp_path / "out" / "amplification.md").read_text()
+  md = (tmp_path / "out" / "README.md").read_text()
   assert "1 failed" in md and "cluster.num_devices=64" in md.split("## Failed cells")[1]
 
 
@@ -123,7 +123,7 @@ def test_reproduce_script_runs_sweep_and_aggregation(tmp_path):
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   assert f"csv: {tmp_path / 'out' / 'amplification.csv'}" in result.stdout
-  assert (tmp_path / "out" / "amplification.md").is_file()
+  assert (tmp_path / "out" / "README.md").is_file()
   assert (tmp_path / "sweep" / "sweep.log").is_file()
 
 

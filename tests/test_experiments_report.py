@@ -93,3 +93,38 @@ def test_missing_or_empty_sweep_is_a_user_error(tmp_path, capsys):
     report.load(STUDY, tmp_path)
   assert report.main(STUDY, [str(tmp_path / "nope")]) == 2
   assert capsys.readouterr().err.startswith("error: sweep folder not found")
+
+
+def test_a_sweep_of_another_study_fails_in_one_line(tmp_path):
+  s = tmp_path / "sweep"
+  s.mkdir()
+  write_cell(s, 0, ["model=vgg16"], config(8, 32), {"status": "ok", "cluster_samples_per_s": 1.0})
+  with pytest.raises(UserError, match="is not a strong_scaling sweep: none of its 1 finished"):
+    report.load(STUDY, s)
+
+
+def test_missing_cells_are_warned_by_name_and_listed(sweep, tmp_path, capsys):
+  (sweep / "multirun.yaml").write_text(
+      "hydra:\n  sweeper:\n    params:\n      model: vgg16,resnet50,gpt2\n"
+      "      +experiment/shape: g8_b32\n  overrides:\n    task: [planner.amplification_limit=2]\n")
+  rows, prov = report.load(STUDY, sweep)
+  err = capsys.readouterr().err
+  assert "the sweep's grid has 3 cells, 2 found" in err
+  assert "no cells with model=resnet50,inception_v3,wide_resnet101_2,gpt2" in err
+  assert "conf/experiment/strong_scaling.yaml" in err
+  md = report.write(STUDY, rows, prov, tmp_path / "out")["markdown"].read_text()
+  assert md.split("## Missing cells")[1].count("no cells with") >= 2
+  assert "All numbers here are **predicted**" in md
+
+
+def test_readme_judges_ratios_and_embeds_figures(sweep, tmp_path):
+  rows, prov = report.load(STUDY, sweep)
+  paths = report.write(STUDY, rows, prov, tmp_path / "out")
+  md = paths["markdown"].read_text()
+  assert paths["markdown"].name == "README.md"
+  assert "1.20x ahead" in md  # speedup 1.2: +20% is beyond the 7.2% tolerance
+  assert "python -m experiments.strong_scaling" in md
+  for k, p in paths.items():
+    if k.startswith("figure"):
+      assert f"]({p.name})" in md and p.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
+  assert rows[0]["speedup_verdict"] == "ahead" and rows[0]["speedup_margin"] == pytest.approx(0.2)

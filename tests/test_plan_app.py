@@ -112,3 +112,39 @@ def test_a_known_graph_plans_without_jax_matplotlib_or_wandb(tmp_path):
   assert not imported & {"jax", "matplotlib", "wandb", "flax"}, imported & {"jax", "matplotlib"}
   assert [lp.name for lp in Plan.load(out).layers] == ["a", "b", "c", "d"]
   assert not (tmp_path / "run" / "devices_per_layer.png").exists()
+
+
+def test_summary_leads_with_the_fastest_data_parallelism_and_its_verdict(tmp_path):
+  # VGG16 on 32 GPUs with 0.5 GB/s links: the fastest plan is data parallelism on 8 (one node),
+  # tens of times faster than data parallelism on all 32: the fair comparison is a tie, and the
+  # summary says so before the flattering ratio
+  result = run_app("plan", "model=vgg16", "cluster=dgx_a100", "cluster.num_devices=32",
+                   "cluster.inter_node_bandwidth_GBps=0.5", "batch_size=32",
+                   "profile=deeppool_a100", "planner.amplification_limit=inf", "logger=disabled",
+                   cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  out = " ".join(result.stdout.split())
+  fair = out.index("vs fastest data parallelism on <= 32 devices (8 devices")
+  assert out.index("tie within 7.2%") > fair
+  assert fair < out.index("vs data parallelism on all 32")
+  s = json.loads((tmp_path / "run" / "status.json").read_text())
+  assert s["best_data_parallel_devices"] == 8
+  assert s["speedup_vs_best_data_parallel_verdict"] == "tie"
+  assert s["speedup"] > 10 and s["speedup_verdict"] == "ahead"
+  assert s["comparison_tolerance"] == 0.072
+  assert (tmp_path / "run" / "devices_per_layer.pdf").stat().st_size > 0
+
+
+def test_comparison_strict_judges_every_margin(tmp_path):
+  result = run_app("plan", "model=vgg16", "cluster=a100_nvlink_8", "batch_size=32",
+                   "planner.amplification_limit=2", "comparison=strict", "logger=disabled",
+                   cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  s = json.loads((tmp_path / "run" / "status.json").read_text())
+  assert s["comparison_tolerance"] == 0.0 and s["speedup"] < 1 and s["speedup_verdict"] == "behind"
+
+
+def test_a_negative_tolerance_is_one_line(tmp_path):
+  result = run_app("plan", "model=vgg16", "comparison.tolerance=-1", "logger=disabled",
+                   cwd=tmp_path)
+  assert_one_line_error(result, "comparison.tolerance=-1")

@@ -69,7 +69,7 @@ def test_resumed_run_ends_like_an_uninterrupted_one(tmp_path, full):
 def test_timeline_of_the_timed_step(full):
   r = full[1]
   t = json.loads(r.timeline_path.read_text())
-  assert t["step"] == 2 and [s["devices"] for s in t["stages"]] == [[0, 1, 2, 3], [4, 5], [6, 7]]
+  assert t["step"] == 3 and [s["devices"] for s in t["stages"]] == [[0, 1, 2, 3], [4, 5], [6, 7]]
   kinds = [(e["label"].split()[1], e["kind"]) for e in t["alone"]["events"] if e["kind"] != "move"]
   assert kinds == [("0", "fwd"), ("1", "fwd"), ("2", "bwd"), ("1", "bwd"), ("0", "bwd")]
   ends = [e["end_ms"] for e in t["alone"]["events"]]

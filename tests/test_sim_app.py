@@ -34,7 +34,14 @@ def test_plans_simulates_and_writes_everything(tmp_path, files):
   assert tl["schema"] == "dp_jax.timeline/1"
   assert {e["kind"] for e in tl["with_background"]["events"]} >= {"fwd", "bwd", "bg"}
   assert (run / "gantt.png").read_bytes()[:4] == b"\x89PNG"
+  assert (run / "gantt.pdf").read_bytes()[:4] == b"%PDF"
   assert Plan.load(run / "plan.json").num_devices == 16
+  assert m["matched_data_parallel_devices"] is None or m[
+      "cluster_throughput_vs_matched_data_parallel_verdict"] in ("ahead", "tie", "behind")
+  assert m["comparison_tolerance"] == 0.072
+  printed = " ".join(result.stdout.split())
+  assert "simulated: cluster throughput vs matched DP + background" in printed
+  assert printed.index("vs matched DP") < printed.index("vs DP alone on all 16")
   files_dir = next((run / "wandb").glob("offline-run-*")) / "files"
   assert list((files_dir / "media" / "table").glob("simulation_*.table.json"))
   assert list((files_dir / "media" / "images").glob("gantt_*.png"))

@@ -1,4 +1,4 @@
-"""The runtime's stage grouping agrees with the planner's segments (dp_jax/sim/segments.py):
+"""The runtime's stage grouping agrees with the planner's segments (dp_jax/planner/segments.py):
 on random plans, group_stages gives the segments' stages with the runtime's two rules."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from dp_jax.planner.random_plans import placements
 from dp_jax.planner.synthetic import random_series_parallel
 from dp_jax.runtime.stages import group_stages, segment_runs, series_parallel_order
-from dp_jax.sim.segments import Block, Stage, segments
+from dp_jax.planner.segments import Block, Stage, segments
 
 
 def random_plan(rng, graph, num_devices=4):

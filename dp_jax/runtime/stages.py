@@ -1,7 +1,7 @@
 """Stages: runs of consecutive layers (series-parallel order) that share one device set.
 
 On a plan of contiguous device ranges the runtime's stages are the planner's segments'
-stages (dp_jax/sim/segments.py, the walk evaluate and the simulator price) with two rules of
+stages (dp_jax/planner/segments.py, the walk evaluate and the simulator price) with two rules of
 the runtime's own: consecutive segment stages on the same devices are one program (a fork's
 run with a first branch on its devices, a branch with the next or with its join), and a run
 is cut where its layers' (data, model) mesh shape changes. `segment_runs` states this on the
@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dp_jax.graph import LayerGraph, LayerNode, flat_layers
-from dp_jax.sim import segments as seg
+from dp_jax.planner import segments as seg
 
 INPUT = "<input>"  # producer name of the model input
 

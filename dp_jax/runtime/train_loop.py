@@ -117,7 +117,9 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
          progress: bool, on_stage: Callable | None = None) -> None:
   program, batch = result.program, result.program.global_batch
   x_sh, y_sh = program.input_stage.batch, program.last_stage.batch
-  timed_step = min(result.start_step + 1, steps - 1)
+  # the measured timeline: the run's middle step, well past compilation (the first one or two
+  # steps compile and warm up), as a representative step
+  timed_step = min(max(result.start_step + 1, (result.start_step + steps) // 2), steps - 1)
   sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
   bar = _progress(progress)
   with bar:

@@ -100,7 +100,11 @@ def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, pla
     check_memory(job, fg_bytes, memory.capacity_bytes(model))
     result = fill(tl, classes, list(windows), job, cap=cap, switch_ms=switch, policy=policy,
                   iterations=iterations)
-  dp_ms = {int(c): evaluate(model, data_parallel_assignment(model, int(c))).iteration_ms
-           for c in model.counts}
-  return Simulation(plan, model, ev, tl, classes, windows, data_parallel(model), fg_bytes, dp_ms,
-                    job, result)
+  return Simulation(plan, model, ev, tl, classes, windows, data_parallel(model), fg_bytes,
+                    data_parallel_ms(model), job, result)
+
+
+def data_parallel_ms(model: CostModel) -> dict[int, float]:
+  """Data parallelism's iteration ms on each device count d <= G the planner considers."""
+  return {int(c): evaluate(model, data_parallel_assignment(model, int(c))).iteration_ms
+          for c in model.counts}

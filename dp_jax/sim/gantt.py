@@ -34,7 +34,8 @@ def rows_for(num_devices: int, classes: DeviceClasses | None = None,
 def plot_gantt(events: Iterable[Event], num_devices: int, path: str | Path, *, title: str,
                classes: DeviceClasses | None = None, marks: Sequence[tuple[str, float]] = (),
                max_rows: int = MAX_ROWS) -> Path:
-  """Draw `events` (device spans) to a PNG; more than max_rows devices: representatives."""
+  """Draw `events` (device spans) to a PNG and a PDF beside it; more than max_rows devices:
+  representatives. The title should say whether the events are simulated or measured."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -55,7 +56,7 @@ def plot_gantt(events: Iterable[Event], num_devices: int, path: str | Path, *, t
         widths.append(ev.end_ms - ev.start_ms)
         ys.append(row_of[d] + (0.3 if comm else -0.12))
   height = 1.8 + 0.24 * len(devices)
-  fig, ax = plt.subplots(figsize=(13, height))
+  fig, ax = plt.subplots(figsize=(13, height), layout="constrained")
   right = 0.0
   for kind, (lefts, widths, ys) in bars.items():
     if lefts:
@@ -76,14 +77,14 @@ def plot_gantt(events: Iterable[Event], num_devices: int, path: str | Path, *, t
   ax.set_xlabel("time in the iteration (ms)")
   handles = [Patch(color=COLORS[k], label=LEGEND[k]) for k in COLORS if bars[k][0]]
   handles += [h for h in ax.get_legend_handles_labels()[0] if not isinstance(h, Patch)]
-  fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+  fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
   if len(devices) < num_devices:
     title += (f"\nshowing {len(devices)} of {num_devices} devices: one row per group of "
               "devices with identical work")
   ax.set_title(title, fontsize=10)
-  fig.tight_layout(rect=(0, 0.55 / height, 1, 1))
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
   plt.close(fig)
   return path

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from dp_jax.compare import VALIDATED_TOLERANCE, compare, describe, fields, none_fields
 from dp_jax.planner.memory import GB
 from dp_jax.sim.engine import Simulation
 from dp_jax.sim.windows import busy_ms
@@ -16,13 +17,15 @@ def gpu_ms(sim: Simulation) -> float:
   return float((busy_ms(sim.timeline, sim.classes) * sim.classes.sizes).sum())
 
 
-def metrics(sim: Simulation) -> dict[str, Any]:
-  """Foreground alone and with background, background, cluster throughput vs data parallelism."""
+def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str, Any]:
+  """Foreground alone and with background, background, cluster throughput vs data parallelism;
+  every comparison with its margin and verdict (dp_jax/compare.py: within +-tolerance a tie)."""
   g, b = sim.plan.num_devices, sim.plan.global_batch
   alone = sim.timeline.iteration_ms
   busy = gpu_ms(sim)
   dp_count, dp = sim.data_parallel
   dp_sps = b / dp.iteration_ms * 1e3
+  best_d, best_ms = fastest_data_parallel(sim.data_parallel_ms)
   out: dict[str, Any] = {
       "model": sim.plan.model, "num_devices": g, "global_batch": b,
       "cluster": sim.plan.cluster,
@@ -36,7 +39,12 @@ def metrics(sim: Simulation) -> dict[str, Any]:
       "data_parallel_devices": dp_count,
       "data_parallel_iteration_ms": dp.iteration_ms,
       "data_parallel_samples_per_s": dp_sps,
-      "speedup_vs_data_parallel_alone": dp.iteration_ms / alone,
+      "best_data_parallel_devices": best_d, "best_data_parallel_iteration_ms": best_ms,
+      "comparison_tolerance": tolerance,
+      **fields("speedup_vs_data_parallel_alone",
+               compare(alone, dp.iteration_ms, tolerance, lower_is_better=True)),
+      **fields("speedup_vs_best_data_parallel_alone",
+               compare(alone, best_ms, tolerance, lower_is_better=True)),
       "foreground_memory_peak_gb": float(np.max(sim.foreground_bytes)) / GB,
   }
   f, job = sim.fill, sim.job
@@ -63,15 +71,51 @@ def metrics(sim: Simulation) -> dict[str, Any]:
     per_device = job.batch / job.step_ms * 1e3
     frontier = data_parallel_frontier(sim.data_parallel_ms, g, b, per_device)
     out["data_parallel_frontier"] = frontier
-    out.update(matched_data_parallel(frontier, iteration, fg_sps + bg_sps))
+    out.update(matched_data_parallel(frontier, iteration, fg_sps + bg_sps, tolerance))
+  cluster = fg_sps + bg_sps
   out.update(iteration_ms=iteration, idle_fraction=idle, samples_per_s=fg_sps,
-             background_samples_per_s=bg_sps, cluster_samples_per_s=fg_sps + bg_sps,
-             speedup_vs_data_parallel=dp.iteration_ms / iteration,
-             cluster_throughput_vs_data_parallel=(fg_sps + bg_sps) / dp_sps)
+             background_samples_per_s=bg_sps, cluster_samples_per_s=cluster,
+             **fields("speedup_vs_data_parallel",
+                      compare(iteration, dp.iteration_ms, tolerance, lower_is_better=True)),
+             **fields("cluster_throughput_vs_data_parallel",
+                      compare(cluster, dp_sps, tolerance, lower_is_better=False)))
   if "best_data_parallel_cluster_samples_per_s" in out:
-    out["cluster_throughput_vs_best_data_parallel"] = (
-        (fg_sps + bg_sps) / out["best_data_parallel_cluster_samples_per_s"])
+    out.update(fields("cluster_throughput_vs_best_data_parallel", compare(
+        cluster, out["best_data_parallel_cluster_samples_per_s"], tolerance,
+        lower_is_better=False)))
+  out["fair_comparison"] = fair_comparison(out)
   return out
+
+
+def fastest_data_parallel(data_parallel_ms: dict[int, float]) -> tuple[int, float]:
+  """(d, ms) of data parallelism's fastest device count d <= G (fewest devices on a tie)."""
+  d, ms = min(data_parallel_ms.items(), key=lambda kv: (kv[1], kv[0]))
+  return int(d), float(ms)
+
+
+def fair_comparison(m: dict[str, Any]) -> str:
+  """The simulated verdicts in words, the fair baseline first (matched, then the fastest data
+  parallelism on <= G devices), data parallelism on all G last."""
+  t = m["comparison_tolerance"]
+  g = m["num_devices"]
+  parts = []
+  if m.get("background", "none") != "none":
+    if m.get("matched_data_parallel_devices") is None:
+      parts.append("cluster throughput vs matched DP + background: no data parallelism on "
+                   f"<= {g} devices is within {t:.1%} of the burst foreground")
+    else:
+      parts.append(
+          "cluster throughput vs matched DP + background "
+          f"(DP on {m['matched_data_parallel_devices']}): "
+          f"{describe(m['cluster_throughput_vs_matched_data_parallel'], t)}")
+  parts.append(f"foreground vs fastest DP on <= {g} (DP on {m['best_data_parallel_devices']}): "
+               f"{describe(m['speedup_vs_best_data_parallel_alone'], t)}")
+  parts.append(f"foreground vs DP on all {g}: "
+               f"{describe(m['speedup_vs_data_parallel_alone'], t)}")
+  if m.get("background", "none") != "none":
+    parts.append(f"cluster throughput vs DP alone on all {g}: "
+                 f"{describe(m['cluster_throughput_vs_data_parallel'], t)}")
+  return "simulated: " + "; ".join(parts)
 
 
 def data_parallel_frontier(data_parallel_ms: dict[int, float], g: int, b: int,
@@ -83,32 +127,43 @@ def data_parallel_frontier(data_parallel_ms: dict[int, float], g: int, b: int,
           for d, ms in sorted(data_parallel_ms.items())]
 
 
+def matched_band(frontier: list[dict[str, float]], iteration_ms: float,
+                 tolerance: float) -> list[dict[str, float]]:
+  """The frontier's points whose foreground is within tolerance of the burst foreground (or
+  faster): iteration_ms <= burst iteration x (1 + tolerance)."""
+  return [p for p in frontier if p["iteration_ms"] <= iteration_ms * (1 + tolerance) * (1 + 1e-9)]
+
+
 def matched_data_parallel(frontier: list[dict[str, float]], iteration_ms: float,
-                          cluster_sps: float) -> dict[str, Any]:
-  """The fair baseline at matched foreground speed: data parallelism on the fewest devices
-  that are at least as fast as the burst plan, the background job on the rest; None (and a
-  note) when no data parallelism on d <= G is as fast."""
-  fast = [p for p in frontier if p["iteration_ms"] <= iteration_ms * (1 + 1e-9)]
-  if not fast:
+                          cluster_sps: float, tolerance: float = VALIDATED_TOLERANCE
+                          ) -> dict[str, Any]:
+  """The fair baseline at matched foreground speed: of data parallelism on every d <= G whose
+  foreground is within tolerance of the burst foreground (matched_band), with the background
+  job on the other G - d, the one with the most cluster samples/s (fewest devices on a tie);
+  None (and a note) when no data parallelism on d <= G is that fast."""
+  band = matched_band(frontier, iteration_ms, tolerance)
+  if not band:
     return {"matched_data_parallel_devices": None, "matched_data_parallel_iteration_ms": None,
             "matched_data_parallel_cluster_samples_per_s": None,
-            "cluster_throughput_vs_matched_data_parallel": None,
-            "matched_data_parallel_note": "no data parallelism on d <= G is as fast as the "
-                                          "burst plan"}
-  p = min(fast, key=lambda q: q["devices"])
+            **none_fields("cluster_throughput_vs_matched_data_parallel"),
+            "matched_data_parallel_note": "no data parallelism on d <= G is within "
+                                          f"{tolerance:.1%} of the burst foreground"}
+  p = max(band, key=lambda q: (q["cluster_samples_per_s"], -q["devices"]))
   return {"matched_data_parallel_devices": p["devices"],
           "matched_data_parallel_iteration_ms": p["iteration_ms"],
           "matched_data_parallel_cluster_samples_per_s": p["cluster_samples_per_s"],
-          "cluster_throughput_vs_matched_data_parallel": cluster_sps / p["cluster_samples_per_s"],
-          "matched_data_parallel_note": f"data parallelism on {p['devices']} devices is at least "
-                                        "as fast"}
+          **fields("cluster_throughput_vs_matched_data_parallel", compare(
+              cluster_sps, p["cluster_samples_per_s"], tolerance, lower_is_better=False)),
+          "matched_data_parallel_note": f"data parallelism on {p['devices']} devices (within "
+                                        f"{tolerance:.1%} of the burst foreground, the best "
+                                        "cluster throughput of those)"}
 
 
 def best_data_parallel_plus_background(sim: Simulation) -> dict[str, Any]:
   """A stronger baseline: data parallelism on its fastest device count d <= G, and the
   background job alone at full speed on the G - d devices it leaves free."""
   g, b = sim.plan.num_devices, sim.plan.global_batch
-  d, ms = min(sim.data_parallel_ms.items(), key=lambda kv: (kv[1], kv[0]))
+  d, ms = fastest_data_parallel(sim.data_parallel_ms)
   per_device = sim.job.batch / sim.job.step_ms * 1e3
   return {"best_data_parallel_devices": d, "best_data_parallel_iteration_ms": ms,
           "best_data_parallel_cluster_samples_per_s": b / ms * 1e3 + (g - d) * per_device}
