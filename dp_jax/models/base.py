@@ -7,8 +7,8 @@ in `nnx.state(model)`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
