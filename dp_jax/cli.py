@@ -34,7 +34,11 @@ def one_line(exc: BaseException) -> str:
     name = group[-1]
     group_name = group[0] if len(group) == 2 else "config"
     valid = ", ".join(o for o in sorted(exc.options) if not o.endswith("_schema"))
-    return f"unknown {group_name} '{name}' (valid {group_name} options: {valid})"
+    from dp_jax.config_files import FILE_GROUPS
+
+    hint = (f"; or a YAML file: {group_name}=path/to/{name}.yaml (docs/extending.md)"
+            if group_name in FILE_GROUPS else "")
+    return f"unknown {group_name} '{name}' (valid {group_name} options: {valid}){hint}"
   from hydra.errors import OverrideParseException
 
   if isinstance(exc, OverrideParseException):
@@ -92,7 +96,11 @@ def hydra_app(config_name: str, schema: type) -> Callable[[TaskFn], Callable[[],
       os.environ["HYDRA_FULL_ERROR"] = "1"
       job = functools.partial(_run_job, task, config_name)
       functools.update_wrapper(job, task)
-      sys.argv[1:] = expand_file_overrides(sys.argv[1:])
+      try:
+        sys.argv[1:] = expand_file_overrides(sys.argv[1:])
+      except UserError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        sys.exit(2)
       _EXISTING.take(sys.argv[1:])
       hydra_main = hydra.main(version_base=None, config_path=CONF_DIR, config_name=config_name)(job)
       try:
@@ -126,7 +134,11 @@ FILE_GROUPS = {"profile": "file"}
 
 
 def expand_file_overrides(args: list[str]) -> list[str]:
-  """Rewrite `group=<path>.json` overrides of FILE_GROUPS into the group's file option."""
+  """Rewrite `group=<path>.json` overrides of FILE_GROUPS into the group's file option, and
+  `model=` / `cluster=<path>.yaml` into an option on the search path (dp_jax/config_files.py)."""
+  from dp_jax.config_files import expand_yaml_overrides
+
+  args = expand_yaml_overrides(args, CONF_DIR)
   out = []
   for arg in args:
     key, sep, value = arg.partition("=")
