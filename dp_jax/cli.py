@@ -12,9 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
-
 from dp_jax.errors import UserError
+from dp_jax.sweep_summary import SweepSummary
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 log = logging.getLogger("dp_jax")
@@ -268,50 +267,6 @@ class _FolderSnapshot:
 
 
 _EXISTING = _FolderSnapshot()
-
-
-class SweepSummary(Callback):
-  """Hydra callback (conf/hydra/callbacks): after a multirun, one table of its cells."""
-
-  failed = 0  # failed cells of the last sweep in this process; main() exits non-zero on it
-
-  def on_multirun_start(self, config: Any, **_: Any) -> None:
-    SweepSummary.failed = 0
-
-  def on_multirun_end(self, config: Any, **_: Any) -> None:
-    rows = sweep_rows(Path(config.hydra.sweep.dir))
-    SweepSummary.failed = sum(r[1] != "ok" for r in rows)
-    print_sweep_summary(rows, Path(config.hydra.sweep.dir))
-
-
-def sweep_rows(sweep_dir: Path) -> list[tuple[str, str, str]]:
-  """(cell overrides, status, error) of every cell folder of a sweep, in cell order."""
-  import json
-
-  rows = []
-  cells = [p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
-  for cell in sorted(cells, key=lambda p: int(p.name)):
-    try:
-      status = json.loads((cell / "status.json").read_text())
-    except (OSError, ValueError):
-      rows.append((cell.name, "failed", "no status.json: the cell did not finish"))
-      continue
-    overrides = " ".join(status.get("overrides", [])) or cell.name
-    rows.append((overrides, str(status.get("status")), str(status.get("error") or "")))
-  return rows
-
-
-def print_sweep_summary(rows: list[tuple[str, str, str]], sweep_dir: Path) -> None:
-  from rich.console import Console
-  from rich.table import Table
-
-  failed = sum(r[1] != "ok" for r in rows)
-  table = Table(title=f"sweep {sweep_dir}: {len(rows) - failed} ok, {failed} failed")
-  for c in ("cell", "status", "error"):
-    table.add_column(c)
-  for r in rows:
-    table.add_row(*r)
-  Console(width=160).print(table)
 
 
 def _quiet_third_party_loggers() -> None:
