@@ -108,6 +108,8 @@ def locate(target: str, name: str) -> Callable[..., Any]:
 
 def _arguments(make: Callable[..., Any]) -> list[str] | None:
   """The keyword arguments `make` accepts (None: it takes **kwargs, anything goes)."""
+  if inspect.isclass(make) and make.__init__ is object.__init__:
+    return []  # a class without an __init__ of its own takes nothing
   fn = make.__init__ if inspect.isclass(make) else make
   try:
     params = list(inspect.signature(fn).parameters.values())

@@ -1,0 +1,199 @@
+"""Models, clusters and sweeps of one's own (docs/extending.md): targets, the zoo's ViT, the
+examples/ package through the command line, cluster files, sweep tables and W&B lineage."""
+
+import csv
+import hashlib
+import json
+
+import pytest
+from apps import REPO, assert_one_line_error, run_app
+from omegaconf import OmegaConf
+from wandb_files import records, run_file
+
+from dp_jax import zoo
+from dp_jax.errors import UserError
+from dp_jax.profile.deeppool_import import import_deeppool_a100
+
+EXAMPLES = REPO / "examples"
+VIT, MIXER = (EXAMPLES / "conf" / "model" / f"{n}.yaml" for n in ("tiny_vit", "tiny_mixer"))
+USER_ENV = {"PYTHONPATH": f"{REPO}:{EXAMPLES}"}  # the user's package on the path, as they would
+
+
+def vit_reference_params(dim=512, patch=16, image=256, blocks=6, heads=4, dim_head=128,
+                         mlp=1024, classes=1000) -> int:
+  """DeepPool's examples/vit.py, counted layer by layer from its definition."""
+  tokens = (image // patch) ** 2 + 1
+  prep = (3 * patch * patch) * dim + dim + dim + tokens * dim  # projection + bias, cls, positions
+  block_a = dim * 3 * heads * dim_head + heads * dim_head * dim + 2 * dim  # qkv, W_0, LayerNorm
+  block_b = dim * mlp + mlp + mlp * dim + dim + 2 * dim  # two linears with bias, LayerNorm
+  return prep + blocks * (block_a + block_b) + dim * classes + classes
+
+
+def test_zoo_vit_matches_deeppool_parameter_count_and_table():
+  graph = zoo.graph_of(OmegaConf.load(REPO / "conf" / "model" / "vit.yaml"))
+  assert sum(n.params for n in graph.nodes) == vit_reference_params() == 13_643_240
+  assert [n.kind for n in graph.nodes[:3]] == ["patch_embed", "self_attention", "mlp_block"]
+  table, report = import_deeppool_a100(graph)
+  assert report.unmatched == [] and report.filled == [] and report.estimated == {}
+  assert set(report.sources.values()) == {"vitLayerGpuProfileA100.txt"}
+  assert table.batches("blocks.0.attn") == [1, 2, 4, 8, 16, 32, 64, 128]
+  # TransBlockA at batch 32: p50 2.810 ms forward+backward, split 1/3 : 2/3
+  fwd, bwd = table.layers["blocks.0.attn"][32]
+  assert fwd == pytest.approx(2.810 / 3) and bwd == pytest.approx(2 * 2.810 / 3)
+
+
+def test_vit_rows_the_table_lacks_are_estimated_and_named():
+  cfg = OmegaConf.load(REPO / "conf" / "model" / "vit.yaml")
+  cfg.kwargs.mlp_dim = 2048  # DeepPool timed dim_linear_block 1024 only
+  table, report = import_deeppool_a100(zoo.graph_of(cfg))
+  assert sorted(report.filled) == [f"blocks.{i}.mlp" for i in range(6)]
+  assert set(table.meta["estimated_layers"]) == set(report.filled)
+  assert all(f > 0 and w > 0 for f, w in table.layers["blocks.0.mlp"].values())
+
+
+def test_plan_vit_on_deeppool_a100(tmp_path):
+  result = run_app("plan", "model=vit", "cluster=a100_nvlink_8", "batch_size=32",
+                   "profile=deeppool_a100", "logger=disabled", cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+  assert plan["model"] == "vit" and plan["global_batch"] == 32 and plan["num_devices"] == 8
+  assert plan["profile"]["source"] == "imported" and plan["profile"]["estimated_layers"] == []
+  assert len(plan["layers"]) == 15 and plan["predicted"]["iteration_ms"] > 0
+
+
+def test_sequential_model_gets_layer_specs_and_forward():
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from dp_jax.models.base import ImageModel, run_layers
+
+  class Tiny(ImageModel):
+    def __init__(self, *, rngs):
+      self.image_size, self.num_classes = 4, 3
+      self.layers = nnx.List([nnx.Linear(3, 5, rngs=rngs), nnx.LayerNorm(5, rngs=rngs),
+                              nnx.Linear(5, 3, rngs=rngs)])
+
+  model = Tiny(rngs=nnx.Rngs(0))
+  specs = model.layer_specs()
+  assert [(s.name, s.kind, s.inputs) for s in specs] == [
+      ("layers.0", "linear", ()), ("layers.1", "layernorm", ("layers.0",)),
+      ("layers.2", "linear", ("layers.1",))]
+  assert specs[0].attrs == {"in_features": 3, "out_features": 5, "bias": True}
+  x = jnp.ones((2, 4, 4, 3))
+  assert jnp.allclose(model(x), run_layers(model, x))
+  assert jax.eval_shape(model, x).shape == (2, 4, 4, 3)
+
+
+@pytest.mark.parametrize("target,kwargs,match", [
+    ("no_such_pkg.Model", {}, "cannot import _target_ 'no_such_pkg.Model'.*PYTHONPATH"),
+    ("dp_jax.models.vit.ViT", {"depth": 2}, r"option\(s\) depth do not apply to model m "
+                                             r"\(dp_jax.models.vit.ViT takes: .*patch_size"),
+    ("dp_jax.zoo.SIZE_KEYS", {}, "is not a class or function"),
+    ("dp_jax.models.vit.ClassToken", {}, "must take a keyword argument 'rngs'"),
+])
+def test_bad_targets_are_one_line_errors(target, kwargs, match):
+  with pytest.raises(UserError, match=match):
+    zoo.build({"_target_": target, "name": "m", "kwargs": kwargs}, abstract=True)
+
+
+def test_examples_inspect_plan_simulate_and_train_through_the_cli(tmp_path):
+  both = f"model={VIT},{MIXER}"
+  result = run_app("inspect", "-m", both, "logger=disabled", cwd=tmp_path, env=USER_ENV)
+  assert result.returncode == 0, result.stderr
+  graphs = [json.loads((tmp_path / "sweep" / i / "graph.json").read_text()) for i in "01"]
+  assert [g["model"] for g in graphs] == ["tiny_vit", "tiny_mixer"]
+  assert [n["name"] for n in graphs[1]["nodes"]] == [f"layers.{i}" for i in range(6)]
+
+  plans = tmp_path / "plans"
+  result = run_app("plan", "-m", both, "cluster=local_cpu", "cluster.num_devices=2",
+                   "batch_size=8", "profile=analytic", "planner.amplification_limit=inf",
+                   f"hydra.sweep.dir={plans}", cwd=tmp_path, env=USER_ENV)
+  assert result.returncode == 0, result.stderr
+  vit_plan = plans / "0" / "plan.json"
+  for i, name in enumerate(["tiny_vit", "tiny_mixer"]):
+    plan = json.loads((plans / str(i) / "plan.json").read_text())
+    assert plan["model"] == name and plan["made_for"]["options"]["patch"] == 8
+
+  sims = tmp_path / "sims"
+  result = run_app("simulate", "-m", both, "cluster=local_cpu", "cluster.num_devices=2",
+                   "batch_size=8", "profile=analytic", "background=none", "logger=disabled",
+                   f"hydra.sweep.dir={sims}", cwd=tmp_path, env=USER_ENV)
+  assert result.returncode == 0, result.stderr
+  for i in "01":
+    metrics = json.loads((sims / i / "metrics.json").read_text())
+    assert metrics["num_devices"] == 2 and metrics["alone_iteration_ms"] > 0
+
+  train = tmp_path / "train"  # a 3-step burst run under the plan the planning run wrote
+  result = run_app("train", f"model={VIT}", f"plan={vit_plan}", "runtime.num_devices=2",
+                   "steps=3", "runtime.progress=false", f"hydra.run.dir={train}", cwd=tmp_path,
+                   env=USER_ENV)
+  assert result.returncode == 0, result.stderr
+  status = json.loads((train / "status.json").read_text())
+  assert status["final_step"] == 3 and status["model"] == "tiny_vit"
+  losses = [json.loads(ln)["loss"] for ln in (train / "metrics.jsonl").read_text().splitlines()]
+  assert len(losses) == 3 and all(loss > 0 for loss in losses)
+  # lineage: the training run used the very plan artifact the planning run logged
+  logged = artifacts(plans / "0")
+  used = artifacts(train)
+  plan_name = f"plan-tiny_vit-{hashlib.sha256(vit_plan.read_bytes()).hexdigest()[:12]}"
+  assert logged[plan_name][1] is False and used[plan_name] == (logged[plan_name][0], True)
+  assert any(n.startswith("checkpoint-") and not use for n, (_, use) in used.items())
+
+
+def artifacts(folder):
+  """{artifact name: (digest, used rather than logged)} of a job's offline W&B run."""
+  return {r.artifact.name: (r.artifact.digest, r.artifact.use_after_commit)
+          for r in records(run_file(folder)) if r.WhichOneof("record_type") == "artifact"
+          and r.artifact.type != "run_table"}
+
+
+def test_simulate_sweep_writes_one_table_and_groups_its_runs(tmp_path):
+  result = run_app("simulate", "-m", "model=digits_mlp", "profile=analytic",
+                   "cluster=a100_nvlink_8", "cluster.num_devices=2,4,8",
+                   "planner.amplification_limit=1.5,2", "batch_size=32", cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  sweep = tmp_path / "sweep"
+  with (sweep / "sweep_summary.csv").open() as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+  assert [r["G"] for r in rows] == ["2", "2", "4", "4", "8", "8"]
+  assert [r["A"] for r in rows] == ["1.5", "2.0"] * 3
+  for i, r in enumerate(rows):
+    metrics = json.loads((sweep / str(i) / "metrics.json").read_text())
+    assert float(r["iteration ms alone (simulated)"]) == pytest.approx(
+        metrics["alone_iteration_ms"], rel=1e-3)
+    assert float(r["cluster throughput / data parallel (simulated)"]) > 0
+  md = (sweep / "sweep_summary.md").read_text().splitlines()
+  assert len(md) == 8 and "iteration ms (predicted)" in md[0]
+  groups, names = set(), set()
+  for i in range(6):
+    recs = records(run_file(sweep / str(i)))
+    run = next(r.run for r in recs if r.WhichOneof("record_type") == "run")
+    groups.add(run.run_group)
+    names.add(run.display_name)
+    plan = (sweep / str(i) / "plan.json").read_bytes()
+    assert f"plan-digits_mlp-{hashlib.sha256(plan).hexdigest()[:12]}" in artifacts(sweep / str(i))
+  assert groups == {"sweep"} and len(names) == 6
+  assert "simulate digits_mlp a100_nvlink_8 G4 B32 A1.5" in names
+
+
+def test_cluster_from_a_yaml_file(tmp_path):
+  shipped = OmegaConf.load(REPO / "conf" / "cluster" / "dgx_h100.yaml")
+  mine = tmp_path / "my_h100.yaml"
+  OmegaConf.save(OmegaConf.merge(shipped, {"name": "my_h100", "num_nodes": 2}), mine)
+  result = run_app("plan", "model=digits_mlp", f"cluster={mine}", "cluster.num_devices=16",
+                   "batch_size=32", "profile=analytic", "logger=disabled", cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+  assert plan["cluster"] == "my_h100" and plan["num_devices"] == 16
+  assert plan["cluster_config"]["num_nodes"] == 2
+
+
+@pytest.mark.parametrize("cluster,fragments", [
+    ("missing.yaml", ("cluster file not found", "hydra.searchpath=[file://<dir>]")),
+    ("h100_4x8", ("unknown cluster 'h100_4x8'", "cluster=path/to/h100_4x8.yaml")),
+])
+def test_cluster_file_errors_say_how(tmp_path, cluster, fragments):
+  result = run_app("plan", f"cluster={cluster}", "logger=disabled", cwd=tmp_path)
+  assert_one_line_error(result, *fragments)
