@@ -99,46 +99,52 @@ def test_bad_targets_are_one_line_errors(target, kwargs, match):
 
 def test_examples_inspect_plan_simulate_and_train_through_the_cli(tmp_path):
   both = f"model={VIT},{MIXER}"
-  result = run_app("inspect", "-m", both, "logger=disabled", cwd=tmp_path, env=USER_ENV)
+  step = {n: tmp_path / n for n in ("inspect", "plan", "simulate", "train")}
+  for folder in step.values():
+    folder.mkdir()
+  result = run_app("inspect", "-m", both, "logger=disabled", cwd=step["inspect"], env=USER_ENV)
   assert result.returncode == 0, result.stderr
-  graphs = [json.loads((tmp_path / "sweep" / i / "graph.json").read_text()) for i in "01"]
+  graphs = [json.loads((step["inspect"] / "sweep" / i / "graph.json").read_text()) for i in "01"]
   assert [g["model"] for g in graphs] == ["tiny_vit", "tiny_mixer"]
   assert [n["name"] for n in graphs[1]["nodes"]] == [f"layers.{i}" for i in range(6)]
 
-  plans = tmp_path / "plans"
   result = run_app("plan", "-m", both, "cluster=local_cpu", "cluster.num_devices=2",
                    "batch_size=8", "profile=analytic", "planner.amplification_limit=inf",
-                   f"hydra.sweep.dir={plans}", cwd=tmp_path, env=USER_ENV)
+                   cwd=step["plan"], env=USER_ENV)
   assert result.returncode == 0, result.stderr
-  vit_plan = plans / "0" / "plan.json"
+  plans = step["plan"] / "sweep"
   for i, name in enumerate(["tiny_vit", "tiny_mixer"]):
     plan = json.loads((plans / str(i) / "plan.json").read_text())
     assert plan["model"] == name and plan["made_for"]["options"]["patch"] == 8
 
-  sims = tmp_path / "sims"
   result = run_app("simulate", "-m", both, "cluster=local_cpu", "cluster.num_devices=2",
                    "batch_size=8", "profile=analytic", "background=none", "logger=disabled",
-                   f"hydra.sweep.dir={sims}", cwd=tmp_path, env=USER_ENV)
+                   cwd=step["simulate"], env=USER_ENV)
   assert result.returncode == 0, result.stderr
   for i in "01":
-    metrics = json.loads((sims / i / "metrics.json").read_text())
+    metrics = json.loads((step["simulate"] / "sweep" / i / "metrics.json").read_text())
     assert metrics["num_devices"] == 2 and metrics["alone_iteration_ms"] > 0
 
-  train = tmp_path / "train"  # a 3-step burst run under the plan the planning run wrote
-  result = run_app("train", f"model={VIT}", f"plan={vit_plan}", "runtime.num_devices=2",
-                   "steps=3", "runtime.progress=false", f"hydra.run.dir={train}", cwd=tmp_path,
-                   env=USER_ENV)
+  # 3-step runs under the burst plans the planning runs wrote (cell i: plans/<i>/plan.json)
+  result = run_app("train", "-m", both, f"plan={plans}/${{hydra:job.num}}/plan.json",
+                   "runtime.num_devices=2", "steps=3", "runtime.progress=false",
+                   cwd=step["train"], env=USER_ENV)
   assert result.returncode == 0, result.stderr
-  status = json.loads((train / "status.json").read_text())
-  assert status["final_step"] == 3 and status["model"] == "tiny_vit"
-  losses = [json.loads(ln)["loss"] for ln in (train / "metrics.jsonl").read_text().splitlines()]
-  assert len(losses) == 3 and all(loss > 0 for loss in losses)
-  # lineage: the training run used the very plan artifact the planning run logged
-  logged = artifacts(plans / "0")
-  used = artifacts(train)
-  plan_name = f"plan-tiny_vit-{hashlib.sha256(vit_plan.read_bytes()).hexdigest()[:12]}"
-  assert logged[plan_name][1] is False and used[plan_name] == (logged[plan_name][0], True)
-  assert any(n.startswith("checkpoint-") and not use for n, (_, use) in used.items())
+  for i, name in enumerate(["tiny_vit", "tiny_mixer"]):
+    train, plan_file = step["train"] / "sweep" / str(i), plans / str(i) / "plan.json"
+    status = json.loads((train / "status.json").read_text())
+    assert status["final_step"] == 3 and status["model"] == name
+    assert status["plan"] == str(plan_file)
+    metrics = (train / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(ln)["loss"] for ln in metrics]
+    assert len(losses) == 3 and all(loss > 0 for loss in losses)
+    # lineage: the training run used the very plan artifact the planning run logged
+    logged, used = artifacts(plans / str(i)), artifacts(train)
+    plan_name = f"plan-{name}-{hashlib.sha256(plan_file.read_bytes()).hexdigest()[:12]}"
+    assert logged[plan_name][1] is False and used[plan_name] == (logged[plan_name][0], True)
+    assert any(n.startswith("checkpoint-") and not use for n, (_, use) in used.items())
+  table = (step["train"] / "sweep" / "sweep_summary.csv").read_text()
+  assert "iteration ms (measured)" in table and "tiny_mixer" in table
 
 
 def artifacts(folder):
@@ -148,22 +154,28 @@ def artifacts(folder):
           and r.artifact.type != "run_table"}
 
 
-def test_simulate_sweep_writes_one_table_and_groups_its_runs(tmp_path):
-  result = run_app("simulate", "-m", "model=digits_mlp", "profile=analytic",
-                   "cluster=a100_nvlink_8", "cluster.num_devices=2,4,8",
-                   "planner.amplification_limit=1.5,2", "batch_size=32", cwd=tmp_path)
+def test_simulate_sweep_on_own_cluster_file_writes_one_table_and_groups_its_runs(tmp_path):
+  shipped = OmegaConf.load(REPO / "conf" / "cluster" / "a100_nvlink_8.yaml")
+  mine = tmp_path / "my_a100.yaml"  # a cluster of one's own: a file outside conf/
+  OmegaConf.save(OmegaConf.merge(shipped, {"name": "my_a100", "num_nodes": 2}), mine)
+  result = run_app("simulate", "-m", "model=digits_mlp", "profile=analytic", f"cluster={mine}",
+                   "cluster.num_devices=2,4,16", "planner.amplification_limit=1.5,2",
+                   "batch_size=32", cwd=tmp_path)
   assert result.returncode == 0, result.stderr
   sweep = tmp_path / "sweep"
   with (sweep / "sweep_summary.csv").open() as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
-  assert [r["G"] for r in rows] == ["2", "2", "4", "4", "8", "8"]
-  assert [r["A"] for r in rows] == ["1.5", "2.0"] * 3
+  assert [r["G"] for r in rows] == ["2", "2", "4", "4", "16", "16"]
+  assert [r["A"] for r in rows] == ["1.5", "2.0"] * 3 and {r["cluster"] for r in rows} == {
+      "my_a100"}
   for i, r in enumerate(rows):
     metrics = json.loads((sweep / str(i) / "metrics.json").read_text())
     assert float(r["iteration ms alone (simulated)"]) == pytest.approx(
         metrics["alone_iteration_ms"], rel=1e-3)
     assert float(r["cluster throughput / data parallel (simulated)"]) > 0
+    config = json.loads((sweep / str(i) / "config.json").read_text())
+    assert config["cluster"]["num_nodes"] == 2
   md = (sweep / "sweep_summary.md").read_text().splitlines()
   assert len(md) == 8 and "iteration ms (predicted)" in md[0]
   groups, names = set(), set()
@@ -175,19 +187,7 @@ def test_simulate_sweep_writes_one_table_and_groups_its_runs(tmp_path):
     plan = (sweep / str(i) / "plan.json").read_bytes()
     assert f"plan-digits_mlp-{hashlib.sha256(plan).hexdigest()[:12]}" in artifacts(sweep / str(i))
   assert groups == {"sweep"} and len(names) == 6
-  assert "simulate digits_mlp a100_nvlink_8 G4 B32 A1.5" in names
-
-
-def test_cluster_from_a_yaml_file(tmp_path):
-  shipped = OmegaConf.load(REPO / "conf" / "cluster" / "dgx_h100.yaml")
-  mine = tmp_path / "my_h100.yaml"
-  OmegaConf.save(OmegaConf.merge(shipped, {"name": "my_h100", "num_nodes": 2}), mine)
-  result = run_app("plan", "model=digits_mlp", f"cluster={mine}", "cluster.num_devices=16",
-                   "batch_size=32", "profile=analytic", "logger=disabled", cwd=tmp_path)
-  assert result.returncode == 0, result.stderr
-  plan = json.loads((tmp_path / "run" / "plan.json").read_text())
-  assert plan["cluster"] == "my_h100" and plan["num_devices"] == 16
-  assert plan["cluster_config"]["num_nodes"] == 2
+  assert "simulate digits_mlp my_a100 G4 B32 A1.5" in names
 
 
 @pytest.mark.parametrize("cluster,fragments", [
