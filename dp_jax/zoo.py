@@ -37,10 +37,12 @@ def target_of(model_cfg: Any) -> str:
   """The `_target_` of a model config (a zoo name's target when only `name` is given)."""
   from dp_jax.models.registry import MODEL_NAMES, ZOO
 
-  target = _get(model_cfg, "_target_")
+  target, name = _get(model_cfg, "_target_"), _get(model_cfg, "name")
   if target:
+    if name in ZOO and ZOO[name] != target:  # names pick DeepPool recipes and label plans
+      raise UserError(f"model name '{name}' is the zoo's {ZOO[name]}, not {target}; pick the "
+                      f"zoo model with model={name}, or give your model another model.name")
     return str(target)
-  name = _get(model_cfg, "name")
   if name in ZOO:
     return ZOO[name]
   raise UserError(f"unknown model '{name}'; valid models: {', '.join(MODEL_NAMES)}, or give "

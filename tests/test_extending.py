@@ -97,6 +97,12 @@ def test_bad_targets_are_one_line_errors(target, kwargs, match):
     zoo.build({"_target_": target, "name": "m", "kwargs": kwargs}, abstract=True)
 
 
+def test_a_zoo_name_on_another_target_is_refused():
+  with pytest.raises(UserError, match="model name 'resnet50' is the zoo's .*resnet50, not "
+                                      "dp_jax.models.vgg.VGG16"):
+    zoo.graph_of({"_target_": "dp_jax.models.vgg.VGG16", "name": "resnet50"})
+
+
 def test_examples_inspect_plan_simulate_and_train_through_the_cli(tmp_path):
   both = f"model={VIT},{MIXER}"
   step = {n: tmp_path / n for n in ("inspect", "plan", "simulate", "train")}
