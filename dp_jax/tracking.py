@@ -162,7 +162,8 @@ class Run:
         art = file_artifact(kind, path)
       elif path.is_dir() and any(path.iterdir()):
         art = wandb.Artifact(f"{kind}-{self.wandb_run.id}", type=kind)
-        art.add_reference(path.resolve().as_uri(), name=path.name)
+        # a reference (nothing uploaded), not hashed: checkpoints can be gigabytes
+        art.add_reference(path.resolve().as_uri(), name=path.name, checksum=False)
       else:
         continue
       self.wandb_run.log_artifact(art)
