@@ -91,6 +91,8 @@ def sweep_cells(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:
   """model, cluster, G, B, A of a cell's resolved config (config.json)."""
+  from dp_jax.tracking import plan_file_json
+
   model, cluster = config.get("model") or {}, config.get("cluster") or {}
   planner, runtime = config.get("planner") or {}, config.get("runtime") or {}
   g = cluster.get("num_devices") or runtime.get("num_devices")
@@ -99,6 +101,9 @@ def identity(config: dict[str, Any]) -> dict[str, Any]:
   keys = dict(model=model.get("name"), cluster=cluster.get("name"), num_devices=g,
               global_batch=config.get("batch_size"),
               amplification_limit=planner.get("amplification_limit"))
+  plan = plan_file_json(config.get("plan"))  # a job given a plan runs what the plan says
+  keys.update({k: plan[k] for k in ("cluster", "num_devices", "global_batch",
+                                    "amplification_limit") if k in plan})
   return {k: v for k, v in keys.items() if v is not None}
 
 

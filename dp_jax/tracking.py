@@ -275,12 +275,25 @@ def run_name(cfg: dict[str, Any], app: str) -> str:
   g = pick("cluster", "num_devices") or pick("runtime", "num_devices")
   if g is None and isinstance(cluster, dict) and cluster.get("devices_per_node"):
     g = int(cluster.get("num_nodes") or 1) * int(cluster["devices_per_node"])
-  parts = [app, pick("model", "name"), pick("cluster", "name"),
-           f"G{g}" if g is not None else None,
-           f"B{pick('batch_size')}" if pick("batch_size") is not None else None,
-           f"A{pick('planner', 'amplification_limit')}"
-           if pick("planner", "amplification_limit") is not None else None]
+  b, a, where = pick("batch_size"), pick("planner", "amplification_limit"), pick("cluster", "name")
+  plan = plan_file_json(cfg.get("plan"))
+  if plan:  # a job given a plan runs what the plan says
+    g, b = plan.get("num_devices", g), plan.get("global_batch", b)
+    a, where = plan.get("amplification_limit", a), plan.get("cluster", where)
+  parts = [app, pick("model", "name"), where, f"G{g}" if g is not None else None,
+           f"B{b}" if b is not None else None, f"A{a}" if a is not None else None]
   return " ".join(str(p) for p in parts if p is not None)
+
+
+def plan_file_json(plan: Any) -> dict[str, Any]:
+  """The JSON of a plan file a job was given ({} for none, a plan mode, or an unreadable one)."""
+  if not isinstance(plan, str) or plan in PLAN_MODES or not Path(plan).is_file():
+    return {}
+  try:
+    data = json.loads(Path(plan).read_text())
+  except (OSError, ValueError):
+    return {}
+  return data if isinstance(data, dict) else {}
 
 
 def _start_wandb(resolved: dict[str, Any], prov: dict[str, Any], logger_cfg: Any, mode: str,
