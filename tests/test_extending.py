@@ -203,3 +203,35 @@ def test_simulate_sweep_on_own_cluster_file_writes_one_table_and_groups_its_runs
 def test_cluster_file_errors_say_how(tmp_path, cluster, fragments):
   result = run_app("plan", f"cluster={cluster}", "logger=disabled", cwd=tmp_path)
   assert_one_line_error(result, *fragments)
+
+
+@pytest.mark.slow
+def test_examples_through_profile_measure_validate_and_pipeline(tmp_path):
+  step = {n: tmp_path / n for n in ("profile", "validate", "pipeline")}
+  for folder in step.values():
+    folder.mkdir()
+  result = run_app("profile", f"model={MIXER}", "profile=measure", "profile.batches=[1,2]",
+                   "profile.repeats=1", "profile.warmup=0", f"profile.cache_dir={tmp_path}/c",
+                   "logger=disabled", cwd=step["profile"], env=USER_ENV)
+  assert result.returncode == 0, result.stderr
+  profile = json.loads((step["profile"] / "run" / "profile.json").read_text())
+  assert profile["source"] == "measured" and len(profile["layers"]) == 6
+  assert all(set(rows) == {"1", "2"} for rows in profile["layers"].values())
+
+  result = run_app("validate", f"model={MIXER}", "batch_size=8", "validate.plans=2",
+                   "validate.steps=2", "validate.warmup=1", "validate.num_devices=2",
+                   "validate.profile_repeats=1", "validate.profile_passes=1",
+                   "validate.profile_cuts=1", "validate.amplification_limits=[1.5]",
+                   f"validate.cache_dir={tmp_path}/c", "logger=disabled", cwd=step["validate"],
+                   env=USER_ENV, timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  status = json.loads((step["validate"] / "run" / "status.json").read_text())
+  assert status["model"] == "tiny_mixer" and status["plans"] >= 2
+
+  result = run_app("pipeline", f"model={VIT}", "cluster.num_devices=2", "batch_size=4",
+                   "profile=analytic", "background=none", "train.steps=2", "logger=disabled",
+                   "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]",
+                   cwd=step["pipeline"], env=USER_ENV, timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = json.loads((step["pipeline"] / "run" / "summary.json").read_text())
+  assert summary["local"]["train_steps"]["value"] == 2
