@@ -12,9 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
-
 from dp_jax.errors import UserError
+from dp_jax.sweep_summary import SweepSummary
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 log = logging.getLogger("dp_jax")
@@ -34,7 +33,11 @@ def one_line(exc: BaseException) -> str:
     name = group[-1]
     group_name = group[0] if len(group) == 2 else "config"
     valid = ", ".join(o for o in sorted(exc.options) if not o.endswith("_schema"))
-    return f"unknown {group_name} '{name}' (valid {group_name} options: {valid})"
+    from dp_jax.config_files import FILE_GROUPS
+
+    hint = (f"; or a YAML file: {group_name}=path/to/{name}.yaml (docs/extending.md)"
+            if group_name in FILE_GROUPS else "")
+    return f"unknown {group_name} '{name}' (valid {group_name} options: {valid}){hint}"
   from hydra.errors import OverrideParseException
 
   if isinstance(exc, OverrideParseException):
@@ -92,7 +95,11 @@ def hydra_app(config_name: str, schema: type) -> Callable[[TaskFn], Callable[[],
       os.environ["HYDRA_FULL_ERROR"] = "1"
       job = functools.partial(_run_job, task, config_name)
       functools.update_wrapper(job, task)
-      sys.argv[1:] = expand_file_overrides(sys.argv[1:])
+      try:
+        sys.argv[1:] = expand_file_overrides(sys.argv[1:])
+      except UserError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        sys.exit(2)
       _EXISTING.take(sys.argv[1:])
       hydra_main = hydra.main(version_base=None, config_path=CONF_DIR, config_name=config_name)(job)
       try:
@@ -126,7 +133,11 @@ FILE_GROUPS = {"profile": "file"}
 
 
 def expand_file_overrides(args: list[str]) -> list[str]:
-  """Rewrite `group=<path>.json` overrides of FILE_GROUPS into the group's file option."""
+  """Rewrite `group=<path>.json` overrides of FILE_GROUPS into the group's file option, and
+  `model=` / `cluster=<path>.yaml` into an option on the search path (dp_jax/config_files.py)."""
+  from dp_jax.config_files import expand_yaml_overrides
+
+  args = expand_yaml_overrides(args, CONF_DIR)
   out = []
   for arg in args:
     key, sep, value = arg.partition("=")
@@ -256,50 +267,6 @@ class _FolderSnapshot:
 
 
 _EXISTING = _FolderSnapshot()
-
-
-class SweepSummary(Callback):
-  """Hydra callback (conf/hydra/callbacks): after a multirun, one table of its cells."""
-
-  failed = 0  # failed cells of the last sweep in this process; main() exits non-zero on it
-
-  def on_multirun_start(self, config: Any, **_: Any) -> None:
-    SweepSummary.failed = 0
-
-  def on_multirun_end(self, config: Any, **_: Any) -> None:
-    rows = sweep_rows(Path(config.hydra.sweep.dir))
-    SweepSummary.failed = sum(r[1] != "ok" for r in rows)
-    print_sweep_summary(rows, Path(config.hydra.sweep.dir))
-
-
-def sweep_rows(sweep_dir: Path) -> list[tuple[str, str, str]]:
-  """(cell overrides, status, error) of every cell folder of a sweep, in cell order."""
-  import json
-
-  rows = []
-  cells = [p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
-  for cell in sorted(cells, key=lambda p: int(p.name)):
-    try:
-      status = json.loads((cell / "status.json").read_text())
-    except (OSError, ValueError):
-      rows.append((cell.name, "failed", "no status.json: the cell did not finish"))
-      continue
-    overrides = " ".join(status.get("overrides", [])) or cell.name
-    rows.append((overrides, str(status.get("status")), str(status.get("error") or "")))
-  return rows
-
-
-def print_sweep_summary(rows: list[tuple[str, str, str]], sweep_dir: Path) -> None:
-  from rich.console import Console
-  from rich.table import Table
-
-  failed = sum(r[1] != "ok" for r in rows)
-  table = Table(title=f"sweep {sweep_dir}: {len(rows) - failed} ok, {failed} failed")
-  for c in ("cell", "status", "error"):
-    table.add_column(c)
-  for r in rows:
-    table.add_row(*r)
-  Console(width=160).print(table)
 
 
 def _quiet_third_party_loggers() -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 class WandbMode(str, Enum):
@@ -14,11 +15,25 @@ class WandbMode(str, Enum):
   disabled = "disabled"
 
 
+def _model_name(target: str) -> str:
+  """The default model name: the last component of its _target_ ('pkg.vit.ViT' -> 'ViT')."""
+  return str(target).rsplit(".", 1)[-1]
+
+
+OmegaConf.register_new_resolver("dp_jax.model_name", _model_name, replace=True)
+
+
 @dataclass
 class ModelConfig:
-  """A zoo model and its size options (None: the model's own default)."""
+  """A model: an importable GraphModel subclass or factory (`_target_`) and its arguments.
 
-  name: str = MISSING
+  The typed size options (None: the target's own default) and `kwargs` are passed to the
+  target as keyword arguments, with dtype and rngs (docs/extending.md). `name` labels the
+  model in graphs, plans and runs (default: the last component of `_target_`).
+  """
+
+  _target_: str = MISSING
+  name: str = "${dp_jax.model_name:${._target_}}"
   image_size: int | None = None
   num_classes: int | None = None
   seq_len: int | None = None
@@ -27,6 +42,7 @@ class ModelConfig:
   n_head: int | None = None
   vocab_size: int | None = None
   dtype: str = "float32"
+  kwargs: dict[str, Any] = field(default_factory=dict)  # the target's other arguments
 
 
 @dataclass

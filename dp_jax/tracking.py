@@ -80,7 +80,9 @@ class Run:
   _summary: dict[str, Any] = field(default_factory=dict)
   _start: Callable[[], Any] | None = None  # writes config/provenance, returns the W&B run
   begun: bool = False
-  writes: bool = True  # False on processes other than 0 of a multi-process job
+  # (artifact type, path) the job read and wrote: logged with lineage at a successful finish
+  inputs: list[tuple[str, Path]] = field(default_factory=list)
+  outputs: list[tuple[str, Path]] = field(default_factory=list)
 
   def begin(self) -> None:
     """Write config.json and provenance.json and start the W&B run (once)."""
@@ -133,6 +135,8 @@ class Run:
   def finish(self, exit_code: int = 0) -> None:
     if self.wandb_run is None:
       return
+    if exit_code == 0:
+      self._safe(self.log_artifacts)
     try:
       if "jax" in sys.modules:  # an app that never used JAX does not import it to describe it
         self.wandb_run.config.update({"devices": device_summary()}, allow_val_change=True)
@@ -140,6 +144,34 @@ class Run:
       log.warning("could not record the device summary: %s", e)
     self._safe(self.wandb_run.finish, exit_code=exit_code)
     self.wandb_run = None
+
+  def log_artifacts(self) -> None:
+    """The job's input files as used artifacts and its outputs as logged ones (W&B lineage);
+    names are `<type>-<model>-<content digest>`, so a file one job wrote and another read is
+    one artifact version."""
+    import wandb
+
+    used, logged = [], []
+    for kind, path in self.inputs:
+      if Path(path).is_file():
+        art = file_artifact(kind, Path(path))
+        use_artifact(self.wandb_run, art)
+        used.append(art.name)
+    for kind, path in self.outputs:
+      path = Path(path)
+      if path.is_file():
+        art = file_artifact(kind, path)
+      elif path.is_dir() and any(path.iterdir()):
+        art = wandb.Artifact(f"{kind}-{self.wandb_run.id}", type=kind)
+        # a reference (nothing uploaded), not hashed: checkpoints can be gigabytes
+        art.add_reference(path.resolve().as_uri(), name=path.name, checksum=False)
+      else:
+        continue
+      self.wandb_run.log_artifact(art)
+      logged.append(art.name)
+    if used or logged:
+      self.wandb_run.config.update({"artifacts": {"used": used, "logged": logged}},
+                                   allow_val_change=True)
 
   def _safe(self, fn, *args, **kwargs) -> None:
     try:
@@ -172,7 +204,97 @@ def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None
       return None
     return _start_wandb(resolved, prov, logger_cfg, mode, app, output_dir, sweep_name)
 
-  return Run(output_dir, _start=write_and_start_wandb)
+  inputs, outputs = job_files(resolved, app, output_dir)
+  return Run(output_dir, _start=write_and_start_wandb, inputs=inputs, outputs=outputs)
+
+
+# What each app writes (relative to its run folder unless cfg.out names the file).
+OUTPUTS = {"inspect": ("graph", "graph.json"), "profile": ("profile", "profile.json"),
+           "plan": ("plan", "plan.json")}
+PLAN_MODES = ("burst", "data_parallel")  # train's plan= values that plan in the job
+
+
+def job_files(cfg: dict[str, Any], app: str,
+              output_dir: Path) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
+  """(inputs, outputs): the graph, profile, plan and checkpoint files of a job, by type."""
+  inputs: list[tuple[str, Path]] = []
+  if cfg.get("graph"):
+    inputs.append(("graph", Path(cfg["graph"])))
+  profile = cfg.get("profile") or {}
+  if isinstance(profile, dict) and profile.get("source") == "file" and profile.get("path"):
+    inputs.append(("profile", Path(profile["path"])))
+  plan = cfg.get("plan")
+  if isinstance(plan, str) and plan not in PLAN_MODES:
+    inputs.append(("plan", Path(plan)))
+  outputs: list[tuple[str, Path]] = []
+  if app in OUTPUTS:
+    kind, default = OUTPUTS[app]
+    outputs.append((kind, Path(cfg["out"]) if cfg.get("out") else output_dir / default))
+  elif app in ("simulate", "train") and not any(k == "plan" for k, _ in inputs):
+    outputs.append(("plan", output_dir / "plan.json"))
+  if app == "train":
+    outputs.append(("checkpoint", output_dir / "checkpoints"))
+  return inputs, outputs
+
+
+def file_artifact(kind: str, path: Path):
+  """A W&B artifact of one JSON file, named by type, model and content digest."""
+  import hashlib
+
+  import wandb
+
+  data = path.read_bytes()
+  try:
+    model = str(json.loads(data).get("model") or "model")
+  except (ValueError, AttributeError):
+    model = "model"
+  model = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
+  art = wandb.Artifact(f"{kind}-{model}-{hashlib.sha256(data).hexdigest()[:12]}", type=kind,
+                       metadata={"file": path.name})
+  art.add_file(str(path), name=path.name)
+  return art
+
+
+def use_artifact(run: Any, artifact: Any) -> None:
+  """Declare `artifact` an input of `run`. Offline, W&B refuses run.use_artifact; there the
+  run records the same draft-artifact use it would make online (synced by `wandb sync`)."""
+  if not run.settings._offline:
+    run.use_artifact(artifact)
+    return
+  run._log_artifact(artifact, is_user_created=True, use_after_commit=True)
+
+
+def run_name(cfg: dict[str, Any], app: str) -> str:
+  """'simulate vit a100_nvlink_8 G8 B32 A2.0': app, model, cluster, G, B, amplification limit."""
+  def pick(*keys: str) -> Any:
+    node: Any = cfg
+    for k in keys:
+      node = node.get(k) if isinstance(node, dict) else None
+    return node
+
+  cluster = pick("cluster") or {}
+  g = pick("cluster", "num_devices") or pick("runtime", "num_devices")
+  if g is None and isinstance(cluster, dict) and cluster.get("devices_per_node"):
+    g = int(cluster.get("num_nodes") or 1) * int(cluster["devices_per_node"])
+  b, a, where = pick("batch_size"), pick("planner", "amplification_limit"), pick("cluster", "name")
+  plan = plan_file_json(cfg.get("plan"))
+  if plan:  # a job given a plan runs what the plan says
+    g, b = plan.get("num_devices", g), plan.get("global_batch", b)
+    a, where = plan.get("amplification_limit", a), plan.get("cluster", where)
+  parts = [app, pick("model", "name"), where, f"G{g}" if g is not None else None,
+           f"B{b}" if b is not None else None, f"A{a}" if a is not None else None]
+  return " ".join(str(p) for p in parts if p is not None)
+
+
+def plan_file_json(plan: Any) -> dict[str, Any]:
+  """The JSON of a plan file a job was given ({} for none, a plan mode, or an unreadable one)."""
+  if not isinstance(plan, str) or plan in PLAN_MODES or not Path(plan).is_file():
+    return {}
+  try:
+    data = json.loads(Path(plan).read_text())
+  except (OSError, ValueError):
+    return {}
+  return data if isinstance(data, dict) else {}
 
 
 def _start_wandb(resolved: dict[str, Any], prov: dict[str, Any], logger_cfg: Any, mode: str,
@@ -189,6 +311,7 @@ def _start_wandb(resolved: dict[str, Any], prov: dict[str, Any], logger_cfg: Any
       run = wandb.init(
           mode=mode, project=logger_cfg.get("project", "dp_jax"), entity=logger_cfg.get("entity"),
           group=logger_cfg.get("group") or sweep_name, job_type=logger_cfg.get("job_type") or app,
+          name=run_name(resolved, app),
           tags=list(logger_cfg.get("tags") or []), config={**resolved, "provenance": prov},
           dir=str(output_dir), id=run_id, resume="allow", reinit="finish_previous",
           settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))

@@ -18,16 +18,18 @@ def enum_value(x: Any) -> Any:
 
 
 def cluster_config(name: str) -> dict[str, Any]:
-  """The cluster config conf/cluster/<name>.yaml as a dict (for apps that use several)."""
-  from omegaconf import OmegaConf
-
+  """The cluster config conf/cluster/<name>.yaml, or the YAML file `name` names, as a dict."""
   from dp_jax.cli import CONF_DIR
+  from dp_jax.config_files import SUFFIXES, load_yaml
 
+  if str(name).endswith(SUFFIXES):
+    return load_yaml("cluster", name)
   path = Path(CONF_DIR) / "cluster" / f"{name}.yaml"
   if not path.is_file():
     valid = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
-    raise UserError(f"unknown cluster '{name}' (valid cluster options: {valid})")
-  return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    raise UserError(f"unknown cluster '{name}' (valid cluster options: {valid}; or a YAML "
+                    "file: path/to/cluster.yaml)")
+  return load_yaml("cluster", path)
 
 
 def cluster_spec(cluster_cfg: Any):

@@ -164,7 +164,7 @@ def test_dtype_option_sets_param_dtype():
 
 def test_model_names():
   assert set(MODEL_NAMES) == {"vgg16", "resnet50", "wide_resnet50_2", "wide_resnet101_2",
-                              "inception_v3", "gpt2_small", "gpt2_medium", "digits_cnn",
+                              "inception_v3", "gpt2_small", "gpt2_medium", "digits_cnn", "vit",
                               "digits_mlp"}
 
 

@@ -7,6 +7,7 @@ in `nnx.state(model)`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +29,25 @@ class LayerSpec:
 
 
 def spec(name: str, module: nnx.Module, inputs: Sequence[str] = ()) -> LayerSpec:
-  """A LayerSpec whose kind and attrs come from the layer module itself."""
-  return LayerSpec(name, module, tuple(inputs), module.kind, module.attrs())
+  """A LayerSpec whose kind and attrs come from the layer module itself (see describe)."""
+  kind, attrs = describe(module)
+  return LayerSpec(name, module, tuple(inputs), kind, attrs)
+
+
+def describe(module: nnx.Module) -> tuple[str, dict[str, Any]]:
+  """(kind, attrs) of a layer module: its own `kind` and `attrs()` when it has them; flax's
+  nnx.Linear is `linear` and nnx.LayerNorm `layernorm`; any other module is its class name in
+  snake_case (priced from XLA's costs of its trace; docs/extending.md, "Layer kinds")."""
+  kind = getattr(module, "kind", None)
+  if isinstance(kind, str) and kind:
+    attrs = module.attrs() if callable(getattr(module, "attrs", None)) else {}
+    return kind, dict(attrs)
+  if isinstance(module, nnx.Linear):
+    return "linear", {"in_features": module.in_features, "out_features": module.out_features,
+                      "bias": module.use_bias}
+  if isinstance(module, nnx.LayerNorm):
+    return "layernorm", {"d_model": module.num_features}
+  return re.sub(r"(?<!^)(?=[A-Z])", "_", type(module).__name__).lower(), {}
 
 
 def chain(items: Sequence[tuple[str, nnx.Module]], inputs: Sequence[str] = ()) -> list[LayerSpec]:
@@ -43,16 +61,24 @@ def chain(items: Sequence[tuple[str, nnx.Module]], inputs: Sequence[str] = ()) -
 
 
 class GraphModel(nnx.Module):
-  """Base of every zoo model: natural `__call__` plus `layer_specs` for the planner."""
+  """Base of every model: natural `__call__` plus `layer_specs` for the planner.
+
+  A model whose layers run one after another can just hold them in `self.layers` (an
+  nnx.List): its layer specs (`layers.0`, `layers.1`, ...) and its `__call__` come from there.
+  """
 
   config: dict[str, Any]
 
   def __call__(self, x):
-    raise NotImplementedError
+    return run_layers(self, x)
 
   def layer_specs(self) -> list[LayerSpec]:
     """Every planner layer in topological order; the last one outputs the logits."""
-    raise NotImplementedError
+    layers = getattr(self, "layers", None)
+    if layers is None:
+      raise NotImplementedError(f"{type(self).__name__} has no `layers` sequence: define "
+                                "layer_specs() (docs/extending.md)")
+    return chain([(f"layers.{i}", m) for i, m in enumerate(layers)])
 
   def input_spec(self, batch: int) -> jax.ShapeDtypeStruct:
     raise NotImplementedError

@@ -37,6 +37,7 @@ class DigitsCNN(DigitsModel):
   """conv 3x3 16 -> pool -> conv 3x3 32 -> pool -> flatten -> linear 64 -> relu -> linear."""
 
   LAYERS = ("conv1", "pool1", "conv2", "pool2", "flatten", "fc1", "relu", "fc2")
+  min_image_size = MIN_IMAGE_SIZE
 
   def __init__(self, *, image_size: int = 8, num_classes: int = 10, dtype: Any = jnp.float32,
                rngs: nnx.Rngs):

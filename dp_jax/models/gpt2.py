@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dp_jax.errors import UserError
 from dp_jax.models import init, ops
 from dp_jax.models.base import GraphModel, LayerSpec, chain
 
@@ -160,3 +161,23 @@ class GPT2(GraphModel):
 
   def label_spec(self, batch: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((batch, self.seq_len), jnp.int32)
+
+
+def _preset(name: str):
+  size = PRESETS[name]
+
+  def make(*, n_layer: int = size["n_layer"], d_model: int = size["d_model"],
+           n_head: int = size["n_head"], seq_len: int = 1024, vocab_size: int = 50257,
+           dtype: Any = jnp.float32, rngs: nnx.Rngs) -> GPT2:
+    if d_model % n_head:
+      raise UserError(f"d_model={d_model} for model {name} must be divisible by "
+                      f"n_head={n_head}; pick n_head dividing d_model")
+    return GPT2(n_layer=n_layer, d_model=d_model, n_head=n_head, seq_len=seq_len,
+                vocab_size=vocab_size, dtype=dtype, rngs=rngs)
+
+  make.__doc__ = f"GPT-2 {name.split('_')[1]}: {size}, 1024 tokens, the GPT-2 vocabulary."
+  return make
+
+
+gpt2_small = _preset("gpt2_small")
+gpt2_medium = _preset("gpt2_medium")

@@ -182,6 +182,8 @@ MIXED = ("Mixed_5b", "Mixed_5c", "Mixed_5d", "Mixed_6a", "Mixed_6b", "Mixed_6c",
 class InceptionV3(ImageModel):
   """Inception-v3: BasicConv2d stem, 11 Inception modules, global avg pool, fc."""
 
+  min_image_size = MIN_IMAGE_SIZE
+
   def __init__(self, *, image_size: int = 299, num_classes: int = 1000,
                dtype: Any = jnp.float32, rngs: nnx.Rngs):
     self.image_size, self.num_classes = image_size, num_classes

@@ -1,88 +1,133 @@
-"""build_model: every zoo model by name, with validated size options."""
+"""Build a model from its target (an importable GraphModel subclass or factory) and options.
+
+One path for every model: the zoo's names map to targets (ZOO, the same `_target_`s as
+conf/model/*.yaml), and a model from outside the package is just another target. The target
+is called with the options that are set, `dtype` (a JAX dtype) and `rngs` (docs/extending.md).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax.numpy as jnp
 from flax import nnx
 
 from dp_jax.errors import UserError
-from dp_jax.models import digits, gpt2, inception, resnet, vgg
 from dp_jax.models.base import GraphModel
 
-_IMAGE = {  # name -> (constructor(**kw), default image size, minimum image size)
-    "vgg16": (lambda **kw: vgg.VGG16(**kw), 224, vgg.MIN_IMAGE_SIZE),
-    "resnet50": (lambda **kw: resnet.ResNet((3, 4, 6, 3), **kw), 224, resnet.MIN_IMAGE_SIZE),
-    "wide_resnet50_2": (lambda **kw: resnet.ResNet((3, 4, 6, 3), width_per_group=128, **kw),
-                        224, resnet.MIN_IMAGE_SIZE),
-    "wide_resnet101_2": (lambda **kw: resnet.ResNet((3, 4, 23, 3), width_per_group=128, **kw),
-                         224, resnet.MIN_IMAGE_SIZE),
-    "inception_v3": (lambda **kw: inception.InceptionV3(**kw), 299, inception.MIN_IMAGE_SIZE),
-    "digits_cnn": (lambda **kw: digits.DigitsCNN(**kw), 8, digits.MIN_IMAGE_SIZE),
-    "digits_mlp": (lambda **kw: digits.DigitsMLP(**kw), 8, 1),
+ZOO: dict[str, str] = {  # name -> _target_
+    "vgg16": "dp_jax.models.vgg.VGG16",
+    "resnet50": "dp_jax.models.resnet.resnet50",
+    "wide_resnet50_2": "dp_jax.models.resnet.wide_resnet50_2",
+    "wide_resnet101_2": "dp_jax.models.resnet.wide_resnet101_2",
+    "inception_v3": "dp_jax.models.inception.InceptionV3",
+    "digits_cnn": "dp_jax.models.digits.DigitsCNN",
+    "digits_mlp": "dp_jax.models.digits.DigitsMLP",
+    "vit": "dp_jax.models.vit.ViT",
+    "gpt2_small": "dp_jax.models.gpt2.gpt2_small",
+    "gpt2_medium": "dp_jax.models.gpt2.gpt2_medium",
 }
-_CLASSES = {"digits_cnn": 10, "digits_mlp": 10}  # default num_classes where not ImageNet's 1000
-_TEXT_DEFAULTS = {"seq_len": 1024, "vocab_size": 50257}
-MODEL_NAMES: tuple[str, ...] = tuple(_IMAGE) + tuple(gpt2.PRESETS)
+MODEL_NAMES: tuple[str, ...] = tuple(ZOO)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# Typed size options of ModelConfig: positive integers when set (None: the target's default).
+SIZE_OPTIONS = ("image_size", "num_classes", "seq_len", "n_layer", "d_model", "n_head",
+                "vocab_size")
 
 
-def build_model(name: str, *, image_size: int | None = None, num_classes: int | None = None,
-                seq_len: int | None = None, n_layer: int | None = None,
-                d_model: int | None = None, n_head: int | None = None,
-                vocab_size: int | None = None, dtype: str = "float32", seed: int = 0,
-                abstract: bool = False) -> GraphModel:
+def build_model(name: str, *, seed: int = 0, abstract: bool = False, dtype: str = "float32",
+                **options: Any) -> GraphModel:
   """The named zoo model; abstract=True gives ShapeDtypeStruct params (nothing allocated)."""
-  if name not in MODEL_NAMES:
-    raise UserError(f"unknown model '{name}'; valid models: {', '.join(MODEL_NAMES)}")
+  if name not in ZOO:
+    raise UserError(f"unknown model '{name}'; valid models: {', '.join(MODEL_NAMES)} (or a "
+                    "model config with a _target_: docs/extending.md)")
+  return build_target(ZOO[name], options, name=name, dtype=dtype, seed=seed, abstract=abstract)
+
+
+def build_target(target: str, options: Mapping[str, Any], *, name: str, dtype: str = "float32",
+                 seed: int = 0, abstract: bool = False) -> GraphModel:
+  """`target(**options, dtype=..., rngs=nnx.Rngs(seed))`, checked; options: only those set."""
   if dtype not in DTYPES:
     raise UserError(f"unknown dtype '{dtype}' for model {name}; valid: {', '.join(DTYPES)}")
   if isinstance(seed, bool) or not isinstance(seed, int):
     raise UserError(f"seed={seed!r} for model {name} must be an integer")
-  text = dict(seq_len=seq_len, n_layer=n_layer, d_model=d_model, n_head=n_head,
-              vocab_size=vocab_size)
-  image = dict(image_size=image_size, num_classes=num_classes)
-  if name in _IMAGE:
-    _reject(name, text)
-    make = _image_builder(name, image)
-  else:
-    _reject(name, image)
-    make = _text_builder(name, text)
-  kw = dict(dtype=DTYPES[dtype])
-  if abstract:
-    return nnx.eval_shape(lambda: make(rngs=nnx.Rngs(seed), **kw))
-  return make(rngs=nnx.Rngs(seed), **kw)
+  make = locate(target, name)
+  options = {k: v for k, v in options.items() if v is not None}
+  for k in SIZE_OPTIONS:
+    if k in options:
+      positive(name, k, options[k])
+  accepted = _arguments(make)
+  if accepted is not None:
+    extra = sorted((k for k in options if k not in accepted), key=_option_order)
+    if extra:
+      valid = ", ".join(k for k in accepted if k not in ("dtype", "rngs")) or "none"
+      raise UserError(f"option(s) {', '.join(extra)} do not apply to model {name} ({target} "
+                      f"takes: {valid}); remove them")
+    if "rngs" not in accepted:
+      raise UserError(f"model {name}: {target} must take a keyword argument 'rngs' (an "
+                      "nnx.Rngs); see docs/extending.md")
+  min_size = getattr(make, "min_image_size", None)
+  if min_size is not None and options.get("image_size", min_size) < min_size:
+    raise UserError(f"image_size={options['image_size']} is too small for {name}; use at least "
+                    f"{min_size}")
+  kw = dict(options)
+  if accepted is None or "dtype" in accepted:
+    kw["dtype"] = DTYPES[dtype]
+  elif dtype != "float32":
+    raise UserError(f"option dtype does not apply to model {name} ({target} takes no dtype); "
+                    "remove it")
+
+  def build() -> Any:
+    return make(rngs=nnx.Rngs(seed), **kw)
+
+  model = nnx.eval_shape(build) if abstract else build()
+  if not isinstance(model, GraphModel):
+    raise UserError(f"model {name}: {target} returned a {type(model).__name__}, not a "
+                    "dp_jax.models.GraphModel; subclass it (docs/extending.md)")
+  return model
 
 
-def _reject(name: str, options: dict[str, Any]) -> None:
-  given = [k for k, v in options.items() if v is not None]
-  if given:
-    raise UserError(f"option(s) {', '.join(given)} do not apply to model {name}; remove them")
+def locate(target: str, name: str) -> Callable[..., Any]:
+  """The object a dotted path names (module attributes, nested), as a one-line error if not."""
+  from hydra.utils import get_object
+
+  if not isinstance(target, str) or "." not in target:
+    raise UserError(f"model {name}: _target_ {target!r} must be a dotted path such as "
+                    "'my_models.vit.ViT'")
+  try:
+    obj = get_object(target)
+  except Exception as e:  # noqa: BLE001 - an import of user code can fail any way
+    cause = e.__cause__ or e
+    raise UserError(f"model {name}: cannot import _target_ '{target}' ({cause}); is its package "
+                    "on PYTHONPATH?") from None
+  if not callable(obj):
+    raise UserError(f"model {name}: _target_ '{target}' is not a class or function")
+  return obj
 
 
-def _positive(name: str, option: str, value: Any) -> int:
+def _arguments(make: Callable[..., Any]) -> list[str] | None:
+  """The keyword arguments `make` accepts (None: it takes **kwargs, anything goes)."""
+  if inspect.isclass(make) and make.__init__ is object.__init__:
+    return []  # a class without an __init__ of its own takes nothing
+  fn = make.__init__ if inspect.isclass(make) else make
+  try:
+    params = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):
+    return None
+  if inspect.isclass(make):
+    params = params[1:]  # self
+  if any(p.kind is p.VAR_KEYWORD for p in params):
+    return None
+  return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _option_order(key: str) -> tuple[int, str]:
+  return (SIZE_OPTIONS.index(key) if key in SIZE_OPTIONS else len(SIZE_OPTIONS), key)
+
+
+def positive(name: str, option: str, value: Any) -> int:
+  """value, if a positive integer; else a one-line error naming the option."""
   if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
     raise UserError(f"{option}={value!r} for model {name} must be a positive integer")
   return value
-
-
-def _image_builder(name: str, opts: dict[str, Any]) -> Callable[..., GraphModel]:
-  ctor, default_size, min_size = _IMAGE[name]
-  size = opts["image_size"] if opts["image_size"] is not None else default_size
-  classes = opts["num_classes"] if opts["num_classes"] is not None else _CLASSES.get(name, 1000)
-  size, classes = _positive(name, "image_size", size), _positive(name, "num_classes", classes)
-  if size < min_size:
-    raise UserError(f"image_size={size} is too small for {name}; use at least {min_size}")
-  return lambda **kw: ctor(image_size=size, num_classes=classes, **kw)
-
-
-def _text_builder(name: str, opts: dict[str, Any]) -> Callable[..., GraphModel]:
-  cfg = {**gpt2.PRESETS[name], **_TEXT_DEFAULTS}
-  cfg.update({k: v for k, v in opts.items() if v is not None})
-  cfg = {k: _positive(name, k, v) for k, v in cfg.items()}
-  if cfg["d_model"] % cfg["n_head"]:
-    raise UserError(f"d_model={cfg['d_model']} for model {name} must be divisible by "
-                    f"n_head={cfg['n_head']}; pick n_head dividing d_model")
-  return lambda **kw: gpt2.GPT2(**cfg, **kw)

@@ -89,3 +89,19 @@ class ResNet(ImageModel):
     specs += chain([("avgpool", self.avgpool), ("flatten", self.flatten), ("fc", self.fc)],
                    (specs[-1].name,))
     return specs
+
+
+def _with_blocks(blocks: tuple[int, ...], width_per_group: int, doc: str):
+  def make(*, image_size: int = 224, num_classes: int = 1000, dtype: Any = jnp.float32,
+           rngs: nnx.Rngs) -> ResNet:
+    return ResNet(blocks, width_per_group=width_per_group, image_size=image_size,
+                  num_classes=num_classes, dtype=dtype, rngs=rngs)
+
+  make.__doc__ = doc
+  make.min_image_size = MIN_IMAGE_SIZE
+  return make
+
+
+resnet50 = _with_blocks((3, 4, 6, 3), 64, "ResNet-50 (blocks 3, 4, 6, 3).")
+wide_resnet50_2 = _with_blocks((3, 4, 6, 3), 128, "Wide-ResNet-50-2 (width per group 128).")
+wide_resnet101_2 = _with_blocks((3, 4, 23, 3), 128, "Wide-ResNet-101-2 (blocks 3, 4, 23, 3).")

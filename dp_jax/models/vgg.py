@@ -19,6 +19,8 @@ MIN_IMAGE_SIZE = 32  # five 2x2 pools
 class VGG16(ImageModel):
   """VGG-16: conv/relu/maxpool features, flatten, then linear/relu/linear/relu/linear."""
 
+  min_image_size = MIN_IMAGE_SIZE
+
   def __init__(self, *, image_size: int = 224, num_classes: int = 1000, dtype: Any = jnp.float32,
                rngs: nnx.Rngs):
     self.image_size, self.num_classes = image_size, num_classes

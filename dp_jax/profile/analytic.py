@@ -33,7 +33,8 @@ MIXED_PARAM_BYTES = 8
 
 # Kinds whose work runs on the matrix units (tensor cores); the rest are elementwise/reductions
 # and run on the vector units at the float32 rate at best: the roofline caps them by memory.
-MATRIX_KINDS = ("conv2d", "linear", "transformer_block", "lm_head")
+MATRIX_KINDS = ("conv2d", "linear", "transformer_block", "lm_head", "patch_embed",
+                "self_attention", "mlp_block")
 
 
 @dataclass(frozen=True)

@@ -61,11 +61,14 @@ RECIPES: dict[str, tuple[Source, ...]] = {
     # ResNet-50's convs have the same shapes as ResNet-152's (the RESNET152 section); its
     # head (global pool, flatten, 2048->1000 linear) is the same op as WRN's head.
     "resnet50": (("resnetLayerGpuProfileA100V2.txt", "RESNET152"), ("A100_wrn.prof", None)),
+    # DeepPool's ViT (dp_jax/models/vit.py): every layer has its row at batches 1-128.
+    "vit": (("vitLayerGpuProfileA100.txt", None),),
 }
 DEFAULT_RECIPE: tuple[Source, ...] = (
     ("A100_vgg.prof", None), ("A100_wrn.prof", None), ("A100_inception.prof", None),
     ("inceptionLayerGpuProfileA100.txt", None), ("wrnLayerGpuProfileA100V2.txt", None),
-    ("vggLayerGpuProfileA100.txt", None), ("resnetLayerGpuProfileA100V2.txt", None))
+    ("vggLayerGpuProfileA100.txt", None), ("resnetLayerGpuProfileA100V2.txt", None),
+    ("vitLayerGpuProfileA100.txt", None))
 CROSS_CHECKS: dict[str, tuple[str, str]] = {
     "wide_resnet101_2": ("A100_wrn.prof", "wrnLayerGpuProfileA100V2.txt"),
     "inception_v3": ("A100_inception.prof", "inceptionLayerGpuProfileA100.txt"),

@@ -11,7 +11,10 @@ Signature = tuple[str, tuple, tuple[int, ...]]  # (kind, parameters, per-sample 
 
 _ROW_KIND = {"conv2d": "conv2d", "ReLU2d": "relu", "ReLU1d": "relu", "maxPool2d": "maxpool",
              "avgPool2d": "avgpool", "adAvgPool2d": "gap", "flatten": "flatten",
-             "linear": "linear", "concat": "concat", "ResnetBottleneck": "bottleneck"}
+             "linear": "linear", "concat": "concat", "ResnetBottleneck": "bottleneck",
+             # the ViT's pieces (dp_jax/models/vit.py follows DeepPool's examples/vit.py)
+             "prep": "patch_embed", "TransBlockA": "self_attention", "TransBlockB": "mlp_block",
+             "prepOut": "class_token"}
 
 
 def _pair(v: Any) -> tuple[int, int]:
@@ -42,7 +45,14 @@ def row_signature(row: Row) -> Signature | None:
     ds = p.get("downsampleParams")
     sig = (int(p["inplanes"]), int(p["planes"]), int(p.get("base_width", 64)),
            int(p.get("stride", 1)), ds is not None)
-  elif kind in ("relu", "gap", "flatten", "concat"):
+  elif kind == "patch_embed":
+    sig = (int(p["dim"]), int(p["img_dim"]), int(p["in_channels"]), int(p["patch_dim"]),
+           float(p.get("dropout", 0.0)))
+  elif kind == "self_attention":
+    sig = (int(p["dim"]), int(p["heads"]), int(p["dim_head"]))
+  elif kind == "mlp_block":
+    sig = (int(p["dim"]), int(p["dim_linear_block"]))
+  elif kind in ("relu", "gap", "flatten", "concat", "class_token"):
     sig = ()
   else:
     return None
@@ -70,6 +80,16 @@ def node_signature(graph: LayerGraph, node: LayerNode) -> Signature | None:
     return ("linear", (int(a["in_features"]), int(a["out_features"])), (int(a["in_features"]),))
   if k == "concat":
     return ("concat", (), chw(node.out_shape))
+  if k == "patch_embed":  # DeepPool's dropout 0.0: none, as ours
+    return ("patch_embed", (int(a["dim"]), int(a["image_size"]), int(a["in_channels"]),
+                            int(a["patch_size"]), 0.0), chw(in_shape))
+  if k == "self_attention":
+    return ("self_attention", (int(a["dim"]), int(a["heads"]), int(a["dim_head"])),
+            tuple(in_shape))
+  if k == "mlp_block":
+    return ("mlp_block", (int(a["dim"]), int(a["hidden"])), tuple(in_shape))
+  if k == "class_token":
+    return ("class_token", (), tuple(in_shape))
   return None
 
 

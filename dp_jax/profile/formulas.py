@@ -8,7 +8,7 @@ from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph, LayerNode
 
 KNOWN_KINDS = ("conv2d", "linear", "relu", "maxpool", "avgpool", "flatten", "add", "concat",
-               "transformer_block", "embed", "lm_head")
+               "transformer_block", "embed", "lm_head", "class_token")
 
 
 def input_shapes(graph: LayerGraph, node: LayerNode) -> list[tuple[int, ...]]:
@@ -49,7 +49,7 @@ def forward_flops(node: LayerNode, in_shapes: list[tuple[int, ...]]) -> float:
       return float(_numel(in_shapes[0]))
     kh, kw = _pair(a["kernel_size"])
     return float(kh * kw * out)
-  if k in ("flatten", "concat"):
+  if k in ("flatten", "concat", "class_token"):  # class_token: a slice (dp_jax/models/vit.py)
     return 0.0
   if k == "transformer_block":
     d, s = int(a["d_model"]), int(a["seq_len"])
