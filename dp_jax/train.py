@@ -229,6 +229,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
 
   distributed.initialize(cfg.runtime.distributed)
   from dp_jax import orchestrator, workflow, zoo
+  from dp_jax.planner.plan import as_plan
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime.stages import structure_graph
   from dp_jax.runtime.train_loop import train
@@ -236,7 +237,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   out_dir = run.output_dir  # one folder per job, also with several processes (cli.py)
   devices = job_devices(cfg.runtime.num_devices)
   if cfg.plan not in PLAN_MODES:  # a plan for another model config: refuse before building
-    workflow.check_made_for(load_plan_file(cfg.plan),
+    workflow.check_made_for(as_plan(load_plan_file(cfg.plan), f"plan {cfg.plan}"),
                             model_record(cfg, zoo.build(cfg.model, abstract=True)),
                             f"plan {cfg.plan}")
   model = zoo.build(cfg.model, seed=cfg.seed)

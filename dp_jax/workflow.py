@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dp_jax.errors import UserError
+
+if TYPE_CHECKING:
+  from dp_jax.planner.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +151,9 @@ def model_record(graph, model_cfg: Any = None) -> dict[str, Any]:
           "layers": len(graph.nodes), "options": options}
 
 
-def check_made_for(plan: Any, record: dict[str, Any], where: str) -> None:
-  """Refuse a plan (a Plan or plan JSON) recorded as made for another model config (one line
-  naming both)."""
-  from dp_jax.planner.plan import as_plan
-
-  made = as_plan(plan, where).made_for
+def check_made_for(plan: Plan, record: dict[str, Any], where: str) -> None:
+  """Refuse a plan recorded as made for another model config (one line naming both)."""
+  made = plan.made_for
   if made is None:
     return  # a plan from before plans recorded it: the layer names are still checked
   keys = ["name", "input_shape", "layers"]

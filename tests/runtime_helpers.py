@@ -66,7 +66,7 @@ def run_plan(model, name: str, layout, data, optimizer, num_devices: int = 8,
                      shardings=shardings)
   plan["options"] = {"batch_norm": batch_norm}
   checked = check_plan(plan, graph, available_devices=len(jax.devices()))
-  set_statistics_groups(model, plan)
+  set_statistics_groups(model, checked)
   defs, params, stats = split_layers(model)
   program = build_program(graph, defs, checked, optimizer, jax.devices())
   state = init_state(program, params, stats, optimizer)

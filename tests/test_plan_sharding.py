@@ -7,7 +7,7 @@ import pytest
 
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph, LayerNode
-from dp_jax.planner.plan import PLAN_SCHEMA, Plan
+from dp_jax.planner.plan import PLAN_SCHEMA, Plan, as_plan
 from dp_jax.runtime.plan_check import check_plan
 from dp_jax.runtime.plans import layout_plan
 from dp_jax.sharding import LayerSharding, default_sharding
@@ -111,5 +111,5 @@ def test_local_batch_norm_groups_follow_the_data_axis():
   model = SimpleNamespace(layer_specs=lambda: [SimpleNamespace(name=n, module=m)
                                                for n, m in convs.items()])
   plan = {**sharded_plan(), "options": {"batch_norm": "local"}}
-  set_statistics_groups(model, plan)
+  set_statistics_groups(model, as_plan(plan))
   assert convs["fc1"].stats_groups == 2 and convs["fc2"].stats_groups == 1  # d of (d, m)

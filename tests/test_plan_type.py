@@ -88,4 +88,4 @@ def test_batch_norm_and_made_for_read_the_plan_type():
   d["made_for"] = made
   check_made_for(as_plan(d), made, "plan p.json")
   with pytest.raises(UserError, match="plan p.json was made for chain"):
-    check_made_for(d, {**made, "input_shape": [8]}, "plan p.json")
+    check_made_for(as_plan(d), {**made, "input_shape": [8]}, "plan p.json")

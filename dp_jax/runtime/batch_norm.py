@@ -8,10 +8,8 @@ PyTorch DDP does without SyncBatchNorm; the result then depends on each layer's 
 
 from __future__ import annotations
 
-from typing import Any
-
 from dp_jax.errors import UserError
-from dp_jax.planner.plan import Plan, as_plan
+from dp_jax.planner.plan import Plan
 
 MODES = ("sync", "local")
 
@@ -24,11 +22,10 @@ def batch_norm_mode(plan: Plan) -> str:
   return mode
 
 
-def set_statistics_groups(model, plan: Plan | Any) -> None:
+def set_statistics_groups(model, plan: Plan) -> None:
   """Give every batch-norm layer of `model` one statistics group per sample range of its layer
-  in the plan (a Plan or plan JSON; local: one per device along its "data" axis), or one for
-  its whole batch (sync)."""
-  plan = as_plan(plan)
+  in the plan (local: one per device along its "data" axis), or one for its whole batch
+  (sync)."""
   local = batch_norm_mode(plan) == "local"
   groups = {lp.name: lp.mesh[0] for lp in plan.layers}  # data axis: devices with own samples
   for spec in model.layer_specs():
