@@ -152,3 +152,16 @@ def test_p2p_link():
 def test_new_fields_are_validated(kw, needle):
   with pytest.raises(UserError, match=needle):
     spec(**kw)
+
+
+def test_latency_grows_per_doubling_of_the_nodes_spanned():
+  c = spec(num_nodes=128, inter_node_latency_per_doubling_us=10.0)
+  us = lambda start, count: float(collective_latency_ms(c, start, count)) * 1e3  # noqa: E731
+  assert us(0, 8) == pytest.approx(2.0)  # inside a node: the intra latency, whatever the size
+  assert us(0, 16) == pytest.approx(5.0)  # 2 nodes: the inter latency
+  assert us(4, 8) == pytest.approx(5.0)  # 8 devices across a node boundary span 2 nodes
+  assert us(0, 64) == pytest.approx(5.0 + 10.0 * 2)  # 8 nodes: two doublings beyond 2
+  assert us(0, 1024) == pytest.approx(5.0 + 10.0 * 6)
+  assert float(collective_latency_ms(c, 0, 1)) == 0.0
+  flat = spec(num_nodes=128)  # no growth configured: one figure for every group
+  assert float(collective_latency_ms(flat, 0, 1024)) * 1e3 == pytest.approx(5.0)
