@@ -56,6 +56,9 @@ the block's size alone (n non-identity branches, C counts, G devices; cells = C^
 - packed (larger blocks, e.g. every block at G >= 64): one lane per branch packed from
   device 0 in branch order (the search before groups), exact for two lanes, a heuristic
   beyond. Cost O(branches G C^3).
+Where a block's tier is a heuristic (groups of 2+ branches, packed), lower_bound() reruns the
+DP with its concurrent cost floored (lanes.concurrent_floor): a lower bound on the best plan
+of this space, which make_plan records with the plan's gap to it.
 
 Outside the space (evaluate() accepts them, the search never returns them): chains, forks and
 joins off the prefix [0, count); outside the exact tier, a branch that changes device count
