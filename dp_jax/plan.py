@@ -204,6 +204,8 @@ def plan_task(cfg: Any, run: Run) -> dict[str, Any]:
           "gpu_time_saving": 1 - p["gpu_ms"] / p["data_parallel_gpu_ms"],
           "weight_sharded_layers": sum(lp.sharding.split != "samples" for lp in plan.layers),
           "memory_peak_gb": p.get("memory_peak_gb"),
+          "lower_bound_ms": plan.extra.get("optimality", {}).get("lower_bound_ms"),
+          "optimality_gap": plan.extra.get("optimality", {}).get("gap"),
           "planner_seconds": plan.planner_seconds, "plan": str(out)}
 
 

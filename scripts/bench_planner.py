@@ -3,13 +3,23 @@
 Graphs come from the model zoo (dp_jax.models.registry.build_model + dp_jax.trace.trace_graph)
 and timings from the analytic roofline profile (dp_jax.profile.analytic); where those are not
 importable, synthetic graphs of the same size (dp_jax.planner.synthetic) stand in. Prints, per
-model, G = 8 ... 1024 with B = G and B = 32 (where G <= 32), and B = G = 960 with all 28
-divisors of 960 as candidate counts.
+model, make_plan's seconds with samples only and with the joint (count x sharding) search
+(planner.sharding=[samples,weights]) side by side: G = 8 ... 1024 with B = G and B = 32 (where
+G < 32), B = G = 960 with all 28 divisors of 960 as candidate counts, and B = G = 16,384
+(samples only; the cluster's node count raised to hold it). Then the plan app's process wall
+time (ResNet-50, G = B = 1024, graph JSON given, W&B off, no chart) beside
+`python -c "import jax"`, each the median of --repeats runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,8 +31,12 @@ from dp_jax.planner import make_plan
 from dp_jax.planner.options import PlanOptions, candidate_counts
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ("resnet50", "inception_v3", "wide_resnet101_2", "gpt2")
-BATCHES = [2 ** k for k in range(11)] + [3, 5, 15, 30, 60, 120, 240, 480, 960]
+MODELS = ("vgg16", "resnet50", "wide_resnet50_2", "wide_resnet101_2", "inception_v3",
+          "gpt2_small", "gpt2_medium")
+BATCHES = [2 ** k for k in range(15)] + [3, 5, 15, 30, 60, 120, 240, 480, 960]
+JOINT = ("samples", "weights")
+LARGE = 16384  # samples only
+APP_LIMIT = 2.5  # the plan app's wall time may be at most this many `import jax`
 
 
 def load_graph(name: str, synthetic_only: bool = False):
@@ -47,44 +61,93 @@ def load_graph(name: str, synthetic_only: bool = False):
 
 
 def cases(quick: bool):
+  """(G, B, device_counts, joint too)."""
   sizes = [8, 64, 1024] if quick else [2 ** k for k in range(3, 11)]
   for g in sizes:
-    yield g, g, "divisors"
-    if g <= 32 and g != 32:
-      yield g, 32, "divisors"
-  yield 960, 960, "divisors"
+    yield g, g, "divisors", True
+    if g < 32:
+      yield g, 32, "divisors", True
+  yield 960, 960, "divisors", True
+  yield LARGE, LARGE, "divisors", False
+
+
+def timed_plan(graph, profile, cluster, g, b, counts, sharding):
+  start = time.perf_counter()
+  try:
+    plan = make_plan(graph, profile, cluster, num_devices=g, global_batch=b,
+                     device_counts=counts, sharding=sharding)
+  except UserError as e:
+    return None, str(e)
+  return time.perf_counter() - start, plan
+
+
+def wall(cmd: list[str], cwd: Path, repeats: int) -> float:
+  """Median wall seconds of a process (stdout discarded; a failure raises)."""
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.PIPE)
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def app_wall_time(graph, repeats: int) -> None:
+  """The plan app on a known graph against `python -c "import jax"`."""
+  with tempfile.TemporaryDirectory() as tmp:
+    path = graph.save(Path(tmp) / "graph.json")
+    app = wall([sys.executable, "-m", "dp_jax.plan", f"graph={path}", "cluster=dgx_a100",
+                "cluster.num_devices=1024", "batch_size=1024", "logger=disabled", "chart=false",
+                f"hydra.run.dir={tmp}/run", f"out={tmp}/plan.json"], Path(tmp), repeats)
+    jax = wall([sys.executable, "-c", "import jax"], Path(tmp), repeats)
+  verdict = "ok" if app <= APP_LIMIT * jax else f"over {APP_LIMIT}x"
+  print(f"plan app (resnet50, G = B = 1024, graph JSON, logger=disabled chart=false): "
+        f"{app:.2f} s wall; python -c 'import jax': {jax:.2f} s; ratio {app / jax:.2f} "
+        f"({verdict}, limit {APP_LIMIT}x); median of {repeats}")
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", nargs="*", default=list(MODELS))
   parser.add_argument("--cluster", default=str(ROOT / "conf/cluster/dgx_a100.yaml"))
-  parser.add_argument("--quick", action="store_true", help="G in {8, 64, 1024} and 960 only")
+  parser.add_argument("--quick", action="store_true", help="G in {8, 64, 1024}, 960, 16384")
   parser.add_argument("--synthetic", action="store_true",
                       help="use the synthetic ResNet/Inception-sized graphs, not the zoo")
+  parser.add_argument("--repeats", type=int, default=3, help="runs per app wall time")
+  parser.add_argument("--no-app", action="store_true", help="skip the plan app's wall time")
   args = parser.parse_args()
-  cluster = load_cluster(yaml.safe_load(Path(args.cluster).read_text()))
-  print(f"cluster {cluster.name}; times are wall seconds of make_plan on this machine")
-  print(f"{'model':18} {'layers':>6} {'G':>5} {'B':>5} {'counts':>6} {'seconds':>8} "
-        f"{'iter_ms':>9} {'dp_iter_ms':>10} {'gpu_ms':>10} {'dp_gpu_ms':>10}")
+  base = load_cluster(yaml.safe_load(Path(args.cluster).read_text()))
+  print(f"cluster {base.name}; seconds are wall seconds of make_plan on this machine "
+        f"(samples: planner.sharding=[samples]; joint: [samples,weights]); measured")
+  print(f"{'model':18} {'layers':>6} {'G':>6} {'B':>6} {'counts':>6} {'samples_s':>9} "
+        f"{'joint_s':>8} {'iter_ms':>9} {'joint_ms':>9} {'dp_iter_ms':>10}")
+  resnet = None
   for name in args.models:
     graph, profile, source = load_graph(name, args.synthetic)
+    resnet = graph if name == "resnet50" else resnet
     print(f"# {name}: {len(graph.nodes)} layers, {len(graph.fork_join_blocks())} fork/join "
           f"blocks, from {source}")
-    for g, b, counts in cases(args.quick):
+    for g, b, counts, joint in cases(args.quick):
+      cluster = base
+      if g > base.num_devices:
+        cluster = dataclasses.replace(base, num_nodes=-(-g // base.devices_per_node))
       n = len(candidate_counts(PlanOptions(num_devices=g, global_batch=b, device_counts=counts)))
-      start = time.perf_counter()
-      try:
-        plan = make_plan(graph, profile, cluster, num_devices=g, global_batch=b,
-                         device_counts=counts)
-      except UserError as e:
-        print(f"{name:18} {len(graph.nodes):6} {g:5} {b:5} {n:6}  skipped: {e}")
+      head = f"{name:18} {len(graph.nodes):6} {g:6} {b:6} {n:6}"
+      seconds, plan = timed_plan(graph, profile, cluster, g, b, counts, ("samples",))
+      if seconds is None:
+        print(f"{head}  skipped: {plan}")
         continue
-      seconds = time.perf_counter() - start
+      j_seconds, j_plan = (timed_plan(graph, profile, cluster, g, b, counts, JOINT) if joint
+                           else (None, None))
+      j_s = f"{j_seconds:8.3f}" if j_seconds is not None else f"{'-':>8}"
+      j_ms = f"{j_plan.predicted['iteration_ms']:9.2f}" if j_seconds is not None else f"{'-':>9}"
       p = plan.predicted
-      print(f"{name:18} {len(graph.nodes):6} {g:5} {b:5} {n:6} {seconds:8.3f} "
-            f"{p['iteration_ms']:9.2f} {p['data_parallel_iteration_ms']:10.2f} "
-            f"{p['gpu_ms']:10.0f} {p['data_parallel_gpu_ms']:10.0f}")
+      print(f"{head} {seconds:9.3f} {j_s} {p['iteration_ms']:9.2f} {j_ms} "
+            f"{p['data_parallel_iteration_ms']:10.2f}")
+  if not args.no_app:
+    app_wall_time(resnet if resnet is not None else load_graph("resnet50", args.synthetic)[0],
+                  args.repeats)
 
 
 if __name__ == "__main__":

@@ -91,11 +91,12 @@ def pinned_pairs(model) -> list[tuple[str, str]]:
           if n.kind in ELEMENTWISE_KINDS and len(n.inputs) == 1]
 
 
-def in_claimed_space(model, a: dict) -> bool:
+def in_claimed_space(model, a: dict, count_changes: bool = True) -> bool:
   """Whether assignment `a` lies in the space search.py's docstring claims for its exact tier:
   top-level layers (forks, joins) on prefixes [0, c); each block merged, or its branches in
   sharing groups whose device hulls are disjoint, a group of several branches all on one
-  placement (a group of one may change placement inside its hull)."""
+  placement (a group of one may change placement inside its hull, unless not
+  `count_changes`: the space of the groups and packed tiers)."""
   for item in model.graph.decompose().items:
     if isinstance(item, str):
       if a[item][0] != 0:
@@ -109,7 +110,7 @@ def in_claimed_space(model, a: dict) -> bool:
     hulls = []
     for grp in sharing_groups(masks):
       layers = [n for i in grp for n in flat_layers(branches[i])]
-      if len(grp) > 1 and len({a[n] for n in layers}) > 1:
+      if (len(grp) > 1 or not count_changes) and len({a[n] for n in layers}) > 1:
         return False
       hulls.append((min(a[n][0] for n in layers), max(sum(a[n]) for n in layers)))
     hulls.sort()
@@ -118,7 +119,7 @@ def in_claimed_space(model, a: dict) -> bool:
   return True
 
 
-def brute_force(model, claimed: bool = False) -> tuple[float, dict]:
+def brute_force(model, claimed: bool = False, count_changes: bool = True) -> tuple[float, dict]:
   """The least iteration_ms over every assignment evaluate() accepts that keeps elementwise
   layers on their producers' devices (`claimed`: and lies in in_claimed_space), and that
   assignment."""
@@ -130,7 +131,7 @@ def brute_force(model, claimed: bool = False) -> tuple[float, dict]:
     a = dict(zip(free, combo, strict=True))
     for name, src in pins:  # producers come first (topological order)
       a[name] = a[src]
-    if claimed and not in_claimed_space(model, a):
+    if claimed and not in_claimed_space(model, a, count_changes):
       continue
     ms = evaluate(model, a).iteration_ms
     if ms < best - 1e-12:
@@ -141,7 +142,7 @@ def brute_force(model, claimed: bool = False) -> tuple[float, dict]:
 def planner(model) -> tuple[float, dict]:
   """The search's assignment and its evaluate() cost (which must be the search's own value)."""
   mask = np.ones(model.compute_ms.shape, dtype=bool)
-  a, _, value = search(build_tables(model, mask))
+  a, _, value = search(build_tables(model, mask))[:3]
   ms = evaluate(model, a).iteration_ms
   assert abs(ms - value) <= 1e-9 * ms, (ms, value)
   return ms, a

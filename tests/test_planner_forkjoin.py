@@ -26,7 +26,7 @@ from dp_jax.planner import make_plan
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
-from dp_jax.planner.search import build_tables
+from dp_jax.planner.search import build_tables, lanes, lower_bound, search
 from dp_jax.planner.search.chains import _lane
 from dp_jax.planner.search.lanes import _lane_plan
 from dp_jax.planner.synthetic import linear_profile
@@ -178,3 +178,47 @@ def test_the_planner_optimizes_per_stage_terms_exactly(elementwise):
     best, _ = brute_force(model, claimed=True)
     ms, _ = planner(model)  # asserts the search's value is evaluate()'s
     assert ms <= best * (1 + 1e-9), (seed, ms, best)
+
+
+@pytest.mark.parametrize("tier", ["packed", "groups"])
+def test_lower_bound_brackets_the_heuristic_tiers(monkeypatch, tier):
+  """With the lane search forced into a heuristic tier, lower_bound is at most the optimum of
+  that tier's space (brute force: groups on lanes at one count) and the search's plan at least
+  it; in the exact tier the bound is the search's value and no block is heuristic."""
+  seeds = small_seeds(10, 5)
+  for seed in seeds:
+    model = random_model(seed, stage_terms=seed % 2 == 1)
+    t = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool))
+    found = search(t)
+    assert found.heuristic_blocks == 0
+    assert lower_bound(t) == pytest.approx(found.iteration_ms, rel=1e-12)
+  monkeypatch.setattr(lanes, "GROUP_CELLS", 0 if tier == "packed" else 1e12)
+  monkeypatch.setattr(lanes, "EXACT_CELLS", 0)
+  gaps = []
+  for seed in seeds:
+    model = random_model(seed, stage_terms=seed % 2 == 1)
+    t = build_tables(model, np.ones(model.compute_ms.shape, dtype=bool))
+    found = search(t)
+    assert found.heuristic_blocks == 1
+    best, _ = brute_force(model, claimed=True, count_changes=False)
+    low = lower_bound(t)
+    assert low <= best * (1 + 1e-9) and best <= found.iteration_ms * (1 + 1e-9), (seed, low, best)
+    gaps.append(found.iteration_ms / low - 1)
+  assert max(gaps) > 0  # the bound is not the plan's value
+
+
+def test_the_plan_reports_its_bound_and_gap(monkeypatch, tmp_path):
+  """make_plan writes the lower bound, the plan's gap to it and the heuristic blocks into the
+  plan JSON: exact (gap 0) in the exact tier, a finite gap >= 0 when lanes were packed."""
+  from dp_jax.planner import Plan
+
+  m = random_model(small_seeds(1, 5)[0])
+  kw = dict(num_devices=4, global_batch=4, overlap_allreduce=m.options.overlap_allreduce,
+            check_memory=False)
+  exact = make_plan(m.graph, m.profile, m.cluster, **kw).extra["optimality"]
+  assert exact["exact"] and exact["gap"] == pytest.approx(0.0, abs=1e-12)
+  monkeypatch.setattr(lanes, "GROUP_CELLS", 0)
+  plan = make_plan(m.graph, m.profile, m.cluster, **kw)
+  loaded = Plan.load(plan.save(tmp_path / "plan.json")).extra["optimality"]
+  assert loaded["heuristic_blocks"] == 1 and not loaded["exact"]
+  assert loaded["gap"] >= -1e-12 and loaded["lower_bound_ms"] <= plan.predicted["iteration_ms"]

@@ -179,11 +179,11 @@ def test_offers_limit_the_shardings_and_place_a_layer_samples_cannot_take():
   allowed[r, :] = False
   allowed[r, 0] = True  # fc1 splits samples on one device only
   t = build_tables(model, allowed, rule="exact")  # no offers: shardings only where samples is
-  assignment, shardings, _ = search(t)
+  assignment, shardings, _ = search(t)[:3]
   assert assignment["fc1"] == (0, 1) and "fc1" not in shardings
   t = build_tables(model, allowed, rule="exact", offers={(r, c): ((8, "out"),)})
   assert [sh for sh in t.options.shardings[r][c] if sh] == [(8, "out")]
-  assignment, shardings, value = search(t)
+  assignment, shardings, value = search(t)[:3]
   assert assignment["fc1"] == (0, 8) and shardings["fc1"] == (8, "out")
   assert evaluate(model, assignment, shardings).iteration_ms == pytest.approx(value, rel=1e-9)
 

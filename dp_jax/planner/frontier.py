@@ -24,6 +24,8 @@ class FrontierPoint:
   gpu_ms: float
   assignment: Mapping[str, Placement]
   shardings: Mapping[str, tuple[int, str]] = field(default_factory=dict)  # weight-sharded layers
+  lower_bound_ms: float | None = None  # a lower bound on the search space's best (make.optimality)
+  heuristic_blocks: int = 0  # blocks its search priced heuristically
 
   def to_json(self) -> dict:
     limit = None if math.isinf(self.amplification_limit) else self.amplification_limit

@@ -27,7 +27,7 @@ from dp_jax.planner.evaluate import Evaluation, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import MODES, PlanOptions
 from dp_jax.planner.plan import LayerPlan, Plan
-from dp_jax.planner.search import SHARDING_RULES, build_tables, search
+from dp_jax.planner.search import SHARDING_RULES, build_tables, lower_bound, search
 from dp_jax.planner.sharded import Sharding
 from dp_jax.profile.table import ProfileTable
 from dp_jax.sharding import layer_sharding, sample_ranges
@@ -61,8 +61,8 @@ def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
   model = build_cost_model(graph, profile, cluster, opts)
   fits = memory.fits_alone(model)
   baseline = data_parallel(model)
-  best = plan_for_limit(model, opts.amplification_limit, fits, baseline)
-  extra: dict[str, Any] = {"strategy": "burst"}
+  best = plan_for_limit(model, opts.amplification_limit, fits, baseline, bound=True)
+  extra: dict[str, Any] = {"strategy": "burst", "optimality": optimality(best)}
   if mode == "frontier":
     front = sweep(lambda a: plan_for_limit(model, a, fits, baseline), frontier_limits)
     extra["frontier"] = [p.to_json() for p in front]
@@ -72,7 +72,8 @@ def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
 
 
 def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
-                   baseline: tuple[int, Evaluation] | None = None) -> FrontierPoint:
+                   baseline: tuple[int, Evaluation] | None = None,
+                   bound: bool = False) -> FrontierPoint:
   """Fastest plan under `limit` that fits in memory (Lagrange repair when the sum overflows).
 
   With weight sharding allowed, one search per sharding rule (search.SHARDING_RULES: samples
@@ -80,7 +81,9 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
   evaluate() prices fastest wins, so it is never slower than the samples-only plan. The exact
   rule searches the options amplification.offers gives: samples where it fits within the limit
   and every (count, sharding) that fits alone (memory.weight_fits) within the limit, so a layer
-  whose samples split does not fit may still get a weight split that does."""
+  whose samples split does not fit may still get a weight split that does. `bound`: also a
+  lower bound on every plan of the search's space (search.lower_bound, least over the rules;
+  the plan's own cost where no block was searched heuristically)."""
   allowed = allowed_counts(model, limit, fits)
   weights = "weights" in model.options.sharding
   rules = SHARDING_RULES if weights else SHARDING_RULES[:1]
@@ -96,15 +99,22 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
     rules = tuple(r for r in rules if r != "samples")
   found: list[tuple[float, dict, dict]] = []
   tried = None
+  floors, heuristic = [], 0
   for rule in rules:
-    assignment, shardings = _search(tables(rule))
+    t = tables(rule)
+    result = search(t)
+    assignment, shardings = result.assignment, result.shardings
+    heuristic = max(heuristic, result.heuristic_blocks)
+    if bound:
+      floors.append(lower_bound(t) if result.heuristic_blocks else result.iteration_ms)
     tried = (assignment, shardings) if assignment else tried
     if assignment and _fits(model, assignment, shardings):
       found.append((evaluate(model, assignment, shardings).iteration_ms, assignment, shardings))
+  floor = {"lower_bound_ms": min(floors), "heuristic_blocks": heuristic} if floors else {}
   if found:
     _, assignment, shardings = min(found, key=lambda x: x[0])
     ev = evaluate(model, assignment, shardings)
-    return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings)
+    return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings, **floor)
   act_gb = memory.activation_bytes(model) / memory.GB
   for lam in MEMORY_PENALTIES_MS_PER_GB:
     for rule in rules:
@@ -126,7 +136,17 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
     memory.check_fits(model, tried[0], shardings=tried[1])  # raises, naming the device
   _, assignment, shardings = min(found, key=lambda x: x[0])
   ev = evaluate(model, assignment, shardings)
-  return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings)
+  return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings, **floor)
+
+
+def optimality(point: FrontierPoint) -> dict[str, Any]:
+  """How far the plan can be from the best of the search's space: the lower bound (ms), the
+  plan's gap to it (plan / bound - 1; 0 when every block was searched exactly) and the number
+  of blocks whose lane search was a heuristic (packed or grouped lanes at large G)."""
+  low = point.lower_bound_ms
+  gap = point.iteration_ms / low - 1 if low and math.isfinite(low) else None
+  return {"lower_bound_ms": low, "gap": gap,
+          "heuristic_blocks": point.heuristic_blocks, "exact": point.heuristic_blocks == 0}
 
 
 def _search(tables) -> tuple[dict[str, Placement], dict[str, Sharding]]:

@@ -56,6 +56,9 @@ the block's size alone (n non-identity branches, C counts, G devices; cells = C^
 - packed (larger blocks, e.g. every block at G >= 64): one lane per branch packed from
   device 0 in branch order (the search before groups), exact for two lanes, a heuristic
   beyond. Cost O(branches G C^3).
+Where a block's tier is a heuristic (groups of 2+ branches, packed), lower_bound() reruns the
+DP with its concurrent cost floored (lanes.concurrent_floor): a lower bound on the best plan
+of this space, which make_plan records with the plan's gap to it.
 
 Outside the space (evaluate() accepts them, the search never returns them): chains, forks and
 joins off the prefix [0, count); outside the exact tier, a branch that changes device count
@@ -74,7 +77,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dp_jax.planner.costs import Placement
-from dp_jax.planner.search.chains import _place_chain, _solve_chain
+from dp_jax.planner.search.chains import _place_chain, _solve_chain, heuristic_blocks
 from dp_jax.planner.search.tables import (
   ELEMENTWISE_KINDS,
   SHARDING_RULES,
@@ -83,7 +86,8 @@ from dp_jax.planner.search.tables import (
 )
 from dp_jax.planner.sharded import Sharding
 
-__all__ = ["ELEMENTWISE_KINDS", "SHARDING_RULES", "Found", "build_tables", "search"]
+__all__ = ["ELEMENTWISE_KINDS", "SHARDING_RULES", "Found", "build_tables", "lower_bound",
+           "search"]
 
 
 class Found(NamedTuple):
@@ -93,6 +97,7 @@ class Found(NamedTuple):
   assignment: dict[str, Placement]
   shardings: dict[str, Sharding]
   iteration_ms: float
+  heuristic_blocks: int = 0  # blocks whose lane search was a heuristic (lower_bound prices them)
 
 
 def search(t: _Tables) -> Found:
@@ -105,5 +110,14 @@ def search(t: _Tables) -> Found:
   shards: dict[str, Sharding] = {}
   if np.isfinite(final[g]):
     _place_chain(t, sol, 0, g, out, shards)
-  return Found(out, shards, float(final[g]))
+  return Found(out, shards, float(final[g]), heuristic_blocks(sol))
+
+
+def lower_bound(t: _Tables) -> float:
+  """A lower bound (ms) on the cost of every plan of the space above on these tables: the same
+  DP with each heuristically searched block's concurrent cost replaced by a lower bound of it
+  (lanes.concurrent_floor); equal to search's cost when no block is heuristic."""
+  top = t.model.graph.decompose()
+  sol = _solve_chain(t, top, np.zeros((1, len(t.counts))), floor=True)
+  return float(sol.value[len(top.items) - 1][0].min())
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from dp_jax.graph import Chain, Parallel
 from dp_jax.planner import stage_choice
-from dp_jax.planner.search.lanes import _lane_dp, _lane_plan, _LanePlan
+from dp_jax.planner.search.lanes import _lane_dp, _lane_plan, _LanePlan, concurrent_floor
 from dp_jax.planner.search.tables import INF, _elementwise, _Lane, _run_sync, _Tables
 from dp_jax.planner.structure import first_layer, flat_layers, last_layer
 
@@ -50,8 +50,10 @@ def _flatten_chain(t: _Tables, chain: Chain):
   return spans, np.array(flat, dtype=np.int64)
 
 
-def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
-  """Chain DP; `enter[f, g]` prices reaching the first layer on count g from fork count f."""
+def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray, floor: bool = False) -> _ChainSol:
+  """Chain DP; `enter[f, g]` prices reaching the first layer on count g from fork count f.
+  `floor`: blocks whose lane search is a heuristic take a lower bound of their concurrent cost
+  (lanes.concurrent_floor), so the value is a lower bound on the space's optimum."""
   spans, flat = _flatten_chain(t, chain)
   sol = _ChainSol(chain, spans, flat)
   cols = np.arange(len(t.counts))
@@ -86,7 +88,7 @@ def _solve_chain(t: _Tables, chain: Chain, enter: np.ndarray) -> _ChainSol:
   items = chain.items
   for k, item in enumerate(items):
     if isinstance(item, Parallel):
-      sol.blocks[k] = _solve_block(t, item)
+      sol.blocks[k] = _solve_block(t, item, floor)
       if front is not None:  # a sync stage runs on through the merged block
         for pos in range(*spans[k]):
           front = _advance(t, sol, front, pos, None)
@@ -194,6 +196,7 @@ class _BlockSol:
   branches: list  # _ChainSol per non-identity branch (serialized mode)
   lanes: list
   plan: _LanePlan | None = None  # the lane search's tier (None: packed lanes)
+  heuristic: bool = False  # its lane search's tier is a heuristic (packed, or groups of 2+)
 
 
 def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
@@ -212,7 +215,7 @@ def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
 
 
 
-def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
+def _solve_block(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
   fork_row = t.model.row[block.fork]
   enter = t.edge(fork_row)
   same = np.where(np.eye(len(t.counts), dtype=bool), enter, INF)
@@ -222,7 +225,7 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
   for branch in block.branches:
     if branch.items:
       pinned = _elementwise(t, first_layer(branch))  # it stays on the fork's devices
-      sol = _solve_chain(t, branch, same if pinned else enter)
+      sol = _solve_chain(t, branch, same if pinned else enter, floor)
       _close_branch(t, sol)
       sols.append(sol)
       serial = serial + sol.exit
@@ -232,11 +235,22 @@ def _solve_block(t: _Tables, block: Parallel) -> _BlockSol:
     # lanes only matter where they beat serial (a hair of slack against rounding)
     bound = (serial - identities * enter) * (1 + 1e-9) + 1e-12
     plan = _lane_plan(t, lanes)
-    concurrent = _lane_dp(t, lanes, plan, every, every, bound=bound)[0] + identities * enter
+    heuristic = len(lanes) >= 2 and (plan is None or plan.tau_f is None)
+    if floor and heuristic:
+      concurrent = concurrent_floor(t, lanes) + identities * enter
+    else:
+      concurrent = _lane_dp(t, lanes, plan, every, every, bound=bound)[0] + identities * enter
   else:
-    plan, concurrent = None, np.full(serial.shape, INF)
+    plan, concurrent, heuristic = None, np.full(serial.shape, INF), False
   chosen = concurrent < serial
-  return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, sols, lanes, plan)
+  return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, sols, lanes, plan,
+                   heuristic)
+
+
+def heuristic_blocks(sol: _ChainSol) -> int:
+  """Blocks of a solved chain (nested ones included) whose lane search was a heuristic."""
+  return sum(int(bs.heuristic) + sum(heuristic_blocks(b) for b in bs.branches)
+             for bs in sol.blocks.values())
 
 
 # --- reconstruction --------------------------------------------------------------------------

@@ -343,3 +343,44 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
     at = layout[-1][0]
   return best, ({name: (s, int(k[c])) for lane, (s, c) in zip(lanes, layout[::-1], strict=True)
                  for name in lane.names}, {})
+
+
+FLOOR_CELLS = 2e6  # most (start, count, count) cells the floor's move minimum reads
+
+
+def concurrent_floor(t: _Tables, lanes: list) -> np.ndarray:
+  """(F, J) a lower bound on every concurrent layout's cost (groups on disjoint lanes at one
+  count each, pinned branches on the fork's devices): moves at least every branch's cheapest
+  send in plus its cheapest receive out, each on its own best range (summed over branches);
+  the forward at least the largest branch's least forward and at least the branches' least
+  device-time over the G devices (the lanes are disjoint): a forward of T leaves each branch
+  the counts where it takes <= T, and each needs count x its time there; the backward alike.
+  Past FLOOR_CELLS the moves' part is 0."""
+  k, budget = t.counts, t.budget
+  c = len(k)
+  into_low, out_low = np.zeros(c), np.zeros(c)
+  if (budget + 1) * c * c <= FLOOR_CELLS:
+    moves_in, moves_out = t.lane_moves()  # [s, count, fork count], [s, count, join count]
+    s = np.arange(budget + 1)
+    fits = s[:, None] + k[None, :] <= budget  # (S, C)
+    for lane in lanes:
+      ok = (fits & np.isfinite(lane.fwd).any(axis=0)[None, :])[..., None]
+      into = move_from_parts(moves_in, lane.first_bytes)
+      if lane.pinned:
+        into = into + np.stack([fork_pin(True, s, ci, np.arange(c)) for ci in range(c)], axis=1)
+      into_low = into_low + np.where(ok, into, INF).min(axis=(0, 1))
+      out_low = out_low + np.where(ok, move_from_parts(moves_out, lane.last_bytes),
+                                   INF).min(axis=(0, 1))
+
+  def phase(times):  # times: (K, C) per lane, least over link classes
+    v = np.stack([x.min(axis=0) for x in times])  # (lanes, C)
+    longest = float(v.min(axis=1).max())
+    low = INF
+    for tau in np.unique(v[np.isfinite(v) & (v >= longest)]):
+      # every branch on some count where it takes <= tau, for at least its device-time there
+      work = np.where(v <= tau, v * k[None, :], INF).min(axis=1).sum()
+      low = min(low, max(float(tau), float(work) / budget))
+    return low
+
+  return (into_low[:, None] + out_low[None, :] + phase([lane.fwd for lane in lanes])
+          + phase([lane.bwd for lane in lanes]))

@@ -62,9 +62,15 @@ class _Tables:
   def lane_moves_at(self, starts: np.ndarray, column: int):
     """Move parts into and out of the lanes [s, s + counts[column]) for s in `starts`:
     (starts, fork count) and (starts, join count), as lane_moves()[.][starts, column]."""
-    k, b, cl = self.counts, self.model.batch, self.model.cluster
-    s, c = np.asarray(starts)[:, None], int(k[column])
-    return (move_parts(cl, b, 0, k[None, :], s, c), move_parts(cl, b, s, c, 0, k[None, :]))
+    starts = np.asarray(starts, dtype=np.int64)
+    key = ("lane", column, starts.tobytes())
+    hit = self.edges.get(key)
+    if hit is None:
+      k, b, cl = self.counts, self.model.batch, self.model.cluster
+      s, c = starts[:, None], int(k[column])
+      hit = self.edges[key] = (move_parts(cl, b, 0, k[None, :], s, c),
+                               move_parts(cl, b, s, c, 0, k[None, :]))
+    return hit
 
   def lane_moves(self):
     """Move parts into and out of every lane [s, s + count): [s, c, fork or join count]."""
