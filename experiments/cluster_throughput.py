@@ -63,7 +63,8 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
                      ylabel="samples/s", title=f"simulated samples/s: burst (A={a}) foreground, "
                                                "background, cluster; data-parallel baselines"),
           *[frontier_figure(rows, c, out / f"cluster_throughput_frontier_{c}.png")
-            for c in dict.fromkeys(r["cluster"] for r in rows)]]
+            for c in dict.fromkeys(r["cluster"] for r in rows)
+            if any(r.get("data_parallel_frontier") for r in rows)]]  # needs metrics.json
 
 
 def frontier_shapes(rows: list[Row]) -> list[tuple[int, int]]:
@@ -178,7 +179,8 @@ def headline(rows: list[Row]) -> str:
 STUDY = Study(name="cluster_throughput", app="simulate", doc=__doc__,
               columns=(*simulated.IDENTITY, *simulated.RESULTS, *simulated.DERIVED,
                        *simulated.VERDICTS),
-              timing=simulated.TIMING, derive=simulated.derive, figures=figures, headline=headline,
+              timing=simulated.TIMING, finish=simulated.finish, derive=simulated.derive,
+              figures=figures, headline=headline,
               kind="simulated", fits=("cluster_samples_per_s",))
 
 if __name__ == "__main__":

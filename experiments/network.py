@@ -79,7 +79,8 @@ def headline(rows: list[Row]) -> str:
 STUDY = Study(name="network", app="simulate", doc=__doc__,
               columns=(*simulated.IDENTITY, *LINK, *simulated.RESULTS, *simulated.DERIVED,
                        *simulated.VERDICTS),
-              timing=simulated.TIMING, derive=derive, figures=figures, headline=headline,
+              timing=simulated.TIMING, finish=simulated.finish, derive=derive,
+              figures=figures, headline=headline,
               kind="simulated", fits=("cluster_samples_per_s",))
 
 if __name__ == "__main__":

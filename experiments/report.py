@@ -9,6 +9,7 @@ the README.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import sys
@@ -126,12 +127,23 @@ def markdown(study: Study, rows: Sequence[Row], prov: dict[str, Any],
   title, _, rest = study.doc.strip().partition("\n")
   tols = sorted({float(r["comparison_tolerance"]) for r in rows
                  if r.get("comparison_tolerance") is not None})
-  judged = (f"Comparisons: a margin within +-{', '.join(f'{t:.1%}' for t in tols)} "
+  judges = any(c.endswith("_verdict") for c in study.columns)
+  judged = ("" if not judges else
+            f"Comparisons: a margin within +-{', '.join(f'{t:.1%}' for t in tols)} "
             "(`comparison.tolerance`, default the validated median error) is a tie, not a win "
             "(dp_jax/compare.py).\n\n" if tols else
-            "" if study.kind == "measured" else
             f"Comparisons: verdicts use +-{VALIDATED_TOLERANCE:.1%} (the validated median "
             "error; these cells did not record a tolerance).\n\n")
+  if prov.get("from_csv"):
+    judged += (f"Re-rendered from `{prov['from_csv']}` (`--from-csv`), without the sweep "
+               "folder: figures that need per-cell files are not redrawn.")
+    judged += ("" if tols or not judges else
+               " These cells predate `comparison.tolerance`: they are judged at the default"
+               + (", and their matched baseline is the earlier one (data parallelism on the "
+                  "fewest devices at least as fast, no tolerance band)"
+                  if "matched_data_parallel_devices" in study.columns else "")
+               + f"; `scripts/reproduce.sh {study.name}` regenerates them.")
+    judged += "\n\n"
   figs = "".join(f"![{p.stem}]({p.name}) ([PDF]({p.with_suffix('.pdf').name}))\n\n"
                  for p in figures)
   missing = "".join(f"- {m}\n" for m in prov.get("missing") or [])
@@ -220,6 +232,55 @@ def load(study: Study, sweep_dir: str | Path) -> tuple[list[Row], dict[str, Any]
   return table_rows(study, raw), {**sweep_provenance(study, sweep_dir, raw), "missing": missing}
 
 
+TEXT_COLUMNS = ("cell", "status", "error", "git_sha", "steps_per_seed")
+
+
+def parse_value(column: str, text: str) -> Any:
+  """A CSV cell back to the value the aggregator wrote ('' -> None, numbers, booleans)."""
+  if text == "":
+    return None
+  if column in TEXT_COLUMNS:
+    return text
+  if text in ("True", "False"):
+    return text == "True"
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
+
+
+def load_csv(study: Study, folder: str | Path) -> tuple[list[Row], dict[str, Any]]:
+  """The study's rows read back from a results folder it wrote (<study>.csv, the timing CSV,
+  provenance.json), re-judged by its finish step: for re-rendering the README and figures
+  without the sweep folder (figures that need per-cell files are left out)."""
+  folder = Path(folder)
+  path = folder / f"{study.name}.csv"
+  if not path.is_file():
+    raise UserError(f"{path} not found: --from-csv takes a folder the {study.name} aggregator "
+                    "wrote")
+  with path.open() as f:
+    rows = [{k: parse_value(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+  if not rows:
+    raise UserError(f"{path} has no rows")
+  timing = folder / f"{study.name}_timing.csv"
+  if timing.is_file():
+    with timing.open() as f:
+      by_job = {int(r["job"]): r for r in csv.DictReader(f)}
+    for r in rows:
+      r.update({k: parse_value(k, v) for k, v in by_job.get(r["job"], {}).items()
+                if k in study.timing})
+  prov = read_json(folder / "provenance.json")
+  prov.setdefault("cells", len(rows))
+  prov.setdefault("ok", len(ok(rows)))
+  prov.setdefault("failed", len(rows) - len(ok(rows)))
+  prov.setdefault("git_shas", sorted({str(r.get("git_sha")) for r in rows}))
+  prov.setdefault("git_dirty", any(bool(r.get("git_dirty")) for r in rows))
+  prov["from_csv"] = str(path)
+  return study.finish(rows), prov
+
+
 def write(study: Study, rows: list[Row], prov: dict[str, Any], out: str | Path) -> dict[str, Path]:
   """Write CSV, timing CSV (if the study has timing columns), README.md, provenance, figures."""
   out = Path(out)
@@ -242,17 +303,23 @@ def main(study: Study, argv: Sequence[str] | None = None) -> int:
   """CLI: python -m experiments.<study> SWEEP_DIR [--out DIR]; prints what it wrote."""
   ap = argparse.ArgumentParser(prog=f"python -m experiments.{study.name}",
                                description=study.doc.strip().splitlines()[0])
-  ap.add_argument("sweep_dir", help="the Hydra multirun folder (hydra.sweep.dir)")
+  ap.add_argument("sweep_dir", nargs="?", help="the Hydra multirun folder (hydra.sweep.dir)")
+  ap.add_argument("--from-csv", metavar="FOLDER",
+                  help="re-render from a results folder this study wrote (no sweep needed)")
   ap.add_argument("--out", default=f"results/local/{study.name}",
                   help="output folder (default: %(default)s)")
   args = ap.parse_args(argv)
   try:
-    rows, prov = load(study, args.sweep_dir)
+    if (args.sweep_dir is None) == (args.from_csv is None):
+      raise UserError(f"give a sweep folder or --from-csv FOLDER (python -m "
+                      f"experiments.{study.name} SWEEP_DIR [--out DIR])")
+    rows, prov = (load(study, args.sweep_dir) if args.sweep_dir else
+                  load_csv(study, args.from_csv))
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   paths = write(study, rows, prov, args.out)
-  print_written(study, rows, prov, args.sweep_dir, paths)
+  print_written(study, rows, prov, args.sweep_dir or args.from_csv, paths)
   return 0
 
 

@@ -61,7 +61,13 @@ def derive(row: Row) -> Row:
     matched = matched_data_parallel(out["data_parallel_frontier"], it, cluster,
                                     out["comparison_tolerance"])
     out.update({k: v for k, v in matched.items() if k in RESULTS})
-  return {**out, **judge(out, COMPARED)}
+  return out
+
+
+def finish(rows: list[Row]) -> list[Row]:
+  """Every ratio with its margin and verdict at the cell's tolerance (also for rows read back
+  from a committed CSV)."""
+  return [{**r, **judge(r, COMPARED)} for r in rows]
 
 
 def data_parallel_frontier(row: Row) -> list[dict] | None:
@@ -97,6 +103,6 @@ def matched_label(r: Row) -> str:
   """Cluster throughput / (matched DP + BG) with its verdict and that DP's device count, or
   'none within tolerance' (no DP on d <= G has its foreground within the tolerance)."""
   d = r.get("matched_data_parallel_devices")
-  if d is None:
-    return "none within tolerance"
+  if d is None:  # cells that predate the tolerance band had "at least as fast" instead
+    return "none as fast" if r.get("comparison_tolerance") is None else "none within tolerance"
   return f"{judged(r, 'cluster_throughput_vs_matched_data_parallel')} @{d}"

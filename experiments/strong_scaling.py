@@ -72,7 +72,8 @@ def derive(row: Row) -> Row:
 
 def finish(rows: list[Row]) -> list[Row]:
   """The fastest data parallelism on d <= G from the sweep itself where a cell's summary lacks
-  it (the sweep's cells of the same model, cluster, A and B at G' <= G), then the verdicts."""
+  it (the sweep's cells of the same model, cluster, A and B at G' <= G; left empty when the
+  sweep has no smaller G at that B), then the verdicts."""
   out = [dict(r) for r in rows]
   for r in out:
     if number(r.get("speedup_vs_best_data_parallel")) is not None or number(
@@ -82,6 +83,8 @@ def finish(rows: list[Row]) -> list[Row]:
             (q["model"], q["cluster"], q["amplification_limit"], q["global_batch"]) ==
             (r["model"], r["cluster"], r["amplification_limit"], r["global_batch"]) and
             q["num_devices"] <= r["num_devices"]]
+    if len(same) < 2:  # no smaller G at this B in the sweep: unknown, not DP on all G
+      continue
     best = min(same, key=lambda q: (q["data_parallel_iteration_ms"], q["num_devices"]))
     r.update(best_data_parallel_devices=best["num_devices"],
              best_data_parallel_iteration_ms=best["data_parallel_iteration_ms"],

@@ -40,10 +40,12 @@ def derive(row: Row) -> Row:
           "num_devices": row.get("num_devices"), **pick(row, RESULTS), "_dir": row.get("dir")}
 
 
-def plan_rows(r: Row) -> list[dict]:
-  """The per-plan rows of a cell's validation.csv."""
-  path = Path(r["_dir"]) / "validation.csv" if r.get("_dir") else None
-  return list(csv.DictReader(path.open())) if path and path.is_file() else []
+def plan_rows(r: Row, out: Path) -> list[dict]:
+  """The per-plan rows of a cell's validation.csv (re-rendered from a results folder: the
+  <model>_validation.csv copied there)."""
+  path = (Path(r["_dir"]) / "validation.csv" if r.get("_dir") else
+          out / f"{r['model']}_validation.csv")
+  return list(csv.DictReader(path.open())) if path.is_file() else []
 
 
 def figures(rows: list[Row], out: Path) -> list[Path]:
@@ -54,7 +56,7 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
   fig, ax = plt.subplots(figsize=(6, 5.5), layout="constrained")
   values = []
   for r in rows:
-    plans = plan_rows(r)
+    plans = plan_rows(r, out)
     if r.get("_dir"):
       shutil.copy(Path(r["_dir"]) / "validation.csv", out / f"{r['model']}_validation.csv")
     for kind, marker in (("data_parallel", "s"), ("burst", "D"), ("random", "o")):
