@@ -161,7 +161,7 @@ def plot_devices_per_layer(plan, path: Path, fair: dict[str, Any] | None = None)
   ax.legend(fontsize=8)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=120, bbox_inches="tight")
-  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
+  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight", metadata={"CreationDate": None})
   plt.close(fig)
   return path
 

@@ -3,6 +3,7 @@ PNG and PDF with nothing clipped (constrained layout, tight bounding box)."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -23,13 +24,14 @@ def pyplot():
 
 
 def series_points(rows: Sequence[Row], x: str, points: Points) -> dict[str, list[tuple]]:
-  """{series: [(x, y), ...] sorted by x}, skipping missing values."""
+  """{series: [(x, y), ...] sorted by x}: a missing y inside a series is NaN (a gap in its line,
+  not a segment across it); series with no value at all are left out."""
   out: dict[str, list[tuple]] = defaultdict(list)
   for r in rows:
     for label, y in points(r):
-      if r.get(x) is not None and y is not None:
-        out[label].append((r[x], y))
-  return {k: sorted(v) for k, v in out.items()}
+      if r.get(x) is not None:
+        out[label].append((r[x], math.nan if y is None else y))
+  return {k: sorted(v) for k, v in out.items() if any(not math.isnan(p[1]) for p in v)}
 
 
 def grid(rows: Sequence[Row], path: Path, *, panel_row: str, panel_col: str, x: str,
@@ -113,6 +115,6 @@ def save(fig, path: Path) -> Path:
   """Write the figure as PNG (returned) and as PDF beside it, nothing clipped; close it."""
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=110, bbox_inches="tight")
-  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
+  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight", metadata={"CreationDate": None})
   pyplot().close(fig)
   return path

@@ -128,3 +128,19 @@ def test_readme_judges_ratios_and_embeds_figures(sweep, tmp_path):
     if k.startswith("figure"):
       assert f"]({p.name})" in md and p.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
   assert rows[0]["speedup_verdict"] == "ahead" and rows[0]["speedup_margin"] == pytest.approx(0.2)
+
+
+def test_a_results_folder_re_renders_from_its_csv(sweep, tmp_path, capsys):
+  rows, prov = report.load(STUDY, sweep)
+  out = tmp_path / "out"
+  report.write(STUDY, rows, prov, out)
+  again, prov2 = report.load_csv(STUDY, out)
+  assert [r["status"] for r in again] == ["ok", "failed"]
+  assert again[0]["iteration_ms"] == 10.0 and again[0]["num_devices"] == 8
+  assert again[0]["speedup_verdict"] == "ahead" and again[1]["iteration_ms"] is None
+  assert again[0]["planner_seconds"] == 0.1 and prov2["from_csv"].endswith("strong_scaling.csv")
+  assert report.main(STUDY, ["--from-csv", str(out), "--out", str(out)]) == 0
+  assert "Re-rendered from" in (out / "README.md").read_text()
+  assert report.main(STUDY, ["--from-csv", str(tmp_path / "nope")]) == 2
+  assert report.main(STUDY, []) == 2
+  assert capsys.readouterr().err.count("error: ") == 2

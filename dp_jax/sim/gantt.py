@@ -85,6 +85,6 @@ def plot_gantt(events: Iterable[Event], num_devices: int, path: str | Path, *, t
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=110, bbox_inches="tight")
-  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
+  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight", metadata={"CreationDate": None})
   plt.close(fig)
   return path
