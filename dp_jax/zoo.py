@@ -14,6 +14,22 @@ from typing import Any
 
 from dp_jax.errors import UserError
 
+# The zoo: name -> _target_ (the same `_target_`s as conf/model/*.yaml); JAX-free, so a known
+# graph plans without importing the models.
+ZOO: dict[str, str] = {  # name -> _target_
+    "vgg16": "dp_jax.models.vgg.VGG16",
+    "resnet50": "dp_jax.models.resnet.resnet50",
+    "wide_resnet50_2": "dp_jax.models.resnet.wide_resnet50_2",
+    "wide_resnet101_2": "dp_jax.models.resnet.wide_resnet101_2",
+    "inception_v3": "dp_jax.models.inception.InceptionV3",
+    "digits_cnn": "dp_jax.models.digits.DigitsCNN",
+    "digits_mlp": "dp_jax.models.digits.DigitsMLP",
+    "vit": "dp_jax.models.vit.ViT",
+    "gpt2_small": "dp_jax.models.gpt2.gpt2_small",
+    "gpt2_medium": "dp_jax.models.gpt2.gpt2_medium",
+}
+MODEL_NAMES: tuple[str, ...] = tuple(ZOO)
+
 SIZE_KEYS = ("image_size", "num_classes", "seq_len", "n_layer", "d_model", "n_head",
              "vocab_size")
 
@@ -35,8 +51,6 @@ def _get(model_cfg: Any, key: str) -> Any:
 
 def target_of(model_cfg: Any) -> str:
   """The `_target_` of a model config (a zoo name's target when only `name` is given)."""
-  from dp_jax.models.registry import MODEL_NAMES, ZOO
-
   target, name = _get(model_cfg, "_target_"), _get(model_cfg, "name")
   if target:
     if name in ZOO and ZOO[name] != target:  # names pick DeepPool recipes and label plans
@@ -80,8 +94,16 @@ def build(model_cfg: Any, seed: int = 0, abstract: bool = False):
                       seed=seed, abstract=abstract)
 
 
+# Traced graphs are kept here as graph JSON (DP_JAX_GRAPH_CACHE overrides; empty: no disk cache),
+# keyed by the model, its options, the JAX / Flax versions and the tracing code's bytes, so a
+# known graph needs no JAX import.
+GRAPH_CACHE = ".cache/dp_jax/graphs"
+_TRACING_CODE = ("models", "trace.py", "graph.py", "zoo.py")
+
+
 def graph_of(model_cfg: Any, seed: int = 0):
-  """The LayerGraph of the model a config names (cached: multirun cells share it)."""
+  """The LayerGraph of the model a config names (cached: multirun cells share it, and later
+  processes read it from the disk cache without importing JAX)."""
   key = json.dumps(model_kwargs(model_cfg), sort_keys=True, default=str)
   return _traced(target_of(model_cfg), name_of(model_cfg), seed, key)
 
@@ -89,10 +111,52 @@ def graph_of(model_cfg: Any, seed: int = 0):
 @functools.lru_cache(maxsize=32)
 def _traced(target: str, name: str, seed: int, options_json: str):
   """Trace a model once per (target, name, seed, options); LayerGraph is immutable."""
+  from dp_jax.graph import LayerGraph
+
+  path = _cache_path(target, name, seed, options_json)
+  if path is not None and path.is_file():
+    return LayerGraph.load(path)
   from dp_jax.models.registry import build_target
   from dp_jax.trace import trace_graph
 
   options = json.loads(options_json)
   dtype = options.pop("dtype", "float32")
   model = build_target(target, options, name=name, dtype=dtype, seed=seed, abstract=True)
-  return trace_graph(model, name)
+  graph = trace_graph(model, name)
+  if path is not None:
+    graph.save(path)
+  return graph
+
+
+def _cache_path(target: str, name: str, seed: int, options_json: str):
+  """Where the traced graph of these options lives in the disk cache (None: no cache). The key
+  holds the target's own source file, so editing a model from outside the package retraces."""
+  import hashlib
+  import importlib.util
+  import os
+  from importlib import metadata
+  from pathlib import Path
+
+  folder = os.environ.get("DP_JAX_GRAPH_CACHE", GRAPH_CACHE)
+  if not folder:
+    return None
+  h = hashlib.sha256(json.dumps([target, name, seed, options_json]).encode())
+  for package in ("jax", "jaxlib", "flax"):
+    try:
+      h.update(f"{package}={metadata.version(package)}".encode())
+    except metadata.PackageNotFoundError:
+      h.update(package.encode())
+  root = Path(__file__).resolve().parent
+  for part in _TRACING_CODE:
+    for f in sorted((root / part).rglob("*.py")) if (root / part).is_dir() else [root / part]:
+      h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
+  module = target.rsplit(".", 1)[0]
+  if not module.startswith("dp_jax."):
+    try:
+      spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+      spec = None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+      return None  # a target whose source cannot be read is traced every time
+    h.update(Path(spec.origin).read_bytes())
+  return Path(folder) / f"{name}-{h.hexdigest()[:20]}.json"

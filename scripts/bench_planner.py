@@ -3,12 +3,13 @@
 Graphs come from the model zoo (dp_jax.models.registry.build_model + dp_jax.trace.trace_graph)
 and timings from the analytic roofline profile (dp_jax.profile.analytic); where those are not
 importable, synthetic graphs of the same size (dp_jax.planner.synthetic) stand in. Prints, per
-model, make_plan's seconds with samples only and with the joint (count x sharding) search
-(planner.sharding=[samples,weights]) side by side: G = 8 ... 1024 with B = G and B = 32 (where
-G < 32), B = G = 960 with all 28 divisors of 960 as candidate counts, and B = G = 16,384
-(samples only; the cluster's node count raised to hold it). Then the plan app's process wall
-time (ResNet-50, G = B = 1024, graph JSON given, W&B off, no chart) beside
-`python -c "import jax"`, each the median of --repeats runs.
+model, make_plan's wall and CPU seconds with samples only and with the joint (count x
+sharding) search (planner.sharding=[samples,weights]) side by side: G = 8 ... 1024 with
+B = G and B = 32 (where G < 32), B = G = 960 with all 28 divisors of 960 as candidate
+counts, and B = G = 16,384 (samples only; the cluster's node count raised to hold it).
+Then the plan app's process wall time (ResNet-50, G = B = 1024, graph JSON given, W&B off,
+no chart) beside `python -c "import jax"`, each the median of --repeats runs. `gap`: the
+(joint, else samples) plan's gap to the search's lower bound (plan JSON `optimality`).
 """
 
 from __future__ import annotations
@@ -72,13 +73,14 @@ def cases(quick: bool):
 
 
 def timed_plan(graph, profile, cluster, g, b, counts, sharding):
-  start = time.perf_counter()
+  """((wall s, CPU s), plan) of make_plan, or (None, the error)."""
+  start, cpu = time.perf_counter(), time.process_time()
   try:
     plan = make_plan(graph, profile, cluster, num_devices=g, global_batch=b,
                      device_counts=counts, sharding=sharding)
   except UserError as e:
     return None, str(e)
-  return time.perf_counter() - start, plan
+  return (time.perf_counter() - start, time.process_time() - cpu), plan
 
 
 def wall(cmd: list[str], cwd: Path, repeats: int) -> float:
@@ -118,10 +120,11 @@ def main() -> None:
   parser.add_argument("--no-app", action="store_true", help="skip the plan app's wall time")
   args = parser.parse_args()
   base = load_cluster(yaml.safe_load(Path(args.cluster).read_text()))
-  print(f"cluster {base.name}; seconds are wall seconds of make_plan on this machine "
-        f"(samples: planner.sharding=[samples]; joint: [samples,weights]); measured")
+  print(f"cluster {base.name}; seconds of make_plan on this machine, wall and CPU (samples: "
+        f"planner.sharding=[samples]; joint: [samples,weights]); measured")
   print(f"{'model':18} {'layers':>6} {'G':>6} {'B':>6} {'counts':>6} {'samples_s':>9} "
-        f"{'joint_s':>8} {'iter_ms':>9} {'joint_ms':>9} {'dp_iter_ms':>10}")
+        f"{'cpu_s':>6} {'joint_s':>8} {'cpu_s':>6} {'iter_ms':>9} {'joint_ms':>9} "
+        f"{'dp_iter_ms':>10} {'gap':>6}")
   resnet = None
   for name in args.models:
     graph, profile, source = load_graph(name, args.synthetic)
@@ -140,11 +143,12 @@ def main() -> None:
         continue
       j_seconds, j_plan = (timed_plan(graph, profile, cluster, g, b, counts, JOINT) if joint
                            else (None, None))
-      j_s = f"{j_seconds:8.3f}" if j_seconds is not None else f"{'-':>8}"
+      j_s = (f"{j_seconds[0]:8.3f} {j_seconds[1]:6.3f}" if j_seconds is not None
+             else f"{'-':>8} {'-':>6}")
       j_ms = f"{j_plan.predicted['iteration_ms']:9.2f}" if j_seconds is not None else f"{'-':>9}"
-      p = plan.predicted
-      print(f"{head} {seconds:9.3f} {j_s} {p['iteration_ms']:9.2f} {j_ms} "
-            f"{p['data_parallel_iteration_ms']:10.2f}")
+      p, gap = plan.predicted, (j_plan or plan).extra["optimality"]["gap"]
+      print(f"{head} {seconds[0]:9.3f} {seconds[1]:6.3f} {j_s} {p['iteration_ms']:9.2f} {j_ms} "
+            f"{p['data_parallel_iteration_ms']:10.2f} {gap:6.1%}")
   if not args.no_app:
     app_wall_time(resnet if resnet is not None else load_graph("resnet50", args.synthetic)[0],
                   args.repeats)

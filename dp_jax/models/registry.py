@@ -16,20 +16,8 @@ from flax import nnx
 
 from dp_jax.errors import UserError
 from dp_jax.models.base import GraphModel
+from dp_jax.zoo import MODEL_NAMES, ZOO
 
-ZOO: dict[str, str] = {  # name -> _target_
-    "vgg16": "dp_jax.models.vgg.VGG16",
-    "resnet50": "dp_jax.models.resnet.resnet50",
-    "wide_resnet50_2": "dp_jax.models.resnet.wide_resnet50_2",
-    "wide_resnet101_2": "dp_jax.models.resnet.wide_resnet101_2",
-    "inception_v3": "dp_jax.models.inception.InceptionV3",
-    "digits_cnn": "dp_jax.models.digits.DigitsCNN",
-    "digits_mlp": "dp_jax.models.digits.DigitsMLP",
-    "vit": "dp_jax.models.vit.ViT",
-    "gpt2_small": "dp_jax.models.gpt2.gpt2_small",
-    "gpt2_medium": "dp_jax.models.gpt2.gpt2_medium",
-}
-MODEL_NAMES: tuple[str, ...] = tuple(ZOO)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # Typed size options of ModelConfig: positive integers when set (None: the target's default).
 SIZE_OPTIONS = ("image_size", "num_classes", "seq_len", "n_layer", "d_model", "n_head",
