@@ -4,7 +4,7 @@
         [--steps 20] [--processes N] [--out results/multiplex/bench.json]
 
 Devices: N processes (default: one per core this shell may use), process i pinned to core i
-(CPU affinity set before Python starts, dp_jax/runtime/pinned.py) with one CPU device, joined
+(CPU affinity set by each process before JAX starts, dp_jax/runtime/pinned.py) with one CPU device, joined
 by jax.distributed on localhost. XLA:CPU spreads a program over every core its process may
 use, so only pinning makes an idle device an idle core; each worker checks afterwards, per
 thread (/proc), that all its threads stayed on its core.
