@@ -237,7 +237,8 @@ def train_pinned(spec: TrainSpec, processes: int, *, timeout_s: float = WORKER_T
       logf = Path(tmp) / f"process_{bad}.log"
       lines = logf.read_text().strip().splitlines() if logf.is_file() else []
       last = next((ln for ln in reversed(lines) if ln.startswith("error: ")),
-                  lines[-1] if lines else "no output")
+                  lines[-1] if lines else "see its output above" if echo and bad == 0
+                  else "no output")
       raise UserError(f"pinned training process {bad} of {processes} failed (exit "
                       f"{codes[bad]}): {last.removeprefix('error: ')}")
   return result["summary"]
@@ -251,6 +252,10 @@ def _worker(spec_path: str, result_path: str) -> int:
   try:
     pinned.check_pinned()  # before JAX sizes its thread pools
     distributed.initialize()
+    # a first collective while the processes are together: it sets up the collectives'
+    # context, whose set-up waits 30 s at most; later collectives wait as long as a peer needs
+    # (one process may set up a background job for longer than that)
+    distributed.gather_json("joined")
     import jax
 
     spec = TrainSpec(**json.loads(Path(spec_path).read_text()))
@@ -260,6 +265,9 @@ def _worker(spec_path: str, result_path: str) -> int:
     summary, error, code = e.summary, str(e), 2
   except UserError as e:
     error, code = str(e), 2
+  except Exception as e:  # noqa: BLE001 - one line for the launcher, as the apps give
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    error, code = f"{type(e).__name__}: {first}", 1
   if distributed.process_index() == 0:
     Path(result_path).write_text(json.dumps({"summary": summary, "error": error}, default=str))
   elif error is not None:
