@@ -311,16 +311,19 @@ def local_run(cfg: Any, out_dir: Path, run: Run, local: dict[str, tuple[Any, str
   m = sim["metrics"]
   write_json(out_dir / "simulation.json", m)
   plots["simulated_gantt"] = sim["gantt"]
-  local.update({f"simulated_{k}": (m[k], "simulated") for k in SIMULATED_KEYS if k in m})
+  local.update({f"simulated_on_profile_{k}": (m[k], "simulated") for k in SIMULATED_KEYS
+                if k in m})
   if m.get("alone_iteration_ms") and m.get("iteration_ms"):
-    local["simulated_slowdown"] = (m["iteration_ms"] / m["alone_iteration_ms"] - 1, "simulated")
+    local["simulated_on_profile_slowdown"] = (m["iteration_ms"] / m["alone_iteration_ms"] - 1,
+                                              "simulated")
   tc = cfg.train
   _step("train", f"the burst plan on {g} pinned processes (one core each): {tc.alone_steps} "
                  f"steps alone, then {tc.steps} with background {cfg.background.name} under "
                  f"cap {cfg.background.slowdown_cap:.0%}")
   trained = train_pinned(cfg, plan.to_json(), out_dir / "train", g)
-  local.update({f"pinned_{k}" if k in PINNED_KEYS else k: (v, "measured")
-                for k, v in trained.items() if k in TRAINED_KEYS})
+  local.update({f"pinned_{k}" if k in PINNED_KEYS else k: (
+      v, "simulated" if k.startswith("simulated") else "measured")
+      for k, v in trained.items() if k in TRAINED_KEYS})
   if trained.get("gantt"):
     plots["measured_gantt"] = trained["gantt"]
 
@@ -328,7 +331,8 @@ def local_run(cfg: Any, out_dir: Path, run: Run, local: dict[str, tuple[Any, str
 TRAINED_KEYS = ("final_step", "loss_first", "final_loss", "measured_step_ms",
                 "measured_step_ms_with_background", "foreground_slowdown",
                 "background_steps", "background_samples_per_s", "background_failures",
-                "background_pieces", "background_refused")
+                "background_pieces", "background_refused", "simulated_slowdown",
+                "simulated_background_samples_per_s")
 PINNED_KEYS = ("final_step", "measured_step_ms", "measured_step_ms_with_background")
 SIMULATED_KEYS = ("alone_iteration_ms", "iteration_ms", "alone_idle_fraction",
                   "background_samples_per_s", "cluster_throughput_vs_data_parallel")
@@ -463,13 +467,17 @@ def story(cfg: Any, paper: list[list[Any]], local: dict[str, tuple[Any, str]]) -
                f"Prediction and measurement disagree (outside {AGREE[0]:.2f}-{AGREE[1]:.2f}x) "
                f"for: {', '.join(off)}.")
   if "background_steps" in v:
-    sim = v.get("simulated_slowdown")
     out.append(
         f"The background job {cfg.background.name} (batch {cfg.background.batch_per_device} per "
         f"device) beside the burst plan, on one pinned process per core, under the slowdown cap "
         f"{cfg.background.slowdown_cap:.0%}: measured foreground slowdown "
-        f"{_pct(v.get('foreground_slowdown'))} (simulated {_pct(sim)}), "
-        f"{v['background_steps']} background steps, {v['background_failures']} failures.")
+        f"{_pct(v.get('foreground_slowdown'))}, simulated {_pct(v.get('simulated_slowdown'))} "
+        "(the simulator's policy on the measured alone step and pieces; on the in-context "
+        f"profile {_pct(v.get('simulated_on_profile_slowdown'))}); "
+        f"{v['background_steps']} background steps "
+        f"({_fmt(v.get('background_samples_per_s'))} samples/s measured, "
+        f"{_fmt(v.get('simulated_background_samples_per_s'))} simulated), "
+        f"{v['background_failures']} failures.")
   return out
 
 

@@ -98,7 +98,17 @@ def honest_processes(num_devices: int | None, background: str, *,
 
 
 def train_spec(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> dict[str, Any]:
-  """Train spec.plan on `devices` (with its background job); returns the summary.
+  """Train spec.plan on `devices` (with its background job); the summary of every process
+  of the job (`merged`; in one process, its own).
+  """
+  from dp_jax.runtime import distributed
+
+  return merged(distributed.gather_json(
+      train_process(spec, devices, log_fn=log_fn, on_start=on_start)))
+
+
+def train_process(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> dict[str, Any]:
+  """This process's part of train_spec: train, measure, replay; its own summary.
 
   The foreground trains even if its background job failed to start or died (it never reads
   background arrays); `check_background` then decides whether the run fails.
@@ -106,6 +116,7 @@ def train_spec(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> dict[
   from omegaconf import OmegaConf
 
   from dp_jax import orchestrator, zoo
+  from dp_jax.orchestrator.replay import replay
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime.stages import structure_graph
   from dp_jax.runtime.train_loop import train
@@ -137,7 +148,8 @@ def train_spec(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> dict[
       "final_loss": losses[-1] if losses else None, "median_step_ms": result.median_step_ms,
       "alone_steps": alone if hook is not None else None,
       "gantt": str(png) if png is not None else None,
-      **orchestrator.measure(result.step_ms, hook)}
+      **orchestrator.measure(result.step_ms, hook),
+      **replay(hook, int(spec.plan["num_devices"]), spec.steps - alone)}
   if result.median_step_ms:
     summary["samples_per_s"] = result.program.global_batch / result.median_step_ms * 1e3
   if hook is not None:
@@ -168,6 +180,14 @@ def merged(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     values = [s.get(k) for s in summaries if s.get(k) is not None]
     out[k] = sum(values) if values else None
   out["background_errors"] = [e for s in summaries for e in s.get("background_errors") or []]
+  # the simulator's fill on each dispatching process's measured alone step: added times add up
+  sim = [s for s in summaries if s.get("simulated_alone_ms")]
+  out.update(simulated_slowdown=sum(s["simulated_added_ms"] for s in sim)
+             / sim[0]["simulated_alone_ms"] if sim else None,
+             simulated_background_samples_per_s=sum(
+                 s["simulated_background_samples_per_s"] for s in sim) if sim else None)
+  for k in ("simulated_added_ms", "simulated_alone_ms"):
+    out.pop(k, None)
   return out
 
 
@@ -259,8 +279,7 @@ def _worker(spec_path: str, result_path: str) -> int:
     import jax
 
     spec = TrainSpec(**json.loads(Path(spec_path).read_text()))
-    summary = merged(distributed.gather_json(train_spec(spec, jax.devices())))
-    summary = check_background(summary)
+    summary = check_background(train_spec(spec, jax.devices()))
   except BackgroundFailed as e:
     summary, error, code = e.summary, str(e), 2
   except UserError as e:

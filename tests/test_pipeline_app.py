@@ -18,7 +18,7 @@ def test_the_main_job_runs_its_background_job_and_compares_predicted_with_measur
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr
   status = json.loads((tmp_path / "run" / "status.json").read_text())
   assert status["local/background_steps"] >= 1 and status["local/background_failures"] == 0
-  assert status["local/background_pieces"] >= 1
+  assert status["local/background_pieces"] >= 1 and status["local/simulated_slowdown"] is not None
   assert status["local/pinned_final_step"] == 13
   for plan in ("burst", "data_parallel"):
     p, m = status[f"local/{plan}_predicted_ms"], status[f"local/{plan}_measured_ms"]
@@ -31,6 +31,8 @@ def test_the_main_job_runs_its_background_job_and_compares_predicted_with_measur
   assert local["burst_predicted_ms"]["kind"] == "predicted"
   assert local["burst_measured_ms"]["kind"] == "measured"
   assert local["simulated_slowdown"]["kind"] == "simulated"
+  assert local["simulated_on_profile_slowdown"]["kind"] == "simulated"
+  assert local["foreground_slowdown"]["kind"] == "measured"
   assert {v["kind"] for v in local.values()} <= {"config", "predicted", "simulated", "measured"}
   assert "background steps" in " ".join(summary["story"])
   assert "in plain words" in result.stdout and "measured / predicted" in result.stdout
