@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -159,7 +160,9 @@ def pipeline_task(cfg: Any, run: Run) -> dict[str, Any]:
     run.log_image(key, path)
   print_summary(cfg, paper, local, plots)
   write_summary()
-  flat = {f"local/{k}": v for k, (v, _) in local.items()}
+  seconds = time.perf_counter() - _STARTED
+  print(f"main job done in {seconds:.0f} s (measured); outputs: {out_dir}")
+  flat = {"job_seconds": seconds, **{f"local/{k}": v for k, (v, _) in local.items()}}
   for r in paper:
     flat[f"a100/{r[0]}_g{r[1]}/speedup"] = r[4]
     flat[f"a100/{r[0]}_g{r[1]}/cluster_throughput_vs_dp"] = r[7]
@@ -491,10 +494,14 @@ def _fmt(v: Any, suffix: str = "") -> str:
   return f"{v:.4g}{suffix}" if isinstance(v, float) else f"{v}{suffix}"
 
 
+_STARTED = time.perf_counter()
+
+
 def _step(name: str, what: str) -> None:
+  """A header line: the part, what it does, the seconds since the job started."""
   from rich.console import Console
 
-  Console(width=110).rule(f"[bold]{name}[/bold]: {what}")
+  Console(width=110).rule(f"[bold]{name}[/bold] ({time.perf_counter() - _STARTED:.0f} s): {what}")
 
 
 main = hydra_app("pipeline", PipelineConfig)(pipeline_task)
