@@ -434,9 +434,9 @@ def print_summary(cfg: Any, paper: list[list[Any]], local: dict[str, tuple[Any, 
   console.print(t)
   for k, v in plots.items():
     console.print(f"{k}: {v}")
-  console.rule("[bold]in plain words")
+  print("\nIn plain words:")
   for line in story(cfg, paper, local):
-    console.print(line)
+    print(f"- {line}")
 
 
 AGREE = (0.8, 1.25)  # measured / predicted counted as agreement

@@ -35,7 +35,7 @@ def test_the_main_job_runs_its_background_job_and_compares_predicted_with_measur
   assert local["foreground_slowdown"]["kind"] == "measured"
   assert {v["kind"] for v in local.values()} <= {"config", "predicted", "simulated", "measured"}
   assert "background steps" in " ".join(summary["story"])
-  assert "in plain words" in result.stdout and "measured / predicted" in result.stdout
+  assert "In plain words:" in result.stdout and "(measured / predicted" in result.stdout
   assert "pinned processes" in result.stdout
 
 
