@@ -446,13 +446,15 @@ def story(cfg: Any, paper: list[list[Any]], local: dict[str, tuple[Any, str]]) -
   """What was predicted on A100s, what was measured here, and whether they agree."""
   out = []
   for r in paper:
+    matched = (f"{_fmt(r[8])} that of the matched data parallelism" if r[8] and
+               not str(r[8]).startswith("no DP") else
+               "no data parallelism on fewer GPUs is as fast (no matched baseline)")
     out.append(
         f"On A100s ({r[0]}, G={r[1]}; predicted from DeepPool's tables): {cfg.paper.model} "
         f"B={cfg.paper.batch_size} takes {r[2]:.1f} ms per iteration as a burst plan and "
         f"{r[3]:.1f} ms as data parallelism on all {r[1]} GPUs ({r[4]:.2f}x), using "
         f"{r[5]:.0%} less GPU time; with a background job in the idle GPUs the cluster does "
-        f"{_fmt(r[7], 'x')} the work of data parallelism on all GPUs and {_fmt(r[8])} that of "
-        "the matched data parallelism (simulated).")
+        f"{_fmt(r[7], 'x')} the work of data parallelism on all GPUs; {matched} (simulated).")
   v = {k: val for k, (val, _) in local.items()}
   if "burst_measured_ms" in v:
     ratios = {n: v[f"{n}_measured_over_predicted"] for n in ("burst", "data_parallel")}
