@@ -80,7 +80,9 @@ class DataConfig:
 class RuntimeConfig:
   """Devices, checkpoints and progress display of the runtime."""
 
-  num_devices: int | None = None  # None: every device; on CPU also the host device count
+  # None: every device (with a background job on CPU: one per core); on CPU also the host
+  # device count
+  num_devices: int | None = None
   checkpoint_every: int = 50  # steps between checkpoints (0: only at the end)
   progress: bool = True
   # With a background job on CPU the job runs as one pinned process per device (an idle
