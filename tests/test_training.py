@@ -40,8 +40,13 @@ def test_a_multi_process_summary_keeps_process_0s_foreground_and_sums_the_backgr
         "background_steps": 0, "background_failures": 0, "background_pieces": 0,
         "background_refused": 0, "background_samples_per_s": 0.0, "background_errors": []}
   p1 = {**p0, "measured_step_ms": 99.0, "background_steps": 3, "background_pieces": 30,
-        "background_samples_per_s": 6.0, "background_failures": 1, "background_errors": ["x"]}
+        "background_samples_per_s": 6.0, "background_failures": 1, "background_errors": ["x"],
+        "simulated_added_ms": 2.0, "simulated_alone_ms": 40.0,
+        "simulated_background_samples_per_s": 5.0}
   out = training.merged([p0, p1])
+  assert out["simulated_slowdown"] == 0.05 and out["simulated_background_samples_per_s"] == 5.0
+  assert "simulated_added_ms" not in out
+  assert training.merged([p0])["simulated_slowdown"] is None
   assert out["measured_step_ms"] == 10.0 and out["final_step"] == 8
   assert (out["background_steps"], out["background_pieces"], out["background_failures"],
           out["background_samples_per_s"], out["background_errors"]) == (3, 30, 1, 6.0, ["x"])
