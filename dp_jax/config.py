@@ -128,6 +128,7 @@ class BackgroundConfig:
   model: ModelConfig | None = None
   batch_per_device: int = 8
   slowdown_cap: float = 0.1
+  on_failure: str = "fail"  # fail: a job that fails to start or dies fails the run; continue
 
 
 @dataclass

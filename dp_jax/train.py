@@ -7,14 +7,16 @@ timeline.json (+ gantt.png) and orbax checkpoints under the run's output folder,
 from the newest checkpoint there (rerun with the same hydra.run.dir).
 
 On a CPU backend runtime.num_devices also sets the number of XLA host devices; this module
-imports nothing from JAX until the task has set XLA_FLAGS.
+imports nothing from JAX until the task has set XLA_FLAGS. With a background job on a CPU
+cluster the job honours its slowdown cap: it trains on one pinned process per device (one core
+each; default: one per core, dp_jax.training.train_pinned), and refuses more devices than
+cores unless runtime.share_cores=true (one process, exact, the cap not honoured).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -78,9 +80,15 @@ class DataConfig:
 class RuntimeConfig:
   """Devices, checkpoints and progress display of the runtime."""
 
-  num_devices: int | None = None  # None: every device; on CPU also the host device count
+  # None: every device (with a background job on CPU: one per core); on CPU also the host
+  # device count
+  num_devices: int | None = None
   checkpoint_every: int = 50  # steps between checkpoints (0: only at the end)
   progress: bool = True
+  # With a background job on CPU the job runs as one pinned process per device (an idle
+  # device is then an idle core and the slowdown cap holds); true: one process whose devices
+  # share the cores (exact, but the cap does not hold: for exactness tests)
+  share_cores: bool = False
   distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
@@ -111,19 +119,6 @@ def set_host_device_count(n: int | None) -> None:
     raise UserError(f"runtime.num_devices={n} must be a positive integer")
   flags = re.sub(rf"{HOST_DEVICES_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
   os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}={n}".strip()
-
-
-def make_optimizer(cfg: Any):
-  import optax
-
-  name = str(getattr(cfg.name, "value", cfg.name))
-  if not math.isfinite(cfg.lr) or cfg.lr <= 0:
-    raise UserError(f"optimizer.lr={cfg.lr} must be a finite number > 0")
-  if name == "sgd":
-    return optax.sgd(cfg.lr, momentum=cfg.momentum or None)
-  if name == "adam":
-    return optax.adam(cfg.lr, b1=cfg.momentum)
-  return optax.adamw(cfg.lr, b1=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
 def load_plan_file(path: str) -> dict[str, Any]:
@@ -224,131 +219,103 @@ def same_plan_everywhere(plan: dict[str, Any], batch: int) -> tuple[dict[str, An
 
 def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   """Plan (or load) a plan, train under it, write metrics, timeline and checkpoints."""
-  set_host_device_count(cfg.runtime.num_devices)
+  from dp_jax import training
+
+  processes = pinned_processes(cfg)
+  if processes is None:
+    set_host_device_count(cfg.runtime.num_devices)
   from dp_jax.runtime import distributed
 
   distributed.initialize(cfg.runtime.distributed)
-  from dp_jax import orchestrator, workflow, zoo
+  from dp_jax import workflow, zoo
   from dp_jax.planner.plan import as_plan
-  from dp_jax.runtime import data as datalib
   from dp_jax.runtime.stages import structure_graph
-  from dp_jax.runtime.train_loop import train
 
   out_dir = run.output_dir  # one folder per job, also with several processes (cli.py)
-  devices = job_devices(cfg.runtime.num_devices)
+  g = processes or len(job_devices(cfg.runtime.num_devices))
   if cfg.plan not in PLAN_MODES:  # a plan for another model config: refuse before building
     workflow.check_made_for(as_plan(load_plan_file(cfg.plan), f"plan {cfg.plan}"),
                             model_record(cfg, zoo.build(cfg.model, abstract=True)),
                             f"plan {cfg.plan}")
   model = zoo.build(cfg.model, seed=cfg.seed)
   graph = structure_graph(model, cfg.model.name)
-  plan, batch = resolve_plan(cfg, model, graph, len(devices))  # before any checkpoint
+  plan, batch = resolve_plan(cfg, model, graph, g)  # before any checkpoint
   plan, batch = same_plan_everywhere(plan, batch)
+  del model
 
   def start_writing() -> None:  # the checkpoint folder fits this job: files may be written now
     run.begin()
     if run.writes:  # process 0 of a multi-process job
       write_json(out_dir / "plan.json", plan)
 
-  data = datalib.make_source(workflow.enum_value(cfg.data.source), model, path=cfg.data.path,
-                             seed=cfg.data.seed)
-  hook = orchestrator.start_background(
-      cfg.background, cfg.model, plan, devices,
-      memory_gb_per_device=cfg.cluster.memory_gb_per_device, learning_rate=cfg.optimizer.lr,
-      seed=cfg.seed, start_after=orchestrator.alone_steps(cfg.steps),
-      checkpoint_dir=out_dir / "background_checkpoint",
-      checkpoint_every=cfg.runtime.checkpoint_every)
-  result = train(model, graph, plan, steps=cfg.steps, optimizer=make_optimizer(cfg.optimizer),
-                 data=data, checkpoint_dir=out_dir / "checkpoints",
-                 checkpoint_every=cfg.runtime.checkpoint_every, log_fn=_with_background(run, hook),
-                 output_dir=out_dir, devices=devices, progress=cfg.runtime.progress,
-                 on_stage=hook, on_start=start_writing)
-  measured = orchestrator.measure(result.step_ms, hook) if hook is not None else {}
-  png = _gantt(result.timeline_path) if result.timeline_path is not None else None
-  if png is not None:
+  spec = training.TrainSpec(
+      model=_plain(cfg.model), plan=plan, steps=cfg.steps, output_dir=str(out_dir),
+      optimizer=_plain(cfg.optimizer), data=_plain(cfg.data), background=_plain(cfg.background),
+      memory_gb_per_device=cfg.cluster.memory_gb_per_device,
+      checkpoint_dir=str(out_dir / "checkpoints"), checkpoint_every=cfg.runtime.checkpoint_every,
+      background_checkpoint_dir=str(out_dir / "background_checkpoint"),
+      progress=cfg.runtime.progress, seed=cfg.seed)
+  if processes is None:
+    summary = training.check_background(training.train_spec(
+        spec, job_devices(cfg.runtime.num_devices), log_fn=run.log, on_start=start_writing))
+  else:
+    start_writing()
+    print(f"training on {processes} pinned processes, one core and one CPU device each "
+          f"(background {cfg.background.name}, slowdown cap {cfg.background.slowdown_cap})")
+    summary = training.train_pinned(spec, processes)
+    replay_metrics(run, out_dir)
+  png = summary.pop("gantt", None)
+  if png:
     run.log_image("gantt", png)
-  summary = {"model": cfg.model.name, "plan": cfg.plan, "num_devices": len(devices),
-             "global_batch": batch, "stages": len(result.program.stages),
-             "resumed_from_step": result.start_step, "final_step": result.final_step,
-             "final_loss": result.losses[-1] if result.losses else None,
-             "median_step_ms": result.median_step_ms}
-  if result.median_step_ms:
-    summary["samples_per_s"] = batch / result.median_step_ms * 1e3
-  if hook is not None:
-    summary.update(background=cfg.background.name, **measured)
-    run.summary({k: v for k, v in measured.items() if v is not None})
-  print(f"trained {cfg.model.name} to step {result.final_step} in {summary['stages']} stage(s); "
-        f"outputs: {out_dir}")
+  if not summary.get("background_failures"):
+    summary.pop("background_errors", None)
+  summary = {"model": cfg.model.name, "plan": cfg.plan, "num_devices": g,
+             "processes": processes or 1, "global_batch": batch, **summary}
+  run.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+  print(f"trained {cfg.model.name} to step {summary['final_step']} in {summary['stages']} "
+        f"stage(s); outputs: {out_dir}")
   return summary
 
 
-def pipeline_alone_steps(cfg: Any) -> int:
-  """Steps the pipeline trains alone before its background job starts (0 without one)."""
-  bg = cfg.background
-  return 0 if bg is None or bg.name == "none" else 2 + max(1, cfg.train.steps)
+def pinned_processes(cfg: Any) -> int | None:
+  """Pinned processes for this job (one device each), or None to train in this process.
 
-
-def train_plan_for_pipeline(cfg: Any, plan: Any, out_dir: Path, run: Run) -> dict[str, Any]:
-  """Train `plan` on the local devices for dp_jax.pipeline (no checkpoints), with the background.
-
-  With a background job, alone_steps(...) steps run alone first (compile, timed step, the
-  baseline), then cfg.train.steps with the job; alone, just cfg.train.steps.
+  Pinned: a background job on a CPU cluster, unless runtime.share_cores or a multi-process
+  job configured by the user; more devices than cores is refused (training.honest_processes).
   """
-  import optax
+  from dp_jax import training, workflow
+  from dp_jax.runtime import distributed
 
-  from dp_jax import orchestrator, zoo
-  from dp_jax.runtime import data as datalib
-  from dp_jax.runtime.plan_check import plan_dict
-  from dp_jax.runtime.stages import structure_graph
-  from dp_jax.runtime.train_loop import train
-
-  plan = plan_dict(plan)
-  devices = job_devices(plan["num_devices"])
-  model = zoo.build(cfg.model, seed=cfg.seed)
-  graph = structure_graph(model, cfg.model.name)
-  bg = cfg.background
-  alone = pipeline_alone_steps(cfg)
-  hook = orchestrator.start_background(
-      bg, cfg.model, plan, devices, memory_gb_per_device=cfg.cluster.memory_gb_per_device,
-      learning_rate=cfg.train.learning_rate, seed=cfg.seed, start_after=alone)
-  result = train(model, graph, plan, steps=alone + cfg.train.steps,
-                 optimizer=optax.sgd(cfg.train.learning_rate, momentum=0.9),
-                 data=datalib.synthetic(model, seed=cfg.seed), log_fn=_with_background(run, hook),
-                 output_dir=out_dir / "train", devices=devices, progress=True, on_stage=hook)
-  png = _gantt(result.timeline_path) if result.timeline_path is not None else None
-  plots = {"measured_gantt": str(png)} if png is not None else {}
-  losses = result.losses
-  summary = {"train_stages": len(result.program.stages), "train_steps": result.final_step,
-             "loss_first": losses[0] if losses else None,
-             "loss_last": losses[-1] if losses else None,
-             **orchestrator.measure(result.step_ms, hook)}
-  return {"summary": summary, "plots": plots}
-
-
-def _with_background(run: Run, hook):
-  """run.log, plus the background job's counters under background/ (same W&B run)."""
-  if hook is None:
-    return run.log
-
-  def log_fn(metrics: dict[str, Any], step: int) -> None:
-    bg = {f"background/{k}": v for k, v in hook.stats.metrics().items() if v is not None}
-    run.log({**metrics, **bg}, step)
-
-  return log_fn
-
-
-def _gantt(timeline_path: Path) -> Path | None:
-  """gantt.png of the measured step, drawn by the simulator's plotter (None if absent)."""
-  try:
-    from dp_jax.sim.gantt import plot_gantt
-    from dp_jax.sim.timeline import Event
-  except ImportError:
+  if not training.background_active(cfg.background):
     return None
-  t = json.loads(timeline_path.read_text())
-  events = [Event(**{**e, "devices": tuple(e["devices"])}) for e in t["alone"]["events"]]
-  png = plot_gantt(events, t["num_devices"], timeline_path.with_name("gantt.png"),
-                   title=f"{t['model']} B={t['global_batch']}: measured step {t['step']}")
-  return png
+  training.check_on_failure(cfg.background)
+  if cfg.runtime.share_cores:
+    return None
+  if distributed.configured(cfg.runtime.distributed):
+    return None
+  if workflow.cluster_spec(cfg.cluster).device != "cpu":
+    return None
+  return training.honest_processes(cfg.runtime.num_devices, cfg.background.name)
+
+
+def replay_metrics(run: Run, out_dir: Path) -> None:
+  """metrics.jsonl of a pinned run (written by its process 0) into this run's W&B steps."""
+  from dp_jax.runtime.train_loop import METRICS_FILE
+
+  path = Path(out_dir) / METRICS_FILE
+  if not path.is_file():
+    return
+  for line in path.read_text().splitlines():
+    m = json.loads(line)
+    run.log({f"train/{k}": v for k, v in m.items() if k != "step"}, m["step"])
+
+
+def _plain(cfg: Any) -> Any:
+  from omegaconf import OmegaConf
+
+  if cfg is None:
+    return None
+  return json.loads(json.dumps(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)))
 
 
 main = hydra_app("train", TrainConfig)(train_task)

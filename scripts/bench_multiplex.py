@@ -4,10 +4,10 @@
         [--steps 20] [--processes N] [--out results/multiplex/bench.json]
 
 Devices: N processes (default: one per core this shell may use), process i pinned to core i
-(CPU affinity set before Python starts, dp_jax/runtime/pinned.py) with one CPU device, joined
-by jax.distributed on localhost. XLA:CPU spreads a program over every core its process may
-use, so only pinning makes an idle device an idle core; each worker checks afterwards, per
-thread (/proc), that all its threads stayed on its core.
+(CPU affinity set by each process before JAX starts, dp_jax/runtime/pinned.py) with one CPU
+device, joined by jax.distributed on localhost. XLA:CPU spreads a program over every core its
+process may use, so only pinning makes an idle device an idle core; each worker checks
+afterwards, per thread (/proc), that all its threads stayed on its core.
 
 Foreground: GPT-2 (4 blocks, d_model 128, 64 tokens, vocabulary 512) at B=16, a burst
 layout over the N devices: the embedding and the first block on every device, every later

@@ -88,6 +88,22 @@ def tiny():
   return runners, job_of_runner(runners[BG_DEVICES[0]], "tiny", pieces, 0.0)
 
 
+def test_a_job_rebuilt_from_its_model_after_steps_on_the_same_device_runs():
+  """Regression: a runner's first step donated the model's own arrays (jax.device_put onto the
+  sharding an array has returns it), so rebuilding the runners from the model (as
+  start_background does when it groups layers into pieces) failed with "Array has been
+  deleted"."""
+  model = build_model("gpt2_small", seed=1, **TINY)
+  devices = {0: jax.devices()[0]}  # the model's own device
+  first = build_runners(model, "gpt2_small", [], sgd(), 4, devices)[0]
+  float(first.step())
+  _, params, stats = split_layers(model)
+  assert not any(a.is_deleted() for a in jax.tree.leaves((params, stats)))
+  again = build_runners(model, "gpt2_small", [["embed", "h.0"], ["ln_f", "lm_head"]], sgd(), 4,
+                        devices)[0]
+  assert math.isfinite(float(again.step())) and again.steps == 1
+
+
 def assert_same(a, b):
   assert jax.tree.structure(a) == jax.tree.structure(b)
   for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):

@@ -12,7 +12,7 @@ def test_train_app_with_background_reports_slowdown(tmp_path):
   plan = burst_plan_file(tmp_path)
   result = run_app("train", *TINY, "steps=16", f"plan={plan}", "background=same_family",
                    "background.batch_per_device=2", "background.slowdown_cap=100",
-                   cwd=tmp_path, timeout=900)
+                   "runtime.share_cores=true", cwd=tmp_path, timeout=900)
   assert result.returncode == 0, result.stderr
   status = json.loads((tmp_path / "run" / "status.json").read_text())
   assert status["background"] == "same_family" and status["final_step"] == 16
@@ -28,3 +28,18 @@ def test_train_app_rejects_negative_slowdown_cap(tmp_path):
   result = run_app("train", *TINY, "steps=6", f"plan={plan}", "background=same_family",
                    "background.slowdown_cap=-1", cwd=tmp_path)
   assert_one_line_error(result, "background.slowdown_cap=-1.0 must be >= 0")
+
+
+def test_a_cap_on_more_devices_than_cores_is_refused_in_one_line_naming_the_way_round(tmp_path):
+  """8 host devices on this machine's cores: an idle device is no idle core, the cap cannot
+  hold; refused before any work, naming the option that runs it anyway."""
+  import os
+
+  cores = len(os.sched_getaffinity(0))
+  if cores >= 8:
+    pytest.skip(f"{cores} cores fit 8 devices")
+  result = run_app("train", *TINY, "steps=6", "plan=data_parallel", "batch_size=8",
+                   "background=same_family", cwd=tmp_path)
+  assert_one_line_error(result, "runtime.num_devices=8 with background=same_family",
+                        f"runtime.num_devices<={cores}", "runtime.share_cores=true")
+  assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"

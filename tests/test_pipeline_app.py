@@ -4,31 +4,54 @@ import json
 
 from apps import assert_one_line_error, run_app
 
-TINY = ["model=gpt2", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=16",
-        "model.vocab_size=64", "cluster.num_devices=2", "batch_size=4", "profile=analytic",
-        "logger=disabled", "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]"]
+TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=16",
+        "model.vocab_size=64", "batch_size=4", "logger=disabled",
+        "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]"]
+# The main job's own config (model, batch, background, cap), fewer rounds and steps
+QUICK = ["logger=disabled", "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]",
+         "local.timed_steps=3", "local.warmup=1", "local.profile_repeats=1",
+         "local.profile_passes=1", "local.profile_cuts=2", "train.alone_steps=5", "train.steps=8"]
 
 
-def test_the_main_job_reports_the_a100_setting_and_a_measured_local_run(tmp_path):
-  result = run_app("pipeline", *TINY, "background=none", "train.steps=2", cwd=tmp_path,
-                   timeout=600)
-  assert result.returncode == 0, result.stderr
+def test_the_main_job_runs_its_background_job_and_compares_predicted_with_measured(tmp_path):
+  result = run_app("pipeline", *QUICK, cwd=tmp_path, timeout=900)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+  status = json.loads((tmp_path / "run" / "status.json").read_text())
+  assert status["local/background_steps"] >= 1 and status["local/background_failures"] == 0
+  assert status["local/background_pieces"] >= 1 and status["local/simulated_slowdown"] is not None
+  assert status["local/pinned_final_step"] == 13
+  for plan in ("burst", "data_parallel"):
+    p, m = status[f"local/{plan}_predicted_ms"], status[f"local/{plan}_measured_ms"]
+    assert p > 0 and m > 0 and status[f"local/{plan}_measured_over_predicted"] == m / p
   summary = json.loads((tmp_path / "run" / "summary.json").read_text())
   (row,) = summary["a100"]
   assert row["cluster"] == "a100_nvlink_8" and row["G"] == 8
   assert row["burst ms (predicted)"] > 0 and row["data-parallel ms (predicted)"] > 0
   local = summary["local"]
-  assert local["burst_iteration_ms"]["kind"] == "predicted"
-  assert local["simulated_alone_iteration_ms"]["kind"] == "simulated"
-  assert local["train_steps"] == {"value": 2, "kind": "measured"}
+  assert local["burst_predicted_ms"]["kind"] == "predicted"
+  assert local["burst_measured_ms"]["kind"] == "measured"
+  assert local["simulated_slowdown"]["kind"] == "simulated"
+  assert local["simulated_on_profile_slowdown"]["kind"] == "simulated"
+  assert local["foreground_slowdown"]["kind"] == "measured"
   assert {v["kind"] for v in local.values()} <= {"config", "predicted", "simulated", "measured"}
-  assert "burst vs data parallelism" in result.stdout and "measured" in result.stdout
-  assert "2 steps of the burst plan" in result.stdout  # the header and the bar agree
+  assert "background steps" in " ".join(summary["story"])
+  assert "In plain words:" in result.stdout and "(measured / predicted" in result.stdout
+  assert "pinned processes" in result.stdout
 
 
 def test_negative_train_steps_is_one_line_and_names_the_option(tmp_path):
   assert_one_line_error(run_app("pipeline", *TINY, "train.steps=-1", cwd=tmp_path),
                         "train.steps=-1 must be >= 0")
+
+
+def test_too_few_alone_steps_and_more_devices_than_cores_are_one_line(tmp_path):
+  import os
+
+  assert_one_line_error(run_app("pipeline", *TINY, "train.alone_steps=2", cwd=tmp_path),
+                        "train.alone_steps=2 must be >= 3")
+  cores = len(os.sched_getaffinity(0))
+  assert_one_line_error(run_app("pipeline", *TINY, f"local.num_devices={cores + 1}",
+                                cwd=tmp_path), f"use at most {cores} devices (one per core)")
 
 
 def test_an_unknown_paper_cluster_is_one_line(tmp_path):

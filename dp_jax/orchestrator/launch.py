@@ -93,11 +93,18 @@ def start_background(bg_cfg: Any, fg_model_cfg: Any, plan: Mapping[str, Any],
       cap, [layer["devices"] for layer in plan["layers"]], devices), margin=margin)
   if jax.process_count() > 1:
     kw["own_devices"] = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+  # several processes: each dispatches only to the devices it owns; a device every layer uses
+  # is never idle and gets no copy of the job (nor its compile time on that device's core)
+  layers = plan["layers"]
+  busy = set.intersection(*(set(lp["devices"]) for lp in layers)) if layers else set()
+  devs = {i: d for i, d in enumerate(devices)
+          if d.process_index == jax.process_index() and i not in busy}
+  if not devs:
+    log.info("background job %s: no device of this process is ever idle", name)
+    return BackgroundScheduler(None, {}, **kw)
   try:
     model = zoo.build(model_cfg, seed=seed + 1)
     opt = optax.sgd(learning_rate, momentum=0.9)
-    # several processes: each dispatches only to the devices it owns
-    devs = {i: d for i, d in enumerate(devices) if d.process_index == jax.process_index()}
     first = next(iter(devs))
     runners = build_runners(model, model_cfg.name, [], opt, batch, devs, seed=seed)
     pieces = measured_pieces(runners[first])

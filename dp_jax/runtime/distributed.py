@@ -142,6 +142,21 @@ def from_process_0(value: Any) -> Any:
   return json.loads(_from_process_0_bytes(json.dumps(value).encode()))
 
 
+def gather_json(value: Any) -> list[Any]:
+  """Every process's value of a JSON object, in process order ([value] in one process)."""
+  if not _several():
+    return [value]
+  import numpy as np
+  from jax.experimental import multihost_utils
+
+  raw = np.frombuffer(json.dumps(value, default=str).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([raw.size], np.int32)))
+  buf = np.zeros(int(sizes.max()), np.uint8)
+  buf[:raw.size] = raw
+  every = np.asarray(multihost_utils.process_allgather(buf)).astype(np.uint8)
+  return [json.loads(every[i, :int(n)].tobytes()) for i, n in enumerate(sizes.reshape(-1))]
+
+
 def _several() -> bool:
   import jax
 

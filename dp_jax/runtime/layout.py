@@ -33,11 +33,16 @@ def layer_shardings(mesh: Mesh, d: LayerDef, specs: Mapping[str, Sequence]) -> S
 
 
 def place(arrays: Mapping[str, Any], shardings: Shardings) -> dict[str, jax.Array]:
-  """A layer's arrays (key -> array) put on their shardings; onto devices of other processes
-  from host values (jax.device_put of a committed array there gave an array without valid
-  shards with one device per process, jax 0.12)."""
+  """Copies of a layer's arrays (key -> array) on their shardings; onto devices of other
+  processes from host values (jax.device_put of a committed array there gave an array without
+  valid shards with one device per process, jax 0.12).
+
+  Always copies: the stage programs donate the state's buffers, and jax.device_put onto the
+  sharding an array already has returns that array, so without a copy the first step would
+  delete the model's own arrays (and those of every other state built from it, e.g. a
+  background job's copy on the same device: "Array has been deleted")."""
   return {k: jax.device_put(a if shardings[k].is_fully_addressable else np.asarray(a),
-                            shardings[k]) for k, a in arrays.items()}
+                            shardings[k], may_alias=False) for k, a in arrays.items()}
 
 
 def constrain(arrays: Mapping[str, Any], shardings: Shardings) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 XLA:CPU spreads a program over every core its process may use (dp_jax/runtime/local_devices.py),
 so in one process an "idle" device is not an idle core. Pinning each process to one core
-(CPU affinity, set in the child before it starts Python, inherited by every thread) and joining
+(CPU affinity, set by the child itself before JAX starts, inherited by every thread) and joining
 the processes with jax.distributed on localhost gives one device per core: device i's work runs
 on core i only, and an idle device is an idle core. The worker side checks its pinning before
 JAX starts (`check_pinned`) and, after its work, that every thread stayed on that core
@@ -23,6 +23,8 @@ from pathlib import Path
 
 from dp_jax.errors import UserError
 from dp_jax.runtime.local_devices import HOST_DEVICES_FLAG, xla_thread_ticks
+
+PIN_CORE_ENV = "DP_JAX_PIN_CORE"  # the core a started process pins itself to (check_pinned)
 
 
 def cores_for(n: int, available: Sequence[int] | None = None) -> list[int]:
@@ -66,14 +68,11 @@ def start(argv: Sequence[str], num_processes: int, log_dir: str | Path,
   procs = []
   for i in range(num_processes):
     out = None if (echo_first and i == 0) else (Path(log_dir) / f"process_{i}.log").open("w")
+    env = {**worker_env(i, num_processes, port), PIN_CORE_ENV: str(cores[i])}
     procs.append(subprocess.Popen(
         [sys.executable, *argv], cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
-        env=worker_env(i, num_processes, port), preexec_fn=_pin(cores[i])))
+        env=env))
   return procs
-
-
-def _pin(core: int):
-  return lambda: os.sched_setaffinity(0, {core})
 
 
 def wait(procs: Sequence[subprocess.Popen], timeout_s: float, grace_s: float = 20.0) -> list[int]:
@@ -99,8 +98,15 @@ def wait(procs: Sequence[subprocess.Popen], timeout_s: float, grace_s: float = 2
 def check_pinned() -> int:
   """The one core this process may run on; a UserError if it may run on several.
 
-  Call it before JAX starts: XLA sizes its thread pools from the cores it may use.
+  A process started by `start` pins itself here (to the core in DP_JAX_PIN_CORE, every thread
+  it has so far): not in the parent between fork and exec, which is unsafe when the parent
+  runs threads (JAX's). Call it before JAX starts: XLA sizes its thread pools from the cores
+  it may use, and every later thread inherits the affinity.
   """
+  pin = os.environ.get(PIN_CORE_ENV)
+  if pin is not None:
+    for tid in os.listdir("/proc/self/task"):
+      os.sched_setaffinity(int(tid), {int(pin)})
   cores = sorted(os.sched_getaffinity(0))
   if len(cores) != 1:
     raise UserError(f"this worker may run on {len(cores)} cores ({cores_text(cores)}); start it "
