@@ -21,7 +21,7 @@ def cluster_config(name: str) -> dict[str, Any]:
   """The cluster config conf/cluster/<name>.yaml as a dict (for apps that use several)."""
   from omegaconf import OmegaConf
 
-  from dp_jax.cli import CONF_DIR
+  from dp_jax.config import CONF_DIR
 
   path = Path(CONF_DIR) / "cluster" / f"{name}.yaml"
   if not path.is_file():
@@ -122,7 +122,8 @@ def make_plan_from_config(planner_cfg: Any, graph, profile, cluster, *, num_devi
               "cluster_config": _plain(cluster_cfg) if cluster_cfg is not None else None,
               "profile": {"source": profile.source, "device": profile.device,
                           "dtype": profile.dtype, "extrapolated_batches": extrapolated,
-                          "estimated_layers": sorted(profile.meta.get("estimated_layers", {}))}}
+                          "estimated_layers": sorted(profile.meta.get("estimated_layers", {})),
+                          "other_device": profile.meta.get("other_device")}}
   return dataclasses.replace(plan, extra={**plan.extra, **made_for})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,33 @@ def warn_filled(model: str, filled: list[str]) -> None:
 
 def load_profile(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
                  model_cfg: Any = None) -> ProfileTable:
-  """The ProfileTable the profile config names, for `graph` at per-device `batches`."""
+  """The ProfileTable the profile config names, for `graph` at per-device `batches`.
+
+  `device` is the cluster's device model: a profile of another device is refused, naming
+  both, unless profile.allow_other_device is true (then recorded in the table's meta, and so
+  in the plan's `profile` record).
+  """
+  table = _load(cfg, graph, device, batches, model_cfg)
+  return check_device(table, device, bool(cfg.get("allow_other_device", False)), _source(cfg))
+
+
+def check_device(table: ProfileTable, device: str, allow: bool, source: str) -> ProfileTable:
+  """`table` if it is a profile of `device` (or allow); else a one-line UserError."""
+  if table.device == device:
+    return table
+  if not allow:
+    raise UserError(f"profile {source} is of {table.device} devices but the cluster has "
+                    f"{device}; use a profile of {device} (e.g. profile=analytic) or pass "
+                    "profile.allow_other_device=true to plan with it on purpose (recorded in "
+                    "the plan)")
+  log.warning("planning %s devices with a profile of %s (profile.allow_other_device=true)",
+              device, table.device)
+  other = {"profile_device": table.device, "cluster_device": device, "accepted": True}
+  return dataclasses.replace(table, meta={**table.meta, "other_device": other})
+
+
+def _load(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
+          model_cfg: Any = None) -> ProfileTable:
   source = _source(cfg)
   if source == "analytic":
     from dp_jax.profile.analytic import analytic_profile
