@@ -231,7 +231,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   from dp_jax import orchestrator, workflow, zoo
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime.stages import structure_graph
-  from dp_jax.runtime.train_loop import train
+  from dp_jax.runtime.train_loop import check_same_job, train
 
   out_dir = run.output_dir  # one folder per job, also with several processes (cli.py)
   devices = job_devices(cfg.runtime.num_devices)
@@ -243,6 +243,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   graph = structure_graph(model, cfg.model.name)
   plan, batch = resolve_plan(cfg, model, graph, len(devices))  # before any checkpoint
   plan, batch = same_plan_everywhere(plan, batch)
+  check_same_job(out_dir, cfg, plan, cfg.steps)  # a resume is the same job (reads only)
 
   def start_writing() -> None:  # the checkpoint folder fits this job: files may be written now
     run.begin()
