@@ -49,7 +49,8 @@ def one_line(exc: BaseException) -> str:
   from hydra.errors import OverrideParseException
 
   if isinstance(exc, OverrideParseException):
-    return f"malformed override: {_squash(str(exc)).split('; See ')[0]}"
+    return (f"malformed override: {_squash(str(exc)).split('; See ')[0]} (quote a value with "
+            "spaces, non-ASCII or special characters: key='value')")
   msgs = []
   e: BaseException | None = exc
   while e is not None:
@@ -143,6 +144,8 @@ def hydra_app[Schema](config_name: str,
 
         tracking.cleanup()
 
+    main.schema = schema  # type: ignore[attr-defined] - the app's typed config, for tests
+    main.config_name = config_name  # type: ignore[attr-defined]
     return main
 
   return decorate

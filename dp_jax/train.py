@@ -222,7 +222,7 @@ def same_plan_everywhere(plan: dict[str, Any], batch: int) -> tuple[dict[str, An
   return agreed["plan"], agreed["batch"]
 
 
-def train_task(cfg: Any, run: Run) -> dict[str, Any]:
+def train_task(cfg: TrainConfig, run: Run) -> dict[str, Any]:
   """Plan (or load) a plan, train under it, write metrics, timeline and checkpoints."""
   set_host_device_count(cfg.runtime.num_devices)
   from dp_jax.runtime import distributed

@@ -42,6 +42,9 @@ LogFn = Callable[[dict[str, Any], int], None]
 METRICS_FILE = "metrics.jsonl"
 TIMELINE_FILE = "timeline.json"
 STEP_SLEEP_ENV = "DP_JAX_STEP_SLEEP_S"  # test hook: pause after each step (kill/resume tests)
+# test hook: "metrics:<step>" SIGKILLs the process halfway through that step's metrics line,
+# "checkpoint:<step>" right after that step's checkpoint save is issued (kill/resume tests)
+DIE_AT_ENV = "DP_JAX_DIE_AT"
 
 
 @dataclass
@@ -151,14 +154,28 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
       result.step_ms.append(ms)
       result.final_step = done
       if result.metrics_path is not None:
+        _die_at("metrics", done, result.metrics_path, json.dumps(metrics))
         append_line(result.metrics_path, json.dumps(metrics))
       if log_fn is not None:
         log_fn({f"train/{k}": v for k, v in metrics.items() if k != "step"}, done)
       if manager is not None and ((every and done % every == 0) or done == steps):
         ckpt.save(manager, done, result.state, _everywhere(program))
+        _die_at("checkpoint", done)
       bar.update(task, completed=done, loss=loss_value)
       if sleep_s:
         time.sleep(sleep_s)
+
+
+def _die_at(where: str, step: int, path: Path | None = None, line: str = "") -> None:
+  """The DIE_AT_ENV test hook (see there); a no-op unless it names this point."""
+  if os.environ.get(DIE_AT_ENV) != f"{where}:{step}":
+    return
+  import signal
+
+  if path is not None:  # half a line, on disk, as a kill during the write leaves it
+    with path.open("a") as f:
+      f.write(line[: len(line) // 2])
+  os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _everywhere(program: Program):
