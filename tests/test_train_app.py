@@ -145,7 +145,8 @@ def test_another_model_in_a_finished_run_folder_is_refused_without_a_trace(tmp_p
   result = run_app("train", "model=vgg16", "model.image_size=32", "runtime.num_devices=8",
                    "batch_size=8", "steps=1", "logger=disabled", "runtime.progress=false",
                    cwd=tmp_path)
-  assert_one_line_error(result, "holds another job", "model.name ('gpt2_small' recorded, 'vgg16' now)")
+  assert_one_line_error(result, "holds another job",
+                        "model.name ('gpt2_small' recorded, 'vgg16' now)")
   assert digest(tmp_path / "run") == before
 
 

@@ -8,6 +8,7 @@ resume under a different plan; arrays are restored straight onto the current pla
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -128,12 +129,16 @@ def restore_newest_good(manager, like: Any, everywhere=None):
 
   directory = Path(manager.directory)
   damaged: list[tuple[int, str]] = []
-  for step in sorted(manager.all_steps(), reverse=True):
-    try:
-      restored = _restore(manager, step, like, everywhere)
-    except Exception as e:  # noqa: BLE001 - orbax reports damage as many exception types
-      damaged.append((step, _first_line(e)))
-      continue
+  restored, step = None, None
+  with _abandoned_reads_dropped() as state:
+    for step in sorted(manager.all_steps(), reverse=True):
+      try:
+        restored = _restore(manager, step, like, everywhere)
+        break
+      except Exception as e:  # noqa: BLE001 - orbax reports damage as many exception types
+        damaged.append((step, _first_line(e)))
+        state["failed"] = True
+  if restored is not None:
     if damaged:
       log = logging.getLogger(__name__)
       aside = directory.with_name(directory.name + ".damaged")
@@ -147,6 +152,41 @@ def restore_newest_good(manager, like: Any, everywhere=None):
     raise UserError(f"every checkpoint in {directory} is damaged ({listed}); move the folder "
                     "away to start the run afresh")
   return manager, None
+
+
+# the lines of those tracebacks (threads interleave them: "RuntimeErrorTraceback ...")
+ABANDONED_READ_MARKS = ("asyncio/base_events.py", "_check_closed", "Event loop is closed",
+                        "Traceback (most recent call last)")
+
+
+@contextlib.contextmanager
+def _abandoned_reads_dropped():
+  """fd 2 through a file while restoring: after a failed restore, tensorstore still completes
+  the reads orbax abandoned, and each callback prints a traceback from native code ("Event loop
+  is closed"); those lines are dropped (the damage is named once), everything else is kept."""
+  import os
+  import sys
+  import tempfile
+  import time
+
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as f:
+    os.dup2(f.fileno(), 2)
+    state = {"failed": False}
+    try:
+      yield state
+    finally:
+      if state["failed"]:
+        time.sleep(0.5)  # the abandoned reads finish
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      f.seek(0)
+      for line in f.read().decode(errors="replace").splitlines():
+        if not any(m in line for m in ABANDONED_READ_MARKS) and line.strip() not in (
+            "", "RuntimeError", ":"):
+          print(line, file=sys.stderr)
 
 
 def _restore(manager, step: int, like: Any, everywhere) -> Any:
