@@ -58,11 +58,12 @@ def load_graph(cfg: Any):
 
 def load_profile_for(cfg: Any, graph, cluster, global_batch: int, *extra_batches: int):
   """The profile cfg.profile names, covering every per-device batch a plan of B can use."""
-  from dp_jax.profile.sources import load_profile, profile_batches
+  from dp_jax.profile.sources import check_device, load_profile, profile_batches
 
   model_cfg = None if cfg.get("graph") else cfg.model
-  return load_profile(cfg.profile, graph, cluster.device,
-                      profile_batches(global_batch, *extra_batches), model_cfg)
+  table = load_profile(cfg.profile, graph, cluster.device,
+                       profile_batches(global_batch, *extra_batches), model_cfg)
+  return check_device(table, cluster.device, cfg.profile)
 
 
 def plan_options(planner_cfg: Any, num_devices: int, global_batch: int) -> dict[str, Any]:

@@ -48,18 +48,16 @@ def warn_filled(model: str, filled: list[str]) -> None:
 
 def load_profile(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
                  model_cfg: Any = None) -> ProfileTable:
-  """The ProfileTable the profile config names, for `graph` at per-device `batches`.
-
-  `device` is the cluster's device model: a profile of another device is refused, naming
-  both, unless profile.allow_other_device is true (then recorded in the table's meta, and so
-  in the plan's `profile` record).
-  """
-  table = _load(cfg, graph, device, batches, model_cfg)
-  return check_device(table, device, bool(cfg.get("allow_other_device", False)), _source(cfg))
+  """The ProfileTable the profile config names, for `graph` at per-device `batches`
+  (`device`: the analytic profile's device unless profile.device names one)."""
+  return _load(cfg, graph, device, batches, model_cfg)
 
 
-def check_device(table: ProfileTable, device: str, allow: bool, source: str) -> ProfileTable:
-  """`table` if it is a profile of `device` (or allow); else a one-line UserError."""
+def check_device(table: ProfileTable, device: str, cfg: Any) -> ProfileTable:
+  """`table` if it is a profile of the cluster's `device`; else a one-line UserError naming
+  both, unless profile.allow_other_device (then recorded in the table's meta, and so in the
+  plan's `profile.other_device`). Used where a profile prices a cluster (workflow)."""
+  allow, source = bool(cfg.get("allow_other_device", False)), _source(cfg)
   if table.device == device:
     return table
   if not allow:
