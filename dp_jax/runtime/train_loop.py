@@ -252,11 +252,14 @@ def check_same_job(output_dir: str | Path, config: Any, plan: dict[str, Any],
   """Refuse (reading only) to continue a run folder's job with other settings.
 
   The folder's config.json and plan.json record the job: JOB_KEYS, the plan's layers and global
-  batch must match; only `steps` may grow. A folder without config.json holds no job yet.
+  batch must match; only `steps` may grow. A folder without a checkpoint or a metrics line (or
+  without config.json) holds no job yet.
   """
   from dp_jax.jsonfile import dumps
 
   out = Path(output_dir)
+  if not _trained(out):
+    return  # nothing trained there yet (e.g. a run refused before its first step): a new job
   recorded = _read_record(out / CONFIG_FILE)
   if recorded is None:
     return
@@ -283,6 +286,15 @@ def check_same_job(output_dir: str | Path, config: Any, plan: dict[str, Any],
     raise UserError(f"{out} holds another job: {'; '.join(differs[:4])}{more}; a resume must be "
                     "the same job (only steps may grow): use the recorded options or another "
                     "hydra.run.dir")
+
+
+def _trained(out: Path) -> bool:
+  """Whether the run folder holds training progress: a checkpoint or a metrics line."""
+  checkpoints = out / "checkpoints"
+  if checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
+    return True
+  metrics = out / METRICS_FILE
+  return metrics.is_file() and metrics.stat().st_size > 0
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:
