@@ -117,6 +117,13 @@ def test_physically_implausible_cluster_numbers_are_refused_with_a_unit_hint(key
   assert key in str(e.value) and unit in str(e.value)
 
 
+def test_an_nvlink_class_link_between_nodes_is_a_valid_what_if():
+  from dp_jax import workflow
+
+  cfg = composed("simulate", "cluster=dgx_a100", "cluster.inter_node_bandwidth_GBps=300")
+  assert workflow.cluster_spec(cfg.cluster).inter_node_bandwidth_GBps == 300
+
+
 def test_every_shipped_cluster_is_plausible():
   from dp_jax import workflow
 
