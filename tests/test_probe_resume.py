@@ -71,9 +71,10 @@ def copy_of(finished, tmp_path):
 
 @pytest.mark.parametrize("changed, fragment", [
     (["optimizer.lr=0.5", "steps=10"], "optimizer.lr (0.01 recorded, 0.5 now)"),
-    (["batch_size=8", "steps=10"], "batch_size (4 recorded, 8 now)"),
-    (["seed=1"], "seed (0 recorded, 1 now)"),
-    (["data.seed=5"], "data.seed (0 recorded, 5 now)"),
+    pytest.param(["batch_size=8", "steps=10"], "batch_size (4 recorded, 8 now)",
+                 marks=pytest.mark.slow),  # each key also in test_probe_same_job (fast)
+    pytest.param(["seed=1"], "seed (0 recorded, 1 now)", marks=pytest.mark.slow),
+    pytest.param(["data.seed=5"], "data.seed (0 recorded, 5 now)", marks=pytest.mark.slow),
     (["steps=6"], "steps (8 recorded, 6 now: steps may only grow)"),
 ])
 def test_a_resume_with_other_settings_is_refused_and_the_folder_kept(tmp_path, finished, cache,
@@ -87,6 +88,7 @@ def test_a_resume_with_other_settings_is_refused_and_the_folder_kept(tmp_path, f
   assert digest(run_dir) == before
 
 
+@pytest.mark.slow
 def test_only_steps_may_grow(tmp_path, finished, cache):
   run_dir = copy_of(finished, tmp_path)
   result = run_app("train", *TINY, "steps=10", cwd=tmp_path, env=cache)
