@@ -154,9 +154,21 @@ def restore_newest_good(manager, like: Any, everywhere=None):
   return manager, None
 
 
-# the lines of those tracebacks (threads interleave them: "RuntimeErrorTraceback ...")
-ABANDONED_READ_MARKS = ("asyncio/base_events.py", "_check_closed", "Event loop is closed",
-                        "Traceback (most recent call last)")
+# the lines of those tracebacks; threads interleave them ("RuntimeErrorTraceback ...", a line
+# cut in two), so a line is dropped when nothing but these pieces and punctuation remain
+ABANDONED_READ_LINE_MARKS = ("asyncio/base_events.py", "call_soon_threadsafe", "_check_closed")
+ABANDONED_READ_PIECES = ("Traceback (most recent call last)", "raise RuntimeError",
+                         "RuntimeError", "Event loop is closed", "self.", "()", "('", "')")
+ABANDONED_READ_WAIT_S = 2.0  # for the abandoned reads to finish after a failed restore
+
+
+def _abandoned_read_line(line: str) -> bool:
+  if any(m in line for m in ABANDONED_READ_LINE_MARKS):
+    return True
+  rest = line
+  for piece in ABANDONED_READ_PIECES:
+    rest = rest.replace(piece, "")
+  return not any(c.isalnum() for c in rest)
 
 
 @contextlib.contextmanager
@@ -178,14 +190,13 @@ def _abandoned_reads_dropped():
       yield state
     finally:
       if state["failed"]:
-        time.sleep(0.5)  # the abandoned reads finish
+        time.sleep(ABANDONED_READ_WAIT_S)
       sys.stderr.flush()
       os.dup2(saved, 2)
       os.close(saved)
       f.seek(0)
       for line in f.read().decode(errors="replace").splitlines():
-        if not any(m in line for m in ABANDONED_READ_MARKS) and line.strip() not in (
-            "", "RuntimeError", ":"):
+        if not _abandoned_read_line(line):
           print(line, file=sys.stderr)
 
 
