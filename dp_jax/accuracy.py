@@ -126,7 +126,7 @@ def noise_scales(cfg: Any, data, sweep, out, best: int) -> tuple[float, list[flo
   return init["b_simple"], at_target
 
 
-def accuracy_task(cfg: Any, run: Run) -> dict[str, Any]:
+def accuracy_task(cfg: AccuracyConfig, run: Run) -> dict[str, Any]:
   """Train the grid, pick the best learning rate, measure noise scales, predict step times."""
   import numpy as np
 

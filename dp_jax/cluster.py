@@ -127,6 +127,47 @@ _FLOATS = ("memory_gb_per_device", "intra_node_bandwidth_GBps", "intra_node_late
            "program_launch_us", "stage_boundary_us", "update_memory_GBps")
 
 
+# The largest values a real cluster has (per device, per direction), to catch a unit mix-up:
+# NVLink 5 (NVIDIA B200 datasheet: 1.8 TB/s total per GPU) is 900 GB/s per direction, also the
+# most an NVLink fabric between nodes carries; the fastest NIC (NVIDIA ConnectX-8 SuperNIC:
+# 800 Gb/s) is 100 GB/s; the largest accelerator memory (AMD MI355X / NVIDIA B300: 288 GB) is
+# far below 4096 GB (a host "device" may hold more); a collective's latency is microseconds,
+# not the 0.1 s a unit slip (ms or ns) would give.
+PLAUSIBLE_MAX = {
+    "intra_node_bandwidth_GBps": (900, "GB/s per device per direction (NVLink 5 carries 900; "
+                                  "halve a bidirectional total, divide Gb/s by 8)"),
+    "inter_node_bandwidth_GBps": (900, "GB/s per NIC per direction (an 800 Gb/s NIC is 100 "
+                                  "GB/s; divide Gb/s by 8: 400 Gb/s is 50 GB/s)"),
+    "memory_gb_per_device": (4096, "GB (1e9 bytes) per device, not MB"),
+    "intra_node_latency_us": (1e5, "microseconds per collective (10 us is typical inside a "
+                              "node), not nanoseconds"),
+    "inter_node_latency_us": (1e5, "microseconds per collective (20 us is typical across "
+                              "InfiniBand), not nanoseconds"),
+}
+FASTEST_NIC_GBPS = 100  # ConnectX-8: 800 Gb/s
+
+
+def check_plausible(spec: ClusterSpec) -> None:
+  """Refuse values no real cluster has (a unit mix-up), with a hint about the unit.
+
+  Between nodes more than a NIC carries (100 GB/s) is an NVLink-class fabric; it is accepted up
+  to the NVLink inside the node (an NVLink-class what-if, e.g. the network study's 300 GB/s on
+  DGX A100), not beyond: a link out of a node faster than any NIC and than the node's own links
+  is a unit slip.
+  """
+  for key, (limit, unit) in PLAUSIBLE_MAX.items():
+    value = getattr(spec, key)
+    if value > limit:
+      raise UserError(f"cluster {spec.name}: {key}={value:g} is above {limit:g}, more than any "
+                      f"real cluster; the unit is {unit}")
+  inter, intra = spec.inter_node_bandwidth_GBps, spec.intra_node_bandwidth_GBps
+  if inter > FASTEST_NIC_GBPS and inter > intra:
+    raise UserError(f"cluster {spec.name}: inter_node_bandwidth_GBps={inter:g} is above "
+                    f"{FASTEST_NIC_GBPS} GB/s (the fastest NIC, 800 Gb/s) and above the node's "
+                    f"own links ({intra:g} GB/s); the unit is "
+                    f"{PLAUSIBLE_MAX['inter_node_bandwidth_GBps'][1]}")
+
+
 def load_cluster(config: Mapping[str, Any]) -> ClusterSpec:
   """A ClusterSpec from a config mapping (a conf/cluster/*.yaml file or its Hydra node)."""
   if not isinstance(config, Mapping):
@@ -146,7 +187,9 @@ def load_cluster(config: Mapping[str, Any]) -> ClusterSpec:
     values[key] = float(values[key])
   values["name"], values["device"] = name, str(values["device"])
   values["collectives"] = str(values["collectives"])
-  return ClusterSpec(**values)
+  spec = ClusterSpec(**values)
+  check_plausible(spec)
+  return spec
 
 
 # --- collective and move costs (pure, numpy-vectorised over device ranges) ---------------------

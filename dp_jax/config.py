@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import types
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING, OmegaConf
+
+from dp_jax.errors import UserError
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 class WandbMode(str, Enum):
@@ -47,20 +56,27 @@ class ModelConfig:
 
 @dataclass
 class ClusterConfig:
-  """A cluster: devices per node, nodes, device model, memory and links (see conf/cluster/)."""
+  """A cluster: devices per node, nodes, device model, memory and links (see conf/cluster/).
+
+  Every physical number is required: each cluster file states it with its source. The three
+  defaults are definitions, not measurements: one node; nics_per_node 0 meaning one NIC per
+  device (the DGX A100 / H100 datasheets' layout: one InfiniBand port per GPU); collectives
+  `rail`, the rings NCCL builds on such nodes (docs/cost_model.md, "Collectives and moves").
+  dp_jax.cluster.load_cluster refuses physically implausible values (a unit mix-up).
+  """
 
   name: str = MISSING
   device: str = MISSING
   num_nodes: int = 1
-  devices_per_node: int = 8
-  memory_gb_per_device: float = 40.0
+  devices_per_node: int = MISSING
+  memory_gb_per_device: float = MISSING
   intra_node_bandwidth_GBps: float = MISSING
   intra_node_latency_us: float = MISSING
   inter_node_bandwidth_GBps: float = MISSING
   inter_node_latency_us: float = MISSING
   nics_per_node: int = 0  # 0: one NIC per device
-  intra_node_bus_efficiency: float = 1.0
-  inter_node_bus_efficiency: float = 1.0
+  intra_node_bus_efficiency: float = MISSING
+  inter_node_bus_efficiency: float = MISSING
   collectives: str = "rail"  # rail (NCCL's rail-aligned rings) or flat (old single ring)
   inter_node_latency_per_doubling_us: float = 0.0  # per doubling of the nodes spanned beyond 2
   program_launch_us: float = 0.0  # one stage's program per step
@@ -118,6 +134,9 @@ class ProfileConfig:
   warmup: int = 2
   cache_dir: str = ".cache/dp_jax/profiles"
   data_dir: str | None = None  # deeppool_a100: None -> the tables shipped in dp_jax
+  # a profile of another device than the cluster's is refused; true: accepted on purpose (the
+  # plan's `profile.other_device` records it)
+  allow_other_device: bool = False
 
 
 @dataclass
@@ -141,3 +160,66 @@ class LoggerConfig:
   group: str | None = None  # None: a multirun's sweep name, else no group
   job_type: str | None = None  # None: the app's name
   tags: list[str] = field(default_factory=list)
+
+
+# --- every key of a composed config known to its schema ---------------------------------------
+
+
+def check_known_keys(cfg: Any, schema: type, where: str = "") -> None:
+  """Raise a one-line UserError for the first key of `cfg` that `schema` does not declare.
+
+  Walks the composed config beside the dataclass: `+key=...` additions and keys a group file
+  adds are checked the same way. Only fields typed as a mapping (dict) are open.
+  """
+  from omegaconf import DictConfig, ListConfig
+
+  kind = _unwrap(schema)
+  if kind is None:
+    return
+  if isinstance(cfg, DictConfig) and dataclasses.is_dataclass(kind):
+    hints = typing.get_type_hints(kind)
+    valid = [f.name for f in dataclasses.fields(kind)]
+    for key in cfg.keys():
+      name = f"{where}{key}"
+      if key not in hints:
+        raise UserError(_unknown_key_message(str(key), name, valid, where))
+      check_known_keys(cfg._get_node(key), hints[key], f"{name}.")
+  elif isinstance(cfg, ListConfig) and typing.get_origin(kind) is list:
+    (item,) = typing.get_args(kind) or (Any,)
+    for i in range(len(cfg)):
+      check_known_keys(cfg._get_node(i), item, f"{where.rstrip('.')}[{i}].")
+
+
+def _unwrap(t: Any) -> Any:
+  """The type a field holds (X of `X | None`); None for open types (Any, dict)."""
+  if t is Any or t is dict or typing.get_origin(t) is dict:
+    return None
+  if typing.get_origin(t) in (typing.Union, types.UnionType):
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return _unwrap(args[0]) if len(args) == 1 else None
+  return t
+
+
+def _unknown_key_message(key: str, name: str, valid: list[str], where: str) -> str:
+  near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+  if near:
+    hint = f"did you mean {where}{near[0]}?"
+  else:
+    hint = f"valid keys{' under ' + where.rstrip('.') if where else ''}: {', '.join(valid)}"
+  return f"unknown option {name} ({hint})"
+
+
+def check_required(cfg: Any) -> None:
+  """Raise a one-line UserError naming the first required option the composed config lacks."""
+  from omegaconf import OmegaConf
+
+  missing = sorted(OmegaConf.missing_keys(cfg))
+  if not missing:
+    return
+  key = missing[0]
+  group = key.split(".")[0]
+  name = OmegaConf.select(cfg, f"{group}.name", default=None, throw_on_missing=False)
+  if group == "cluster":
+    raise UserError(f"cluster {name}: {key.split('.', 1)[1]} is required (a cluster file states "
+                    "every number with its source; see conf/cluster/ and docs/cost_model.md)")
+  raise UserError(f"{key} is required: set {key}=...")

@@ -49,7 +49,7 @@ def print_layer_table(graph: LayerGraph) -> None:
   Console(width=120).print(table)
 
 
-def inspect(cfg: Any, run: Run) -> dict[str, Any]:
+def inspect(cfg: InspectConfig, run: Run) -> dict[str, Any]:
   """Trace the model, print its layer table, write the graph JSON, log the table."""
   from hydra.core.hydra_config import HydraConfig
 

@@ -28,10 +28,23 @@ def dumps(obj: Any, indent: int | None = 1) -> str:
 
 
 def write_json(path: str | Path, obj: Any, indent: int | None = 1) -> Path:
-  """Write `obj` as strict, indented JSON, creating the parent folder."""
+  """Write `obj` as strict, indented JSON, creating the parent folder.
+
+  Atomic: written beside the target, then renamed over it, so a kill or a full disk leaves the
+  previous file whole (a failed write removes its partial copy and names the path).
+  """
+  import os
+
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(dumps(obj, indent))
+  text = dumps(obj, indent)
+  tmp = path.with_name(f".{path.name}.tmp")
+  try:
+    tmp.write_text(text)
+    os.replace(tmp, path)
+  except OSError as e:
+    tmp.unlink(missing_ok=True)
+    raise OSError(e.errno, e.strerror, str(path)) from e
   return path
 
 

@@ -1,37 +1,82 @@
-"""Numeric options checked where they enter: every app's composed config, before any work."""
+"""Numeric and list options checked where they enter: every app's composed config, before any
+work, with the option's own name in the one-line message."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from dp_jax.errors import UserError
 
-# (option, lowest allowed value, whether the lowest is excluded, may be infinite)
-RULES: tuple[tuple[str, float, bool, bool], ...] = (
-    ("batch_size", 1, False, False),
-    ("steps", 0, False, False),
-    ("iterations", 1, False, False),
-    ("train.steps", 0, False, False),
-    ("train.learning_rate", 0, True, False),
-    ("optimizer.lr", 0, True, False),
-    ("optimizer.momentum", 0, False, False),
-    ("optimizer.weight_decay", 0, False, False),
-    ("cluster.num_devices", 1, False, False),
-    ("cluster.num_nodes", 1, False, False),
-    ("cluster.devices_per_node", 1, False, False),
-    ("cluster.memory_gb_per_device", 0, True, False),
-    ("planner.amplification_limit", 1, False, True),
-    ("planner.amplification_floor_ms", 0, False, False),
-    ("profile.repeats", 1, False, False),
-    ("profile.warmup", 0, False, False),
-    ("profile.max_batch", 1, False, False),
-    ("background.batch_per_device", 1, False, False),
-    ("background.slowdown_cap", 0, False, True),
-    ("runtime.num_devices", 1, False, False),
-    ("runtime.checkpoint_every", 0, False, False),
-    ("interference.piece_ms", 0, True, False),
-    ("interference.switch_us", 0, False, False),
+
+@dataclass(frozen=True)
+class Rule:
+  """`key` (a dotted path) lies in [low, high]; open ends exclude the bound; inf: may be +inf.
+
+  A list rule (each=True) applies to every item, and the list must not be empty.
+  """
+
+  key: str
+  low: float = -math.inf
+  low_open: bool = False
+  high: float = math.inf
+  high_open: bool = False
+  inf: bool = False
+  integer: bool = False
+  each: bool = False
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("batch_size", 1, integer=True),
+    Rule("steps", 0, integer=True),
+    Rule("iterations", 1, integer=True),
+    Rule("train.steps", 0, integer=True),
+    Rule("train.learning_rate", 0, low_open=True),
+    Rule("optimizer.lr", 0, low_open=True),
+    Rule("optimizer.momentum", 0, high=1, high_open=True),
+    Rule("optimizer.weight_decay", 0),
+    Rule("cluster.num_devices", 1, integer=True),
+    Rule("cluster.num_nodes", 1, integer=True),
+    Rule("cluster.devices_per_node", 1, integer=True),
+    Rule("cluster.memory_gb_per_device", 0, low_open=True),
+    Rule("planner.amplification_limit", 1, inf=True),
+    Rule("planner.amplification_floor_ms", 0),
+    Rule("profile.repeats", 1, integer=True),
+    Rule("profile.warmup", 0, integer=True),
+    Rule("profile.max_batch", 1, integer=True),
+    Rule("profile.batches", 1, integer=True, each=True),
+    Rule("background.batch_per_device", 1, integer=True),
+    Rule("background.slowdown_cap", 0, inf=True),
+    Rule("runtime.num_devices", 1, integer=True),
+    Rule("runtime.checkpoint_every", 0, integer=True),
+    Rule("interference.piece_ms", 0, low_open=True),
+    Rule("interference.switch_us", 0),
+    # accuracy (dp_jax/accuracy.py)
+    Rule("accuracy.target", 0, low_open=True, high=1),
+    Rule("accuracy.lrs", 0, low_open=True, each=True),
+    Rule("accuracy.lr_reference_batch", 1, integer=True),
+    Rule("accuracy.lr_batch_power"),
+    Rule("accuracy.seeds", 0, integer=True, each=True),
+    Rule("accuracy.momentum", 0, high=1, high_open=True),
+    Rule("accuracy.max_epochs", 0, low_open=True),
+    Rule("accuracy.eval_every_samples", 1, integer=True),
+    Rule("accuracy.devices", 1, integer=True, each=True),
+    # validate (dp_jax/validate.py)
+    Rule("validate.plans", 0, integer=True),
+    Rule("validate.amplification_limits", 1, inf=True, each=True),
+    Rule("validate.num_devices", 1, integer=True),
+    Rule("validate.steps", 1, integer=True),
+    Rule("validate.warmup", 0, integer=True),
+    Rule("validate.group", 1, integer=True),
+    Rule("validate.runs_per_turn", 1, integer=True),
+    Rule("validate.max_segments", 1, integer=True),
+    Rule("validate.profile_repeats", 1, integer=True),
+    Rule("validate.profile_passes", 1, integer=True),
+    Rule("validate.profile_cuts", 0, integer=True),
+    # pipeline's A100 setting (dp_jax/pipeline.py)
+    Rule("paper.batch_size", 1, integer=True),
+    Rule("paper.amplification_limit", 1, inf=True),
 )
 MODEL_SIZES = ("image_size", "num_classes", "seq_len", "n_layer", "d_model", "n_head",
                "vocab_size")
@@ -43,42 +88,74 @@ def check_options(cfg: Any) -> None:
 
   rules = list(RULES)
   for prefix in ("model", "background.model"):
-    rules += [(f"{prefix}.{k}", 1, False, False) for k in MODEL_SIZES]
-  for key, lowest, strict, may_be_inf in rules:
-    value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+    rules += [Rule(f"{prefix}.{k}", 1, integer=True) for k in MODEL_SIZES]
+  for rule in rules:
+    value = OmegaConf.select(cfg, rule.key, default=None, throw_on_missing=False)
+    if value is None:
       continue
-    _check(key, value, lowest, strict, may_be_inf)
+    if rule.each:
+      _check_list(rule, value)
+    elif _is_number(value):
+      check_value(rule, value)
   for key, value in _cluster_link_values(cfg):
-    _check(key, value, 0, "bandwidth" in key, False)
+    check_value(Rule(key, 0, low_open="bandwidth" in key), value)
   sharding = OmegaConf.select(cfg, "planner.sharding", default=None)
   if sharding is not None:
-    from dp_jax.workflow import sharding_option
+    from dp_jax.planner.options import check_sharding_choices
 
-    sharding_option(sharding)
-  batches = OmegaConf.select(cfg, "profile.batches", default=None)
-  for b in batches or []:
-    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-      raise UserError(f"profile.batches holds {b!r}; per-device batches must be integers >= 1")
+    check_sharding_choices(sharding if isinstance(sharding, str) else [str(v) for v in sharding])
 
 
-def _check(key: str, value: float, lowest: float, strict: bool, may_be_inf: bool) -> None:
-  if math.isnan(value) or (math.isinf(value) and not (may_be_inf and value > 0)):
-    raise UserError(f"{key}={value} must be a finite number")
-  if value < lowest or (strict and value == lowest):
-    bound = f"> {lowest:g}" if strict else f">= {lowest:g}"
-    raise UserError(f"{key}={value} must be {bound}")
+def check_value(rule: Rule, value: float, key: str | None = None) -> None:
+  """Raise a UserError if `value` breaks `rule` (key: the name in the message)."""
+  key = key or rule.key
+  if not _is_number(value):
+    raise UserError(f"{key}={value!r} must be a number")
+  if math.isnan(value) or (math.isinf(value) and not (rule.inf and value > 0)):
+    raise UserError(f"{key}={value} must be a finite number{' (or inf)' if rule.inf else ''}")
+  if rule.integer and not isinstance(value, int):
+    raise UserError(f"{key}={value} must be an integer")
+  low = value < rule.low or (rule.low_open and value == rule.low)
+  high = value > rule.high or (rule.high_open and value == rule.high)
+  if low or high:
+    raise UserError(f"{key}={value} must be {_range(rule)}")
+
+
+def _check_list(rule: Rule, value: Any) -> None:
+  try:
+    items = list(value)
+  except TypeError:
+    items = None
+  if items is None or isinstance(value, str):
+    raise UserError(f"{rule.key}={value!r} must be a list of numbers {_range(rule)}")
+  if not items:
+    raise UserError(f"{rule.key}=[] is empty; give at least one value {_range(rule)}")
+  for i, item in enumerate(items):
+    check_value(rule, item, key=f"{rule.key}[{i}]")
+
+
+def _range(rule: Rule) -> str:
+  parts = []
+  if rule.low > -math.inf:
+    parts.append(f"{'>' if rule.low_open else '>='} {rule.low:g}")
+  if rule.high < math.inf:
+    parts.append(f"{'<' if rule.high_open else '<='} {rule.high:g}")
+  text = " and ".join(parts) or "finite"
+  return f"{text} (or inf)" if rule.inf else text
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _cluster_link_values(cfg: Any) -> list[tuple[str, float]]:
   """The cluster's bandwidth (> 0) and latency (>= 0) options, whatever their names."""
   cluster = cfg.get("cluster") if hasattr(cfg, "get") else None
-  if cluster is None:
+  if cluster is None or not hasattr(cluster, "items"):
     return []
   out = []
   for k in cluster:
     v = cluster.get(k)
-    if ("bandwidth" in k or "latency" in k) and isinstance(v, (int, float)) \
-        and not isinstance(v, bool):
+    if ("bandwidth" in k or "latency" in k) and _is_number(v):
       out.append((f"cluster.{k}", v))
   return out

@@ -120,7 +120,7 @@ PAPER_COLUMNS = ["cluster", "G", "burst ms (predicted)", "data-parallel ms (pred
                  "cluster throughput / matched-speed DP + background (simulated)"]
 
 
-def pipeline_task(cfg: Any, run: Run) -> dict[str, Any]:
+def pipeline_task(cfg: PipelineConfig, run: Run) -> dict[str, Any]:
   """The paper's A100 setting, then the local run; writes summary.json and the plots."""
   from hydra.core.hydra_config import HydraConfig
 

@@ -166,7 +166,7 @@ def plot_devices_per_layer(plan, path: Path, fair: dict[str, Any] | None = None)
   return path
 
 
-def plan_task(cfg: Any, run: Run) -> dict[str, Any]:
+def plan_task(cfg: PlanConfig, run: Run) -> dict[str, Any]:
   """Plan, print the per-layer table, write plan JSON and the devices-per-layer chart."""
   from hydra.core.hydra_config import HydraConfig
 

@@ -157,7 +157,7 @@ def print_metrics(metrics: dict[str, Any]) -> list[list[Any]]:
   return rows
 
 
-def simulate_task(cfg: Any, run: Run) -> dict[str, Any]:
+def simulate_task(cfg: SimulateConfig, run: Run) -> dict[str, Any]:
   """Plan (or load) a plan, simulate it, write plan/metrics/timeline JSON and the Gantt PNG."""
   from hydra.core.hydra_config import HydraConfig
 

@@ -217,7 +217,7 @@ def same_plan_everywhere(plan: dict[str, Any], batch: int) -> tuple[dict[str, An
   return agreed["plan"], agreed["batch"]
 
 
-def train_task(cfg: Any, run: Run) -> dict[str, Any]:
+def train_task(cfg: TrainConfig, run: Run) -> dict[str, Any]:
   """Plan (or load) a plan, train under it, write metrics, timeline and checkpoints."""
   from dp_jax import training
 
@@ -230,6 +230,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   from dp_jax import workflow, zoo
   from dp_jax.planner.plan import as_plan
   from dp_jax.runtime.stages import structure_graph
+  from dp_jax.runtime.train_loop import check_same_job
 
   out_dir = run.output_dir  # one folder per job, also with several processes (cli.py)
   g = processes or len(job_devices(cfg.runtime.num_devices))
@@ -242,6 +243,7 @@ def train_task(cfg: Any, run: Run) -> dict[str, Any]:
   plan, batch = resolve_plan(cfg, model, graph, g)  # before any checkpoint
   plan, batch = same_plan_everywhere(plan, batch)
   del model
+  check_same_job(out_dir, cfg, plan, cfg.steps)  # a resume is the same job (reads only)
 
   def start_writing() -> None:  # the checkpoint folder fits this job: files may be written now
     run.begin()

@@ -159,7 +159,7 @@ def scatter_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
   return path
 
 
-def validate_task(cfg: Any, run: Run) -> dict[str, Any]:
+def validate_task(cfg: ValidateConfig, run: Run) -> dict[str, Any]:
   """Calibrate, profile, plan, predict, run and compare; see the module docstring."""
   import warnings
 

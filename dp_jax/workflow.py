@@ -22,7 +22,7 @@ def enum_value(x: Any) -> Any:
 
 def cluster_config(name: str) -> dict[str, Any]:
   """The cluster config conf/cluster/<name>.yaml, or the YAML file `name` names, as a dict."""
-  from dp_jax.cli import CONF_DIR
+  from dp_jax.config import CONF_DIR
   from dp_jax.config_files import SUFFIXES, load_yaml
 
   if str(name).endswith(SUFFIXES):
@@ -63,11 +63,12 @@ def load_graph(cfg: Any):
 
 def load_profile_for(cfg: Any, graph, cluster, global_batch: int, *extra_batches: int):
   """The profile cfg.profile names, covering every per-device batch a plan of B can use."""
-  from dp_jax.profile.sources import load_profile, profile_batches
+  from dp_jax.profile.sources import check_device, load_profile, profile_batches
 
   model_cfg = None if cfg.get("graph") else cfg.model
-  return load_profile(cfg.profile, graph, cluster.device,
-                      profile_batches(global_batch, *extra_batches), model_cfg)
+  table = load_profile(cfg.profile, graph, cluster.device,
+                       profile_batches(global_batch, *extra_batches), model_cfg)
+  return check_device(table, cluster.device, cfg.profile)
 
 
 def plan_options(planner_cfg: Any, num_devices: int, global_batch: int) -> dict[str, Any]:
@@ -127,7 +128,8 @@ def make_plan_from_config(planner_cfg: Any, graph, profile, cluster, *, num_devi
               "cluster_config": _plain(cluster_cfg) if cluster_cfg is not None else None,
               "profile": {"source": profile.source, "device": profile.device,
                           "dtype": profile.dtype, "extrapolated_batches": extrapolated,
-                          "estimated_layers": sorted(profile.meta.get("estimated_layers", {}))}}
+                          "estimated_layers": sorted(profile.meta.get("estimated_layers", {})),
+                          "other_device": profile.meta.get("other_device")}}
   return dataclasses.replace(plan, extra={**plan.extra, **made_for})
 
 

@@ -17,9 +17,10 @@ def files(tmp_path_factory):
 
 
 def _args(files, *more):
+  # the synthetic profile's device is "synthetic": priced for the A100 cluster on purpose
   return ["model.name=inception_like", f"graph={files['graph']}", "profile.source=file",
-          f"profile.path={files['profile']}", "cluster=dgx_a100", "cluster.num_devices=16",
-          "batch_size=32", *more]
+          f"profile.path={files['profile']}", "profile.allow_other_device=true",
+          "cluster=dgx_a100", "cluster.num_devices=16", "batch_size=32", *more]
 
 
 def test_plans_simulates_and_writes_everything(tmp_path, files):

@@ -39,8 +39,8 @@ def test_validate_writes_csv_metrics_and_scatter(tmp_path):
 
 def test_validate_one_device_one_plan_quick(tmp_path):
   result = run_app("validate", *TINY, "validate.plans=0", "validate.steps=1", "validate.warmup=1",
-                   "validate.num_devices=1", *QUICK_PROFILE,
-                   "validate.amplification_limits=[]", f"validate.cache_dir={tmp_path}/c",
+                   "validate.num_devices=1", *QUICK_PROFILE,  # on 1 device burst = data parallel
+                   "validate.amplification_limits=[1]", f"validate.cache_dir={tmp_path}/c",
                    cwd=tmp_path)
   assert result.returncode == 0, result.stderr[-3000:]
   rows = list(csv.DictReader((tmp_path / "run" / "validation.csv").open()))

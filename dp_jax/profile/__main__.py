@@ -59,7 +59,7 @@ def summary_rows(table, layers: list[str], batches: list[int]) -> list[list[Any]
   return rows
 
 
-def profile_task(cfg: Any, run: Run) -> dict[str, Any]:
+def profile_task(cfg: ProfileAppConfig, run: Run) -> dict[str, Any]:
   """Build the profile the config names, print it, write its JSON, log it."""
   from hydra.core.hydra_config import HydraConfig
   from rich.console import Console

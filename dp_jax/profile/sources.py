@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,31 @@ def warn_filled(model: str, filled: list[str]) -> None:
 
 def load_profile(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
                  model_cfg: Any = None) -> ProfileTable:
-  """The ProfileTable the profile config names, for `graph` at per-device `batches`."""
+  """The ProfileTable the profile config names, for `graph` at per-device `batches`
+  (`device`: the analytic profile's device unless profile.device names one)."""
+  return _load(cfg, graph, device, batches, model_cfg)
+
+
+def check_device(table: ProfileTable, device: str, cfg: Any) -> ProfileTable:
+  """`table` if it is a profile of the cluster's `device`; else a one-line UserError naming
+  both, unless profile.allow_other_device (then recorded in the table's meta, and so in the
+  plan's `profile.other_device`). Used where a profile prices a cluster (workflow)."""
+  allow, source = bool(cfg.get("allow_other_device", False)), _source(cfg)
+  if table.device == device:
+    return table
+  if not allow:
+    raise UserError(f"profile {source} is of {table.device} devices but the cluster has "
+                    f"{device}; use a profile of {device} (e.g. profile=analytic) or pass "
+                    "profile.allow_other_device=true to plan with it on purpose (recorded in "
+                    "the plan)")
+  log.warning("planning %s devices with a profile of %s (profile.allow_other_device=true)",
+              device, table.device)
+  other = {"profile_device": table.device, "cluster_device": device, "accepted": True}
+  return dataclasses.replace(table, meta={**table.meta, "other_device": other})
+
+
+def _load(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
+          model_cfg: Any = None) -> ProfileTable:
   source = _source(cfg)
   if source == "analytic":
     from dp_jax.profile.analytic import analytic_profile

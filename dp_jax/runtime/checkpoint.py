@@ -8,6 +8,7 @@ resume under a different plan; arrays are restored straight onto the current pla
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,6 @@ def check_compatible(directory: str | Path, signature: dict[str, Any]) -> None:
 
 def open_manager(directory: str | Path, signature: dict[str, Any], *, max_to_keep: int = 2):
   """An orbax CheckpointManager on `directory`; records the signature file once."""
-  import orbax.checkpoint as ocp
-
   directory = Path(directory).resolve()
   check_compatible(directory, signature)
   directory.mkdir(parents=True, exist_ok=True)
@@ -59,6 +58,12 @@ def open_manager(directory: str | Path, signature: dict[str, Any], *, max_to_kee
     tmp = meta.with_suffix(".tmp")
     tmp.write_text(json.dumps(signature, indent=1))
     tmp.replace(meta)
+  return _new_manager(directory, max_to_keep)
+
+
+def _new_manager(directory: Path, max_to_keep: int = 2):
+  import orbax.checkpoint as ocp
+
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                          cleanup_tmp_directories=True)
   return ocp.CheckpointManager(directory, options=options)
@@ -72,7 +77,28 @@ def save(manager, step: int, state: Any, everywhere=None) -> None:
   """
   import orbax.checkpoint as ocp
 
-  manager.save(step, args=ocp.args.StandardSave(_portable(state, everywhere)), force=True)
+  try:
+    manager.save(step, args=ocp.args.StandardSave(_portable(state, everywhere)), force=True)
+  except Exception as e:  # noqa: BLE001 - a failed write (full disk, ...) as one line
+    raise UserError(f"could not write checkpoint step {step} in {manager.directory}: "
+                    f"{_first_line(e)}; the checkpoints already written are kept") from e
+
+
+def finish(manager, failing: bool = False) -> None:
+  """Wait for the pending saves and close; a failed save becomes a one-line UserError
+  (failing: another error is already on its way, so this one is only logged)."""
+  try:
+    manager.wait_until_finished()
+  except Exception as e:  # noqa: BLE001
+    error = UserError(f"could not write a checkpoint in {manager.directory}: {_first_line(e)}; "
+                      "the checkpoints already written are kept")
+    if not failing:
+      raise error from e
+    import logging
+
+    logging.getLogger(__name__).warning("%s", error)
+  finally:
+    manager.close()
 
 
 def restore_latest(manager, like: Any, everywhere=None) -> tuple[int, Any] | None:
@@ -89,6 +115,122 @@ def restore_latest(manager, like: Any, everywhere=None) -> tuple[int, Any] | Non
   if everywhere is None:
     return step, restored
   return step, jax.tree.map(lambda r, a: transfer.move(r, a.sharding), restored, like)
+
+
+def restore_newest_good(manager, like: Any, everywhere=None):
+  """(manager, (step, state) or None) from the newest checkpoint that restores.
+
+  A damaged checkpoint (cut or corrupted files) is named in a warning and moved to
+  `<folder>.damaged/<step>` (kept, out of orbax's way), and the one before it is used; when
+  every checkpoint is damaged, a one-line UserError names them and nothing is moved. The
+  manager is reopened after a move (it caches its steps).
+  """
+  import logging
+
+  directory = Path(manager.directory)
+  damaged: list[tuple[int, str]] = []
+  restored, step = None, None
+  with _abandoned_reads_dropped() as state:
+    for step in sorted(manager.all_steps(), reverse=True):
+      try:
+        restored = _restore(manager, step, like, everywhere)
+        break
+      except Exception as e:  # noqa: BLE001 - orbax reports damage as many exception types
+        damaged.append((step, _first_line(e)))
+        state["failed"] = True
+  if restored is not None:
+    if damaged:
+      log = logging.getLogger(__name__)
+      aside = directory.with_name(directory.name + ".damaged")
+      for bad, why in damaged:
+        log.warning("checkpoint step %d in %s is damaged (%s); resuming from step %d, the "
+                    "damaged one moved to %s", bad, directory, why, step, aside / str(bad))
+      manager = _move_aside(manager, [bad for bad, _ in damaged], aside)
+    return manager, (step, restored)
+  if damaged:
+    listed = "; ".join(f"step {st}: {why}" for st, why in damaged)
+    raise UserError(f"every checkpoint in {directory} is damaged ({listed}); move the folder "
+                    "away to start the run afresh")
+  return manager, None
+
+
+# the lines of those tracebacks; threads interleave them ("RuntimeErrorTraceback ...", a line
+# cut in two), so a line is dropped when nothing but these pieces and punctuation remain
+ABANDONED_READ_LINE_MARKS = ("asyncio/base_events.py", "call_soon_threadsafe", "_check_closed")
+ABANDONED_READ_PIECES = ("Traceback (most recent call last)", "raise RuntimeError",
+                         "RuntimeError", "Event loop is closed", "self.", "()", "('", "')")
+ABANDONED_READ_WAIT_S = 2.0  # for the abandoned reads to finish after a failed restore
+
+
+def _abandoned_read_line(line: str) -> bool:
+  if any(m in line for m in ABANDONED_READ_LINE_MARKS):
+    return True
+  rest = line
+  for piece in ABANDONED_READ_PIECES:
+    rest = rest.replace(piece, "")
+  return not any(c.isalnum() for c in rest)
+
+
+@contextlib.contextmanager
+def _abandoned_reads_dropped():
+  """fd 2 through a file while restoring: after a failed restore, tensorstore still completes
+  the reads orbax abandoned, and each callback prints a traceback from native code ("Event loop
+  is closed"); those lines are dropped (the damage is named once), everything else is kept."""
+  import os
+  import sys
+  import tempfile
+  import time
+
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as f:
+    os.dup2(f.fileno(), 2)
+    state = {"failed": False}
+    try:
+      yield state
+    finally:
+      if state["failed"]:
+        time.sleep(ABANDONED_READ_WAIT_S)
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      f.seek(0)
+      for line in f.read().decode(errors="replace").splitlines():
+        if not _abandoned_read_line(line):
+          print(line, file=sys.stderr)
+
+
+def _restore(manager, step: int, like: Any, everywhere) -> Any:
+  import orbax.checkpoint as ocp
+
+  abstract = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+      _portable(like, everywhere, copy=False))
+  restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  if everywhere is None:
+    return restored
+  return jax.tree.map(lambda r, a: transfer.move(r, a.sharding), restored, like)
+
+
+def _move_aside(manager, steps: list[int], aside: Path):
+  """Move step folders to `aside` (process 0) and reopen the manager on the same folder."""
+  directory = Path(manager.directory)
+  max_to_keep = manager._options.max_to_keep  # noqa: SLF001 - reopened with the same count
+  manager.close()
+  if distributed.process_index() == 0:
+    aside.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+      target = aside / str(step)
+      if target.exists():
+        target = aside / f"{step}.{len(list(aside.iterdir()))}"
+      (directory / str(step)).rename(target)
+  return _new_manager(directory, max_to_keep)
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip().splitlines()
+  line = text[0] if text else type(e).__name__
+  return line if len(line) <= 160 else line[:157] + "..."
 
 
 def _portable(state: Any, everywhere, copy: bool = True) -> Any:

@@ -42,6 +42,9 @@ LogFn = Callable[[dict[str, Any], int], None]
 METRICS_FILE = "metrics.jsonl"
 TIMELINE_FILE = "timeline.json"
 STEP_SLEEP_ENV = "DP_JAX_STEP_SLEEP_S"  # test hook: pause after each step (kill/resume tests)
+# test hook: "metrics:<step>" SIGKILLs the process halfway through that step's metrics line,
+# "checkpoint:<step>" right after that step's checkpoint save is issued (kill/resume tests)
+DIE_AT_ENV = "DP_JAX_DIE_AT"
 
 
 @dataclass
@@ -91,7 +94,7 @@ def train(model, graph: LayerGraph, plan: Any, *, steps: int,
   manager, start = None, 0
   if checkpoint_dir is not None:
     manager = ckpt.open_manager(checkpoint_dir, ckpt.state_signature(graph.model, state))
-    restored = ckpt.restore_latest(manager, state, _everywhere(program))
+    manager, restored = ckpt.restore_newest_good(manager, state, _everywhere(program))
     if restored is not None:
       start, state = restored
       log.info("resumed from checkpoint step %d in %s", start, checkpoint_dir)
@@ -101,15 +104,17 @@ def train(model, graph: LayerGraph, plan: Any, *, steps: int,
   if output_dir is not None and distributed.process_index() == 0:  # process 0 writes files
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     metrics_path = Path(output_dir) / METRICS_FILE
-    _truncate_metrics(metrics_path, start)
+    repair_metrics(metrics_path, start)
   result = TrainResult(state, program, start, start, metrics_path=metrics_path)
   try:
     _run(result, data, steps, manager, checkpoint_every, log_fn, output_dir, progress,
          on_stage)
-  finally:
+  except BaseException:
     if manager is not None:
-      manager.wait_until_finished()
-      manager.close()
+      ckpt.finish(manager, failing=True)
+    raise
+  if manager is not None:
+    ckpt.finish(manager)
   return result
 
 
@@ -151,15 +156,28 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
       result.step_ms.append(ms)
       result.final_step = done
       if result.metrics_path is not None:
-        with result.metrics_path.open("a") as f:
-          f.write(json.dumps(metrics) + "\n")
+        _die_at("metrics", done, result.metrics_path, json.dumps(metrics))
+        append_line(result.metrics_path, json.dumps(metrics))
       if log_fn is not None:
         log_fn({f"train/{k}": v for k, v in metrics.items() if k != "step"}, done)
       if manager is not None and ((every and done % every == 0) or done == steps):
         ckpt.save(manager, done, result.state, _everywhere(program))
+        _die_at("checkpoint", done)
       bar.update(task, completed=done, loss=loss_value)
       if sleep_s:
         time.sleep(sleep_s)
+
+
+def _die_at(where: str, step: int, path: Path | None = None, line: str = "") -> None:
+  """The DIE_AT_ENV test hook (see there); a no-op unless it names this point."""
+  if os.environ.get(DIE_AT_ENV) != f"{where}:{step}":
+    return
+  import signal
+
+  if path is not None:  # half a line, on disk, as a kill during the write leaves it
+    with path.open("a") as f:
+      f.write(line[: len(line) // 2])
+  os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _everywhere(program: Program):
@@ -176,13 +194,134 @@ def _check_model_graph(model, graph: LayerGraph) -> None:
                     f"{missing}, model only: {extra}); trace the graph from this model")
 
 
-def _truncate_metrics(path: Path, start: int) -> None:
-  """Keep only the metrics of steps <= start (a resumed run rewrites the later ones)."""
+def repair_metrics(path: Path, start: int) -> None:
+  """Keep only the metrics of steps <= start (a resumed run replays the later ones).
+
+  A last line cut by a kill is dropped (its step is replayed); a damaged line before it is a
+  one-line UserError naming the file and line. Rewritten atomically (a kill keeps the old file).
+  """
   if not path.exists():
     return
-  keep = [ln for ln in path.read_text().splitlines()
-          if ln.strip() and json.loads(ln).get("step", 0) <= start]
-  path.write_text("".join(ln + "\n" for ln in keep))
+  lines = path.read_text().splitlines()
+  keep = []
+  for i, line in enumerate(lines):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      if i == len(lines) - 1:
+        log.warning("%s: its last line was cut (%r); dropped, its step is trained again",
+                    path, line[:40])
+        continue
+      raise UserError(f"{path} line {i + 1} is damaged ({line[:40]!r}); remove that line or "
+                      "the file to resume") from None
+    if isinstance(record, dict) and record.get("step", 0) <= start:
+      keep.append(line)
+  text = "".join(ln + "\n" for ln in keep)
+  if text != path.read_text():
+    tmp = path.with_name(f".{path.name}.tmp")
+    _write_text(tmp, text)
+    tmp.replace(path)
+
+
+def append_line(path: Path, line: str) -> None:
+  """Append one line (a failed write names the file: the OS error alone would not)."""
+  try:
+    with path.open("a") as f:
+      f.write(line + "\n")
+  except OSError as e:
+    raise OSError(e.errno, e.strerror, str(path)) from e
+
+
+def _write_text(path: Path, text: str) -> None:
+  try:
+    path.write_text(text)
+  except OSError as e:
+    path.unlink(missing_ok=True)
+    raise OSError(e.errno, e.strerror, str(path)) from e
+
+
+# --- a resume is the same job ------------------------------------------------------------------
+
+JOB_KEYS = ("model", "optimizer", "plan", "seed", "data")  # what a resume must keep
+CONFIG_FILE = "config.json"  # the run's recorded config (dp_jax/tracking.py)
+PLAN_FILE = "plan.json"
+
+
+def check_same_job(output_dir: str | Path, config: Any, plan: dict[str, Any],
+                   steps: int) -> None:
+  """Refuse (reading only) to continue a run folder's job with other settings.
+
+  The folder's config.json and plan.json record the job: JOB_KEYS, the plan's layers and global
+  batch must match; only `steps` may grow. A folder without a checkpoint or a metrics line (or
+  without config.json) holds no job yet.
+  """
+  from dp_jax.jsonfile import dumps
+
+  out = Path(output_dir)
+  if not _trained(out):
+    return  # nothing trained there yet (e.g. a run refused before its first step): a new job
+  recorded = _read_record(out / CONFIG_FILE)
+  if recorded is None:
+    return
+  if not isinstance(config, dict):  # a DictConfig: as tracking.start records it
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(config, resolve=True, enum_to_str=True)
+  config, plan = json.loads(dumps(config)), json.loads(dumps(plan))
+  differs = []
+  for key in JOB_KEYS:
+    differs += _differences(key, recorded.get(key), config.get(key))
+  recorded_plan = _read_record(out / PLAN_FILE)
+  if recorded_plan is not None:
+    if recorded_plan.get("global_batch") != plan.get("global_batch"):
+      differs.append(f"batch_size ({recorded_plan.get('global_batch')} recorded, "
+                     f"{plan.get('global_batch')} now)")
+    elif _layout(recorded_plan) != _layout(plan):
+      differs.append("the plan's layers (plan.json differs from the plan made now)")
+  before = recorded.get("steps")
+  if isinstance(before, int) and steps < before:
+    differs.append(f"steps ({before} recorded, {steps} now: steps may only grow)")
+  if differs:
+    more = f" and {len(differs) - 4} more" if len(differs) > 4 else ""
+    raise UserError(f"{out} holds another job: {'; '.join(differs[:4])}{more}; a resume must be "
+                    "the same job (only steps may grow): use the recorded options or another "
+                    "hydra.run.dir")
+
+
+def _trained(out: Path) -> bool:
+  """Whether the run folder holds training progress: a checkpoint or a metrics line."""
+  checkpoints = out / "checkpoints"
+  if checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
+    return True
+  metrics = out / METRICS_FILE
+  return metrics.is_file() and metrics.stat().st_size > 0
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+  if not path.is_file():
+    return None
+  try:
+    record = json.loads(path.read_text())
+  except json.JSONDecodeError:
+    raise UserError(f"{path} is damaged (not valid JSON); the run folder's job cannot be "
+                    "checked: move the folder away to start afresh") from None
+  return record if isinstance(record, dict) else None
+
+
+def _differences(key: str, old: Any, new: Any) -> list[str]:
+  if isinstance(old, dict) and isinstance(new, dict):
+    out = []
+    for k in sorted(set(old) | set(new), key=lambda k: (k != "name", k)):
+      out += _differences(f"{key}.{k}", old.get(k), new.get(k))
+    return out
+  return [] if old == new else [f"{key} ({old!r} recorded, {new!r} now)"]
+
+
+def _layout(plan: dict[str, Any]) -> list[Any]:
+  return [(lp.get("name"), lp.get("devices"), lp.get("samples"), lp.get("sharding"))
+          for lp in plan.get("layers") or []]
 
 
 def _progress(enabled: bool):

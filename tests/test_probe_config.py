@@ -1,0 +1,174 @@
+"""Probe rows of issue 27 on composed configs (in process, fast): unknown keys, required cluster
+numbers, implausible units, accuracy/validate options; every study overlay composes strictly."""
+
+import importlib
+import math
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+
+from dp_jax.config import CONF_DIR, check_known_keys, check_required
+from dp_jax.errors import UserError
+from dp_jax.options import check_options
+
+APPS = {"inspect": "dp_jax.inspect", "profile": "dp_jax.profile.__main__", "plan": "dp_jax.plan",
+        "simulate": "dp_jax.simulate", "train": "dp_jax.train", "accuracy": "dp_jax.accuracy",
+        "pipeline": "dp_jax.pipeline", "validate": "dp_jax.validate"}
+
+
+def schema_of(app: str) -> type:
+  return importlib.import_module(APPS[app]).main.schema
+
+
+def composed(app: str, *overrides: str):
+  """The app's config as Hydra composes it for `python -m dp_jax.<app> overrides...`."""
+  ConfigStore.instance().store(name=f"{app}_schema", node=schema_of(app))
+  GlobalHydra.instance().clear()
+  with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+    return compose(config_name=app, overrides=list(overrides))
+
+
+def checked(app: str, *overrides: str) -> None:
+  """What cli._run_job checks before any work."""
+  cfg = composed(app, *overrides)
+  check_known_keys(cfg, schema_of(app))
+  check_required(cfg)
+  check_options(cfg)
+
+
+@pytest.mark.parametrize("app", sorted(APPS))
+def test_every_app_refuses_an_added_unknown_key(app):
+  with pytest.raises(UserError, match="unknown option nosuchkey"):
+    checked(app, "+nosuchkey=1")
+
+
+@pytest.mark.parametrize("app, override, fragment", [
+    ("plan", "+planner.amplificaton_limit=1",
+     "unknown option planner.amplificaton_limit (did you mean planner.amplification_limit?)"),
+    ("train", "+stesp=500", "unknown option stesp (did you mean steps?)"),
+    ("train", "+model.foo=1", "unknown option model.foo (valid keys under model: name"),
+    ("simulate", "+background.slowdown_capp=0.2", "did you mean background.slowdown_cap?"),
+    ("plan", "+cluster.memory_gb=80", "unknown option cluster.memory_gb"),
+    ("plan", "+profile.repeat=3", "did you mean profile.repeats?"),
+    ("train", "+logger.projekt=x", "did you mean logger.project?"),
+    ("train", "+runtime.distributed.coordinater=x", "runtime.distributed.coordinat"),
+    ("validate", "+validate.stepz=3", "did you mean validate.steps?"),
+    ("pipeline", "+paper.settings.0.gpus=8", "unknown option paper.settings[0].gpus"),
+])
+def test_a_misspelt_added_key_names_the_nearest_valid_one(app, override, fragment):
+  with pytest.raises(UserError) as e:
+    checked(app, override)
+  assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("app", sorted(APPS))
+def test_every_app_default_config_is_known_to_its_schema(app):
+  checked(app)
+
+
+def _overlays() -> list[tuple[str, str]]:
+  from experiments import studies
+
+  out = []
+  for path in sorted(Path(CONF_DIR, "experiment").glob("*.yaml")):
+    name = path.stem
+    base = name.removesuffix("_quick")
+    out.append((studies.study(base).app, f"+experiment={name}"))
+  for group, app in (("small_model", "train"), ("small_model", "validate"),
+                     ("shape", "plan"), ("cluster_shape", "simulate"),
+                     ("validation_cell", "validate")):
+    for path in sorted(Path(CONF_DIR, "experiment", group).glob("*.yaml")):
+      out.append((app, f"+experiment/{group}={path.stem}"))
+  return out
+
+
+@pytest.mark.parametrize("app, overlay", _overlays())
+def test_every_study_overlay_composes_with_known_keys(app, overlay):
+  checked(app, overlay)
+
+
+def test_a_cluster_file_without_memory_or_efficiency_is_refused(tmp_path):
+  folder = tmp_path / "cluster"
+  folder.mkdir()
+  text = Path(CONF_DIR, "cluster", "a100_nvlink_8.yaml").read_text().splitlines()
+  for drop in ("memory_gb_per_device", "intra_node_bus_efficiency"):
+    kept = [ln for ln in text if not ln.startswith(drop)]
+    (folder / "mine.yaml").write_text("\n".join(kept).replace("a100_nvlink_8", "mine") + "\n")
+    with pytest.raises(UserError) as e:
+      checked("plan", "cluster=mine", f"hydra.searchpath=[file://{tmp_path}]")
+    assert f"cluster mine: {drop} is required" in str(e.value)
+
+
+@pytest.mark.parametrize("key, value, unit", [
+    ("inter_node_bandwidth_GBps", 400, "400 Gb/s is 50 GB/s"),
+    ("intra_node_bandwidth_GBps", 4800, "per direction"),
+    ("memory_gb_per_device", 40000, "not MB"),
+    ("inter_node_latency_us", 2e7, "microseconds"),
+])
+def test_physically_implausible_cluster_numbers_are_refused_with_a_unit_hint(key, value, unit):
+  from dp_jax import workflow
+
+  cfg = composed("plan", f"cluster.{key}={value}")
+  with pytest.raises(UserError) as e:
+    workflow.cluster_spec(cfg.cluster)
+  assert key in str(e.value) and unit in str(e.value)
+
+
+def test_an_nvlink_class_link_between_nodes_is_a_valid_what_if():
+  from dp_jax import workflow
+
+  cfg = composed("simulate", "cluster=dgx_a100", "cluster.inter_node_bandwidth_GBps=300")
+  assert workflow.cluster_spec(cfg.cluster).inter_node_bandwidth_GBps == 300
+
+
+def test_every_shipped_cluster_is_plausible():
+  from dp_jax import workflow
+
+  for path in Path(CONF_DIR, "cluster").glob("*.yaml"):
+    workflow.cluster_spec(workflow.cluster_config(path.stem))
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("accuracy.lrs=[nan]", "accuracy.lrs[0]=nan must be a finite number"),
+    ("accuracy.lrs=[]", "accuracy.lrs=[] is empty"),
+    ("accuracy.lrs=[0.1,-0.1]", "accuracy.lrs[1]=-0.1 must be > 0"),
+    ("accuracy.momentum=nan", "accuracy.momentum=nan must be a finite number"),
+    ("accuracy.momentum=-1", "accuracy.momentum=-1.0 must be >= 0 and < 1"),
+    ("accuracy.momentum=1", "accuracy.momentum=1.0 must be >= 0 and < 1"),
+    ("accuracy.lr_batch_power=nan", "accuracy.lr_batch_power=nan must be a finite number"),
+    ("accuracy.devices=[]", "accuracy.devices=[] is empty"),
+    ("accuracy.devices=[0]", "accuracy.devices[0]=0 must be >= 1"),
+    ("accuracy.max_epochs=nan", "accuracy.max_epochs=nan must be a finite number"),
+    ("accuracy.max_epochs=0", "accuracy.max_epochs=0.0 must be > 0"),
+    ("accuracy.target=1.5", "accuracy.target=1.5 must be > 0 and <= 1"),
+    ("accuracy.seeds=[]", "accuracy.seeds=[] is empty"),
+    ("accuracy.eval_every_samples=0", "accuracy.eval_every_samples=0 must be >= 1"),
+])
+def test_accuracy_options_are_checked_where_they_enter(override, fragment):
+  with pytest.raises(UserError) as e:
+    checked("accuracy", override)
+  assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("validate.amplification_limits=[0.5]", "validate.amplification_limits[0]=0.5 must be >= 1"),
+    ("validate.amplification_limits=[]", "validate.amplification_limits=[] is empty"),
+    ("validate.amplification_limits=[nan]", "validate.amplification_limits[0]=nan must be a"),
+    ("validate.max_segments=0", "validate.max_segments=0 must be >= 1"),
+    ("validate.plans=-1", "validate.plans=-1 must be >= 0"),
+    ("validate.steps=0", "validate.steps=0 must be >= 1"),
+    ("validate.group=0", "validate.group=0 must be >= 1"),
+    ("validate.num_devices=0", "validate.num_devices=0 must be >= 1"),
+])
+def test_validate_options_are_checked_where_they_enter(override, fragment):
+  with pytest.raises(UserError) as e:
+    checked("validate", override)
+  assert fragment in str(e.value)
+
+
+def test_inf_is_still_a_valid_amplification_limit():
+  checked("validate", "validate.amplification_limits=[1.5,inf]")
+  assert math.isinf(composed("validate").validate.amplification_limits[-1])

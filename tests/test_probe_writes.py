@@ -1,0 +1,70 @@
+"""A failed write (full disk, read-only folder) is one line naming the path; what was written
+before is kept."""
+
+import errno
+import os
+import pathlib
+
+import pytest
+
+from dp_jax.cli import one_line
+from dp_jax.errors import UserError
+from dp_jax.jsonfile import write_json
+
+
+def full_disk(*_, **__):
+  raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_json_write_on_a_full_disk_keeps_the_old_file_and_names_the_path(tmp_path,
+                                                                          monkeypatch):
+  path = write_json(tmp_path / "status.json", {"status": "ok"})
+  before = path.read_bytes()
+  monkeypatch.setattr(pathlib.Path, "write_text", full_disk)
+  with pytest.raises(OSError) as e:
+    write_json(path, {"status": "failed"})
+  assert path.read_bytes() == before
+  assert [p.name for p in tmp_path.iterdir()] == ["status.json"], "no partial copy left"
+  line = one_line(e.value)
+  assert line == (f"could not write {path}: No space left on device; free some space or "
+                  "choose another hydra.run.dir")
+
+
+def test_a_write_failure_deep_in_a_chain_is_still_named(tmp_path):
+  try:
+    try:
+      raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / "x.csv"))
+    except OSError as inner:
+      raise RuntimeError("while logging a table") from inner
+  except RuntimeError as outer:
+    assert one_line(outer) == f"could not write {tmp_path / 'x.csv'}: Read-only file system"
+
+
+class FailingManager:
+  directory = "/run/checkpoints"
+
+  def save(self, *_, **__):
+    raise ValueError("RESOURCE_EXHAUSTED: No space left on device\nmore detail")
+
+  def wait_until_finished(self):
+    raise ValueError("RESOURCE_EXHAUSTED: No space left on device")
+
+  def close(self):
+    self.closed = True
+
+
+def test_a_failed_checkpoint_save_is_one_line_naming_the_folder():
+  from dp_jax.runtime import checkpoint as ckpt
+
+  with pytest.raises(UserError) as e:
+    ckpt.save(FailingManager(), 4, {})
+  assert str(e.value) == ("could not write checkpoint step 4 in /run/checkpoints: "
+                          "RESOURCE_EXHAUSTED: No space left on device; the checkpoints already "
+                          "written are kept")
+  manager = FailingManager()
+  with pytest.raises(UserError, match="could not write a checkpoint in /run/checkpoints"):
+    ckpt.finish(manager)
+  assert manager.closed
+  quiet = FailingManager()
+  ckpt.finish(quiet, failing=True)  # another error is on its way: this one is only logged
+  assert quiet.closed
