@@ -86,8 +86,8 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
             offers is not None and sh not in offers.get((r, c), ())):
           continue
         total, back = pricing.layer_ms(model, name, (0, int(g)), sh)
-        band = pricing.band_ms(model, name, (0, int(g)), sh)
-        opts.append((float(total), float(back), float(band), sh))
+        sent = pricing.band_ms(model, name, (0, int(g)), sh)
+        opts.append((float(total), float(back), float(sent), sh))
       free = min(((o[0], i) for i, o in enumerate(opts) if o[2] <= 0), default=None)
       paid = min(((o[0] + o[2], i) for i, o in enumerate(opts)), default=None)
       kept = undominated(opts)
