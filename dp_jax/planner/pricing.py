@@ -70,16 +70,18 @@ def layer_update_ms(model: CostModel, name: str, share: float = 1.0) -> float:
 def timing(model: CostModel, name: str, count: int) -> tuple[float, float]:
   """(fwd + bwd + update ms, bwd ms) of a layer on `count` devices (the tables at candidate
   counts, the profile elsewhere)."""
-  c = column(model, count)
-  if c is not None:
-    i = model.row[name]
-    return model.compute_ms[i, c], model.bwd_ms[i, c]
-  key = ("timing", name, count)
   m = memo(model)
+  key = ("timing", name, count)
   hit = m.get(key)
   if hit is None:
-    t = model.profile.lookup(name, model.batch // count)
-    hit = m[key] = (t.fwd_ms + t.bwd_ms + layer_update_ms(model, name), t.bwd_ms)
+    c = column(model, count)
+    if c is not None:
+      i = model.row[name]
+      hit = (model.compute_ms[i, c], model.bwd_ms[i, c])
+    else:
+      t = model.profile.lookup(name, model.batch // count)
+      hit = (t.fwd_ms + t.bwd_ms + layer_update_ms(model, name), t.bwd_ms)
+    m[key] = hit
   return hit
 
 
