@@ -205,3 +205,30 @@ def test_stage_terms_are_charged_once_per_stage_in_its_backward():
   assert with2.iteration_ms - plain2.iteration_ms == pytest.approx(extra)
   assert with2.forward_ms == pytest.approx(plain2.forward_ms)  # charged in the backward
   assert sum(s.overhead_ms for s in with2.stages) == pytest.approx(extra)
+
+
+def test_a_cost_model_is_data_and_its_prices_are_memoised_off_it():
+  """CostModel carries no memo: pricing memoises per model beside it, a replaced model is
+  priced afresh from its own arrays, and a dropped model takes its memo with it."""
+  import dataclasses
+  import gc
+  import weakref
+
+  from dp_jax.planner.costs import CostModel
+
+  assert all(not f.name.startswith("_") for f in dataclasses.fields(CostModel))
+  graph = resnet_like(blocks=(1,))
+  profile = linear_profile(graph, [1, 2, 4, 8, 16], np.random.default_rng(2))
+  model = build_cost_model(graph, profile, CLUSTER,
+                           PlanOptions(num_devices=4, global_batch=16, batch_norm="local"))
+  run = tuple(model.names[:3])
+  compute, _ = pricing.stage_cost(model, run, (0, 4))
+  assert compute > 0 and ("stage", run, (0, 4), (None,) * 3) in pricing.memo(model)
+  assert pricing.stage_cost(model, run, (0, 4))[0] == compute  # the memoised value
+  doubled = dataclasses.replace(model, compute_ms=2 * model.compute_ms)
+  assert pricing.stage_cost(doubled, run, (0, 4))[0] == pytest.approx(2 * compute)
+  gone = weakref.ref(model)
+  before = len(pricing._MEMOS)
+  del model, doubled
+  gc.collect()
+  assert gone() is None and len(pricing._MEMOS) == before - 2
