@@ -176,9 +176,8 @@ class _Walk:
     p, run = st.placement, st.layers
     compute, sync = pricing.stage_cost(self.m, run, p, self.s)
     over = pricing.stage_overhead_ms(self.m, run[0], run[-1], p[1])
-    update = sum(pricing.layer_update_ms(self.m, n, param_share(self.m.graph.node(n),
-                                                                  self.s.get(n)))
-                 for n in run)
+    shares = [param_share(self.m.graph.node(n), self.s.get(n)) for n in run]
+    update = sum(pricing.layer_update_ms(self.m, n, f) for n, f in zip(run, shares, strict=True))
     self.stages.append(StageCost(p, run, compute, sync, over, update))
     self.gpu += p[1] * (compute + sync + over)
     bwd = sum(pricing.layer_ms(self.m, n, p, self.s.get(n))[1] for n in run)
