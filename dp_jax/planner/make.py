@@ -23,7 +23,7 @@ from dp_jax.planner.amplification import (
 )
 from dp_jax.planner.baseline import data_parallel
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
-from dp_jax.planner.evaluate import Evaluation, evaluate
+from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import MODES, PlanOptions
 from dp_jax.planner.plan import LayerPlan, Plan
@@ -253,3 +253,17 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   return Plan(model=model.graph.model, global_batch=opts.global_batch, num_devices=g,
               cluster=model.cluster.name, amplification_limit=float(opts.amplification_limit),
               layers=tuple(layers), predicted=predicted, planner_seconds=seconds, extra=more)
+
+
+def data_parallel_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
+                       num_devices: int, global_batch: int, overlap_allreduce: bool = True,
+                       **options) -> Plan:
+  """The data-parallel plan with predicted and data-parallel numbers (they coincide)."""
+  start = time.perf_counter()
+  opts = PlanOptions(num_devices=num_devices, global_batch=global_batch,
+                     overlap_allreduce=overlap_allreduce, amplification_limit=math.inf,
+                     **options)
+  model = build_cost_model(graph, profile, cluster, opts)
+  count, ev = data_parallel(model)
+  return build_plan(model, data_parallel_assignment(model, count), ev, (count, ev),
+                    seconds=time.perf_counter() - start, extra={"strategy": "data_parallel"})
