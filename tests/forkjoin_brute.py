@@ -75,7 +75,7 @@ def with_stage_terms(model, seed: int):
   rows, cols = len(model.names), len(model.counts)
   return dataclasses.replace(model, stage_ms=rng.uniform(0.05, 2.0, cols),
                              enter_ms=rng.uniform(0.0, 1.0, (rows, cols)),
-                             leave_ms=rng.uniform(0.0, 1.0, (rows, cols)), _cache={})
+                             leave_ms=rng.uniform(0.0, 1.0, (rows, cols)))
 
 
 def placements(model) -> list[tuple[int, int]]:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from dp_jax.cluster import ClusterSpec, allreduce_ms
 from dp_jax.graph import LayerGraph, LayerNode
+from dp_jax.planner import pricing
 from dp_jax.planner.amplification import allowed_counts, amplification
 from dp_jax.planner.costs import (
   allreduce_volume_ms,
@@ -161,14 +162,14 @@ def test_batch_norm_statistics_are_priced_as_the_runtime_runs_them(mode):
   opts = PlanOptions(num_devices=8, global_batch=8, batch_norm=mode)
   model = build_cost_model(graph, profile, CLUSTER, opts)
   one = float(allreduce_ms(CLUSTER, 2 * 16 * 4, 0, 8))  # sum and sum of squares, fp32
-  total, bwd = model.layer_ms("c", (0, 8))
+  total, bwd = pricing.layer_ms(model, "c", (0, 8))
   extra = 1 if mode == "sync" else 0
-  update = model.layer_update_ms("c")  # the optimizer update is part of the layer's compute
+  update = pricing.layer_update_ms(model, "c")  # the optimizer update: part of its compute
   assert update > 0
   assert total == pytest.approx(0.3 + update + 2 * one * extra)
   assert bwd == pytest.approx(0.2 + one * extra)
-  assert model.layer_ms("c", (0, 1)) == (pytest.approx(0.3 + update), pytest.approx(0.2))
-  assert model.layer_ms("r", (0, 8)) == (pytest.approx(0.3), pytest.approx(0.2))
+  assert pricing.layer_ms(model, "c", (0, 1)) == (pytest.approx(0.3 + update), pytest.approx(0.2))
+  assert pricing.layer_ms(model, "r", (0, 8)) == (pytest.approx(0.3), pytest.approx(0.2))
 
 
 def test_stage_terms_are_charged_once_per_stage_in_its_backward():
@@ -185,7 +186,7 @@ def test_stage_terms_are_charged_once_per_stage_in_its_backward():
   rng = np.random.default_rng(0)
   stage, enter, leave = rng.uniform(1, 2, cols), rng.uniform(1, 2, (rows, cols)), \
       rng.uniform(1, 2, (rows, cols))
-  model = dataclasses.replace(base, stage_ms=stage, enter_ms=enter, leave_ms=leave, _cache={})
+  model = dataclasses.replace(base, stage_ms=stage, enter_ms=enter, leave_ms=leave)
   names = list(base.names)
   # cut inside the top-level chain at a node, not inside a block
   chain = graph.decompose().items
@@ -204,3 +205,30 @@ def test_stage_terms_are_charged_once_per_stage_in_its_backward():
   assert with2.iteration_ms - plain2.iteration_ms == pytest.approx(extra)
   assert with2.forward_ms == pytest.approx(plain2.forward_ms)  # charged in the backward
   assert sum(s.overhead_ms for s in with2.stages) == pytest.approx(extra)
+
+
+def test_a_cost_model_is_data_and_its_prices_are_memoised_off_it():
+  """CostModel carries no memo: pricing memoises per model beside it, a replaced model is
+  priced afresh from its own arrays, and a dropped model takes its memo with it."""
+  import dataclasses
+  import gc
+  import weakref
+
+  from dp_jax.planner.costs import CostModel
+
+  assert all(not f.name.startswith("_") for f in dataclasses.fields(CostModel))
+  graph = resnet_like(blocks=(1,))
+  profile = linear_profile(graph, [1, 2, 4, 8, 16], np.random.default_rng(2))
+  model = build_cost_model(graph, profile, CLUSTER,
+                           PlanOptions(num_devices=4, global_batch=16, batch_norm="local"))
+  run = tuple(model.names[:3])
+  compute, _ = pricing.stage_cost(model, run, (0, 4))
+  assert compute > 0 and ("stage", run, (0, 4), (None,) * 3) in pricing.memo(model)
+  assert pricing.stage_cost(model, run, (0, 4))[0] == compute  # the memoised value
+  doubled = dataclasses.replace(model, compute_ms=2 * model.compute_ms)
+  assert pricing.stage_cost(doubled, run, (0, 4))[0] == pytest.approx(2 * compute)
+  gone = weakref.ref(model)
+  before = len(pricing._MEMOS)
+  del model, doubled
+  gc.collect()
+  assert gone() is None and len(pricing._MEMOS) == before - 2

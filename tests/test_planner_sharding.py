@@ -21,7 +21,7 @@ from dp_jax.cluster import (
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph, LayerNode
 from dp_jax.models.registry import MODEL_NAMES
-from dp_jax.planner import Plan, make_plan, memory, sharded
+from dp_jax.planner import Plan, make_plan, memory, pricing, sharded
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
@@ -78,7 +78,7 @@ def test_out_split_collectives_and_gradients_follow_the_contract():
   i = model.row["fc1"]
   # fc2 on (d, m) = (2, 4), out features split: nothing divides 10 by 4, so use fc1
   p, sh = (0, 8), (4, "out")
-  fwd, bwd = sharded.activation_ms(model, "fc1", p, sh)
+  fwd, bwd = pricing.activation_ms(model, "fc1", p, sh)
   rows = 32 // 2
   x, y = rows * model.in_bytes[i], rows * model.out_bytes[i]
   gather_in = max(float(allgather_ms(cl, x, s, 4)) for s in (0, 4))
@@ -86,7 +86,7 @@ def test_out_split_collectives_and_gradients_follow_the_contract():
   assert fwd == pytest.approx(gather_in + gather_out)
   assert bwd == 0.0  # fc1 reads the model input: no input gradient
   j = model.row["fc2"]
-  fwd2, bwd2 = sharded.activation_ms(model, "fc2", p, (4, "in"))
+  fwd2, bwd2 = pricing.activation_ms(model, "fc2", p, (4, "in"))
   x2, y2 = rows * model.in_bytes[j], rows * model.out_bytes[j]
   assert fwd2 == pytest.approx(float(allgather_ms(cl, x2, 0, 4))
                                + float(allreduce_ms(cl, y2, 0, 4)))
@@ -94,8 +94,8 @@ def test_out_split_collectives_and_gradients_follow_the_contract():
   # weight gradients: a quarter of fc1's over each data group of 2 (stride 4); none when d = 1
   share = model.grad_bytes[i] / 4
   bus = class_bus_GBps(cl)[0]
-  assert model.band_ms("fc1", p, sh) == pytest.approx(float(volume_ms(share, 2, bus)))
-  assert model.band_ms("fc1", p, (8, "out")) == 0.0
+  assert pricing.band_ms(model, "fc1", p, sh) == pytest.approx(float(volume_ms(share, 2, bus)))
+  assert pricing.band_ms(model, "fc1", p, (8, "out")) == 0.0
   # fc2 'in': the bias (10 values) stays whole on every device
   assert sharded.param_share(g.node("fc2"), (4, "in")) == pytest.approx(
       (10 * 4096 / 4 + 10) / (10 * 4096 + 10))
@@ -106,10 +106,10 @@ def test_sharded_compute_is_the_roofline_ratio_applied_to_the_profile():
   model = cost_model(g, cluster("a100_nvlink_8"))
   t = model.profile.lookup("fc1", 32)
   rf, rb = sharded.compute_ratios(g, g.node("fc1"), (8, "out"), 32, "A100-SXM4-40GB", "float32")
-  total, bwd = model.layer_ms("fc1", (0, 8), (8, "out"))
-  af, ab = sharded.activation_ms(model, "fc1", (0, 8), (8, "out"))
-  update = model.layer_update_ms("fc1", sharded.param_share(g.node("fc1"), (8, "out")))
-  assert 0 < update < model.layer_update_ms("fc1")  # each device updates its 1/8
+  total, bwd = pricing.layer_ms(model, "fc1", (0, 8), (8, "out"))
+  af, ab = pricing.activation_ms(model, "fc1", (0, 8), (8, "out"))
+  update = pricing.layer_update_ms(model, "fc1", sharded.param_share(g.node("fc1"), (8, "out")))
+  assert 0 < update < pricing.layer_update_ms(model, "fc1")  # each device updates its 1/8
   assert total == pytest.approx(t.fwd_ms * rf + t.bwd_ms * rb + af + ab + update)
   assert bwd == pytest.approx(t.bwd_ms * rb + ab)
   # an eighth of the work, but never less than an eighth of the time (kernel overheads stay)
@@ -160,8 +160,8 @@ def test_exact_tables_offer_every_sharding_or_one_no_worse(overlap):
               for o in range(len(opts.shardings[r][c]))]
       for sh in sharded.candidates(g.node(name), int(count), WEIGHTS):
         sh = None if sh[1] == "samples" else sh
-        total, back = model.layer_ms(name, p, sh)
-        sent = model.band_ms(name, p, sh)
+        total, back = pricing.layer_ms(model, name, p, sh)
+        sent = pricing.band_ms(model, name, p, sh)
         keys = (total, total + sent, total + sent - back)  # what a stage's cost grows with
         assert any(all(x <= y + 1e-9 for x, y in zip(k, keys, strict=True)) for k in kept)
         dropped += sh not in opts.shardings[r][c]

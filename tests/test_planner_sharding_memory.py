@@ -15,7 +15,7 @@ from test_planner_sharding import WEIGHTS, cost_model, mlp_graph
 from test_planner_zoo import a100_profile, cluster, graph
 
 from dp_jax.errors import UserError
-from dp_jax.planner import Plan, make_plan, memory, sharded
+from dp_jax.planner import Plan, make_plan, memory, pricing, sharded
 from dp_jax.planner.amplification import amplification, offers, sharded_amplification
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.options import PlanOptions
@@ -106,8 +106,8 @@ def test_sharded_amplification_is_the_layers_time_under_the_split():
   r = model.row["fc1"]
   single = model.compute_ms[r, 0]
   for sh in ((8, "out"), (4, "in"), (2, "out")):
-    total, _ = model.layer_ms("fc1", (0, 8), sh)
-    expected = 8 * (total + model.band_ms("fc1", (0, 8), sh)) / single
+    total, _ = pricing.layer_ms(model, "fc1", (0, 8), sh)
+    expected = 8 * (total + pricing.band_ms(model, "fc1", (0, 8), sh)) / single
     assert sharded_amplification(model, "fc1", 8, sh) == pytest.approx(expected)
   assert sharded_amplification(model_for(8), "relu", 8, (8, "out")) == 1.0  # below the floor
 

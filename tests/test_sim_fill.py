@@ -10,10 +10,10 @@ from sim_helpers import cluster, graph, plan, profile
 
 from dp_jax.errors import UserError
 from dp_jax.planner import make_plan
-from dp_jax.planner.baseline import data_parallel, data_parallel_plan
+from dp_jax.planner.baseline import data_parallel
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
-from dp_jax.planner.make import build_plan
+from dp_jax.planner.make import build_plan, data_parallel_plan
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.synthetic import linear_profile
 from dp_jax.profile.sources import profile_batches

@@ -7,6 +7,7 @@ import pytest
 from sim_helpers import INF, cluster, graph, plan, profile
 
 from dp_jax.cluster import collective_latency_ms
+from dp_jax.planner import pricing
 from dp_jax.planner.costs import allreduce_volume_ms, move_ms, stage_sync_ms
 from dp_jax.planner.evaluate import data_parallel_assignment, evaluate
 from dp_jax.planner.segments import Move, Stage, segments
@@ -49,13 +50,13 @@ def _two_pass(model, a, segs):
   for s in segs:
     if isinstance(s, Stage):
       st, c = s.placement
-      bwd = [model.timing(n, c)[1] for n in s.layers]
-      f += sum(model.timing(n, c)[0] for n in s.layers) - sum(bwd)
+      bwd = [pricing.timing(model, n, c)[1] for n in s.layers]
+      f += sum(pricing.timing(model, n, c)[0] for n in s.layers) - sum(bwd)
       band = [float(allreduce_volume_ms(model.cluster, model.grad_bytes[model.row[n]], st, c))
               for n in s.layers]
       w += sum(bwd) + stage_sync_ms(band, bwd, float(collective_latency_ms(model.cluster, st, c)),
                                     model.options.overlap_allreduce)
-      w += model.stage_overhead_ms(s.layers[0], s.layers[-1], c)
+      w += pricing.stage_overhead_ms(model, s.layers[0], s.layers[-1], c)
     elif isinstance(s, Move):
       half = _move_ms(model, a, s) / 2
       f, w = f + half, w + half

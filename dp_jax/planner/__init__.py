@@ -1,9 +1,8 @@
 """Planner: burst-parallel search, data-parallel baseline and the Plan they produce (no JAX)."""
 
-from dp_jax.planner.baseline import data_parallel_plan
 from dp_jax.planner.evaluate import Evaluation, evaluate, evaluate_plan
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, pareto
-from dp_jax.planner.make import make_plan, plan_for_limit
+from dp_jax.planner.make import data_parallel_plan, make_plan, plan_for_limit
 from dp_jax.planner.options import PlanOptions, candidate_counts
 from dp_jax.planner.plan import PLAN_SCHEMA, LayerPlan, Plan
 

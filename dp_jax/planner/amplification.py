@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, allreduce_volume_ms
 from dp_jax.planner.sharded import Sharding
 
@@ -36,8 +37,8 @@ def sharded_amplification(model: CostModel, name: str, count: int, sharding: Sha
   single = float(model.compute_ms[model.row[name], 0])
   if single <= 0 or single < model.options.amplification_floor_ms:
     return 1.0
-  total, _ = model.layer_ms(name, (0, count), sharding)
-  return count * (total + model.band_ms(name, (0, count), sharding)) / single
+  total, _ = pricing.layer_ms(model, name, (0, count), sharding)
+  return count * (total + pricing.band_ms(model, name, (0, count), sharding)) / single
 
 
 def allowed_counts(model: CostModel, limit: float, fits: np.ndarray) -> np.ndarray:

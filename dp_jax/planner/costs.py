@@ -1,4 +1,6 @@
-"""Cost terms shared by burst plans and data parallelism: compute, gradient sync, sample moves.
+"""The cost model's data (CostModel, build_cost_model) and the cost terms shared by burst
+plans and data parallelism: compute, gradient sync, sample moves. Pricing a layer, stage or
+move under a CostModel: dp_jax/planner/pricing.py.
 
 A placement is (start, count): devices [start, start + count) of the job, each holding a
 contiguous range of global_batch / count samples, in order. All functions are pure; the
@@ -8,26 +10,24 @@ array versions broadcast over numpy arrays so the search can price every count a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from dp_jax.cluster import (
   ClusterSpec,
-  allreduce_ms,
   bus_bandwidth_GBps,
   class_bus_GBps,
   class_latency_ms,
-  collective_latency_ms,
   p2p_link,
   volume_ms,
 )
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
-from dp_jax.planner import memory, sharded, stage_terms
+from dp_jax.planner import footprint, stage_terms
 from dp_jax.planner.options import PlanOptions, candidate_counts
-from dp_jax.planner.segments import Placement  # (first device, number of devices)
+from dp_jax.planner.segments import Placement  # noqa: F401 (re-exported: first device, count)
 from dp_jax.profile.devices import DTYPE_BYTES, canonical_dtype
 from dp_jax.profile.table import MissingProfileError, ProfileTable
 
@@ -121,9 +121,11 @@ def move_ms(cluster: ClusterSpec, batch: int, bytes_per_sample, src_start, src_c
 # --- per-layer tables ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CostModel:
-  """Per-layer costs over the candidate device counts, plus what scalar lookups need."""
+  """Per-layer costs over the candidate device counts and the graph, profile, cluster and
+  options they were built from: data only (priced by dp_jax/planner/pricing.py). Compared and
+  hashed by identity (pricing memoises per model)."""
 
   graph: LayerGraph
   profile: ProfileTable
@@ -153,84 +155,10 @@ class CostModel:
   stage_ms: np.ndarray | None = None  # (C,)
   enter_ms: np.ndarray | None = None  # (L, C)
   leave_ms: np.ndarray | None = None  # (L, C)
-  _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
   @property
   def batch(self) -> int:
     return self.options.global_batch
-
-  def stage_overhead_ms(self, first: str, last: str, count: int) -> float:
-    """The per-stage terms of a stage from layer `first` to layer `last` on `count` devices."""
-    c = int(np.searchsorted(self.counts, count))
-    ms = 0.0 if self.stage_ms is None else float(self.stage_ms[c])
-    if self.enter_ms is not None:
-      ms += float(self.enter_ms[self.row[first], c])
-    if self.leave_ms is not None:
-      ms += float(self.leave_ms[self.row[last], c])
-    return ms
-
-  def timing(self, name: str, count: int) -> tuple[float, float]:
-    """(fwd + bwd ms, bwd ms) of a layer on `count` devices."""
-    key = (name, count)
-    hit = self._cache.get(key)
-    if hit is None:
-      t = self.profile.lookup(name, self.batch // count)
-      hit = self._cache[key] = (t.fwd_ms + t.bwd_ms + self.layer_update_ms(name), t.bwd_ms)
-    return hit
-
-  def layer_update_ms(self, name: str, share: float = 1.0) -> float:
-    """The optimizer update of `share` of a layer's parameters on one device."""
-    return 0.0 if self.update_ms is None else float(self.update_ms[self.row[name]]) * share
-
-  def layer_ms(self, name: str, p: Placement,
-               sharding: sharded.Sharding | None = None) -> tuple[float, float]:
-    """(fwd + bwd ms, bwd ms) of a layer on placement p, with its batch-norm statistics
-    all-reduces (one forward, one backward) when they are synchronised over its devices;
-    a weight sharding (m, split) is priced by dp_jax/planner/sharded.py."""
-    if not sharded.is_samples(sharding):
-      key = ("sharded", name, p, sharding)
-      hit = self._cache.get(key)
-      if hit is None:
-        hit = self._cache[key] = sharded.layer_ms(self, name, p, sharding)
-      return hit
-    total, bwd = self.timing(name, p[1])
-    b = self.bn_bytes[self.row[name]]
-    if b <= 0 or p[1] <= 1:
-      return total, bwd
-    sync = float(allreduce_ms(self.cluster, b, p[0], p[1]))
-    return total + 2 * sync, bwd + sync
-
-  def move(self, src: str, a: Placement, b: Placement) -> tuple[float, int]:
-    """(fwd + bwd ms, devices taking part) of moving `src`'s output from layout a to b."""
-    key = ("move", src, a, b)
-    hit = self._cache.get(key)
-    if hit is None:
-      ms = float(move_ms(self.cluster, self.batch, self.out_bytes[self.row[src]], *a, *b))
-      hit = self._cache[key] = (ms, int(devices_in_move(*a, *b)))
-    return hit
-
-  def band_ms(self, name: str, p: Placement, sharding: sharded.Sharding | None = None) -> float:
-    """Bandwidth part of a layer's weight-gradient all-reduce on placement p."""
-    if not sharded.is_samples(sharding):
-      return sharded.band_ms(self, name, p, sharding)
-    return float(allreduce_volume_ms(self.cluster, self.grad_bytes[self.row[name]], *p))
-
-  def stage(self, layers: tuple[str, ...], p: Placement,
-            shardings: Mapping[str, sharded.Sharding] | None = None) -> tuple[float, float]:
-    """(compute ms, exposed all-reduce ms) of one stage: `layers` in forward order on p
-    (`shardings`: the weight-sharded ones; the latency is the range's, once)."""
-    shards = tuple((shardings or {}).get(n) for n in layers)
-    key = ("stage", layers, p, shards)
-    hit = self._cache.get(key)
-    if hit is None:
-      start, count = p
-      band = [self.band_ms(n, p, s) for n, s in zip(layers, shards, strict=True)]
-      bwd = [self.layer_ms(n, p, s)[1] for n, s in zip(layers, shards, strict=True)]
-      compute = float(sum(self.layer_ms(n, p, s)[0] for n, s in zip(layers, shards, strict=True)))
-      sync = stage_sync_ms(band, bwd, float(collective_latency_ms(self.cluster, start, count)),
-                           self.options.overlap_allreduce)
-      hit = self._cache[key] = (compute, float(sync))
-    return hit
 
 
 # Synchronised batch norm all-reduces, per layer and step, the sum and the sum of squares of
@@ -319,7 +247,7 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
       comp[i, c], bwd[i, c] = t.fwd_ms + t.bwd_ms, t.bwd_ms
       if t.interpolated:
         interpolated.add(name)
-  params = np.array([memory.layer_params(n, options.param_bytes_per_param) for n in graph.nodes])
+  params = np.array([footprint.layer_params(n, options.param_bytes_per_param) for n in graph.nodes])
   update = stage_terms.update_ms(params, profile, cluster, options)
   comp += update[:, None]
   stage_ms, enter_ms, leave_ms = stage_terms.stage_terms(graph, profile, cluster, options, counts)
@@ -333,17 +261,14 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
       grad_bytes=params * grads,
       out_bytes=moved_bytes_per_sample(graph, profile),
       in_bytes=input_bytes_per_sample(graph, profile),
-      saved_bytes=np.array([memory.saved_bytes_per_sample(n, x)
+      saved_bytes=np.array([footprint.saved_bytes_per_sample(n, x)
                             for n, x in zip(graph.nodes, scales, strict=True)]),
       bn_bytes=np.array([batch_norm_bytes(n) if options.batch_norm == "sync" else 0.0
                          for n in graph.nodes]),
-      state_bytes=np.array([memory.state_bytes(n, options.grad_bytes_per_param,
+      state_bytes=np.array([footprint.state_bytes(n, options.grad_bytes_per_param,
                                                options.optimizer_bytes_per_param,
                                                options.param_bytes_per_param)
                             for n in graph.nodes]),
       interpolated=frozenset(interpolated), update_ms=update, stage_ms=stage_ms,
       enter_ms=enter_ms, leave_ms=leave_ms)
-  for i, name in enumerate(names):
-    for c, g in enumerate(counts):
-      model._cache[(name, int(g))] = (comp[i, c], bwd[i, c])
   return model

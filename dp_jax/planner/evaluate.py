@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from dp_jax.cluster import ClusterSpec
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
+from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.segments import Block, Move, Segment, Stage, segments
@@ -60,7 +61,7 @@ class StageCost:
   layers: tuple[str, ...]
   compute_ms: float
   sync_ms: float
-  overhead_ms: float = 0.0  # the per-stage terms (CostModel.stage_overhead_ms), in its backward
+  overhead_ms: float = 0.0  # the per-stage terms (pricing.stage_overhead_ms), in its backward
   update_ms: float = 0.0  # the optimizer update of its layers on one of its devices (in compute)
 
 
@@ -173,17 +174,17 @@ class _Walk:
 
   def _stage(self, st: Stage) -> tuple[float, float]:
     p, run = st.placement, st.layers
-    compute, sync = self.m.stage(run, p, self.s)
-    over = self.m.stage_overhead_ms(run[0], run[-1], p[1])
-    update = sum(self.m.layer_update_ms(n, param_share(self.m.graph.node(n), self.s.get(n)))
-                 for n in run)
+    compute, sync = pricing.stage_cost(self.m, run, p, self.s)
+    over = pricing.stage_overhead_ms(self.m, run[0], run[-1], p[1])
+    shares = [param_share(self.m.graph.node(n), self.s.get(n)) for n in run]
+    update = sum(pricing.layer_update_ms(self.m, n, f) for n, f in zip(run, shares, strict=True))
     self.stages.append(StageCost(p, run, compute, sync, over, update))
     self.gpu += p[1] * (compute + sync + over)
-    bwd = sum(self.m.layer_ms(n, p, self.s.get(n))[1] for n in run)
+    bwd = sum(pricing.layer_ms(self.m, n, p, self.s.get(n))[1] for n in run)
     return compute - bwd, bwd + sync + over
 
   def _move(self, src: str, dst: str, count_gpu: bool = True) -> float:
-    ms, devices = self.m.move(src, self.a[src], self.a[dst])
+    ms, devices = pricing.move_cost(self.m, src, self.a[src], self.a[dst])
     if ms > 0:
       self.moves.append(MoveCost(src, dst, ms, devices))
       if count_gpu:

@@ -14,7 +14,7 @@ import numpy as np
 from dp_jax.cluster import ClusterSpec
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph
-from dp_jax.planner import memory, sharded
+from dp_jax.planner import memory, pricing, sharded
 from dp_jax.planner.amplification import (
   allowed_counts,
   amplification,
@@ -23,7 +23,7 @@ from dp_jax.planner.amplification import (
 )
 from dp_jax.planner.baseline import data_parallel
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
-from dp_jax.planner.evaluate import Evaluation, evaluate
+from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import MODES, PlanOptions
 from dp_jax.planner.plan import LayerPlan, Plan
@@ -182,10 +182,10 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   dp_count, dp = baseline
   stage_of, sync_share = {}, {}
   for i, st in enumerate(ev.stages):
-    grads = sum(sharded.grad_bytes(model, n, shardings.get(n)) for n in st.layers)
+    grads = sum(pricing.grad_bytes(model, n, shardings.get(n)) for n in st.layers)
     for n in st.layers:
       stage_of[n] = i
-      mine = sharded.grad_bytes(model, n, shardings.get(n))
+      mine = pricing.grad_bytes(model, n, shardings.get(n))
       sync_share[n] = st.sync_ms * mine / grads if grads else 0.0
   moved_in: dict[str, float] = {}
   for mv in ev.moves:
@@ -196,7 +196,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   for node in model.graph.nodes:
     start, count = assignment[node.name]
     sh = shardings.get(node.name)
-    fb, bwd = model.layer_ms(node.name, (start, count), sh)
+    fb, bwd = pricing.layer_ms(model, node.name, (start, count), sh)
     column = np.searchsorted(model.counts, count)
     in_table = column < len(model.counts) and model.counts[column] == count
     m = 1 if sh is None else sh[0]
@@ -206,8 +206,8 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
         samples=ranges(opts.global_batch, count // m, m),
         extra={**entry, "kind": node.kind, "per_device_batch": opts.global_batch // (count // m),
                "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
-               "update_ms": model.layer_update_ms(node.name,
-                                                  sharded.param_share(node, sh)),
+               "update_ms": pricing.layer_update_ms(model, node.name,
+                                                     sharded.param_share(node, sh)),
                "sync_ms": float(sync_share[node.name]),
                "move_in_ms": float(moved_in.get(node.name, 0.0)),
                "amplification": _amplification(model, amp, node.name, count, sh, column)
@@ -253,3 +253,17 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   return Plan(model=model.graph.model, global_batch=opts.global_batch, num_devices=g,
               cluster=model.cluster.name, amplification_limit=float(opts.amplification_limit),
               layers=tuple(layers), predicted=predicted, planner_seconds=seconds, extra=more)
+
+
+def data_parallel_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
+                       num_devices: int, global_batch: int, overlap_allreduce: bool = True,
+                       **options) -> Plan:
+  """The data-parallel plan with predicted and data-parallel numbers (they coincide)."""
+  start = time.perf_counter()
+  opts = PlanOptions(num_devices=num_devices, global_batch=global_batch,
+                     overlap_allreduce=overlap_allreduce, amplification_limit=math.inf,
+                     **options)
+  model = build_cost_model(graph, profile, cluster, opts)
+  count, ev = data_parallel(model)
+  return build_plan(model, data_parallel_assignment(model, count), ev, (count, ev),
+                    seconds=time.perf_counter() - start, extra={"strategy": "data_parallel"})

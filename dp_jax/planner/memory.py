@@ -23,39 +23,31 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph, LayerNode
-from dp_jax.planner import sharded
+from dp_jax.graph import LayerGraph
+from dp_jax.planner import pricing, sharded
+from dp_jax.planner.costs import CostModel
+from dp_jax.planner.footprint import (  # the per-layer part, re-exported
+  MOMENTUM_STATE_BYTES,
+  layer_params,
+  saved_bytes_per_sample,
+  state_bytes,
+)
+from dp_jax.planner.segments import Placement
 from dp_jax.planner.sharded import Sharding
 
 if TYPE_CHECKING:
-  from dp_jax.planner.costs import CostModel, Placement
   from dp_jax.planner.plan import Plan
 
+__all__ = ["GB", "HEADS_WHOLE_OUTPUTS", "MOMENTUM_STATE_BYTES", "activation_bytes",
+           "capacity_bytes", "check_fits", "device_bytes", "fits_alone", "job_bytes",
+           "largest_layer_on", "layer_bytes", "layer_need", "layer_params", "placed_bytes",
+           "saved_bytes_per_sample", "split_saved_per_sample", "state_bytes", "weight_fits",
+           "weight_splits_that_fit"]
+
 GB = 1e9
-MOMENTUM_STATE_BYTES = 4  # the default optimizer's state (PlanOptions.optimizer: momentum)
 
 
 # --- per layer, from the graph (no cost model needed) -----------------------------------------
-
-
-def layer_params(node: LayerNode, param_bytes_per_param: float = 4) -> float:
-  """Parameter count of a layer (from param_bytes when the node gives no count)."""
-  return float(node.params if node.params > 0 else node.param_bytes / param_bytes_per_param)
-
-
-def state_bytes(node: LayerNode, grad_bytes_per_param: float = 4,
-                optimizer_bytes_per_param: float = MOMENTUM_STATE_BYTES,
-                param_bytes_per_param: float = 4) -> float:
-  """Parameters + gradients + optimizer state of one layer, on every device that holds it."""
-  return float(node.param_bytes) + layer_params(node, param_bytes_per_param) * (
-      grad_bytes_per_param + optimizer_bytes_per_param)
-
-
-def saved_bytes_per_sample(node: LayerNode, element_scale: float = 1.0) -> float:
-  """Activations the layer keeps for its backward, per sample (XLA's residuals, else its
-  output), times element_scale (profile element size / traced element size)."""
-  saved = node.saved_bytes_per_sample or node.out_bytes_per_sample
-  return float(saved) * element_scale
 
 
 # Activations the runtime's heads-split GPT-2 block keeps whole over the model group besides
@@ -165,10 +157,11 @@ def weight_fits(model: CostModel) -> dict[tuple[int, int], tuple[Sharding, ...]]
   under planner.sharding (empty without weights)."""
   if "weights" not in model.options.sharding:
     return {}
-  hit = model._cache.get("weight_fits")
+  memo = pricing.memo(model)
+  hit = memo.get("weight_fits")
   if hit is not None:
     return hit
-  out = model._cache["weight_fits"] = {}
+  out = memo["weight_fits"] = {}
   for r in range(len(model.names)):
     for c in range(len(model.counts)):
       fit = weight_splits_that_fit(model, r, c, model.options.sharding)

@@ -14,8 +14,10 @@ the sharded shape to the whole layer at that batch (dp_jax/profile/analytic.py),
 and imported tables both work. Weight gradients: each device holds 1/m of the split
 parameters (replicated ones whole) and all-reduces them over its data group (d devices,
 stride m); none when d = 1. Collectives: dp_jax/cluster.py (the d model groups, or m data
-groups, side by side: the slowest counts). Which sharding each layer of a stage takes is
-chosen exactly by dp_jax/planner/stage_choice.py. Pure Python and numpy: no JAX.
+groups, side by side: the slowest counts). A layer's prices under a cost model:
+dp_jax/planner/pricing.py (activation_ms, sharded_layer_ms, sharded_band_ms). Which sharding
+each layer of a stage takes is chosen exactly by dp_jax/planner/stage_choice.py. Pure Python
+and numpy: no JAX.
 """
 
 from __future__ import annotations
@@ -27,14 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dp_jax.cluster import (
-  allgather_ms,
-  allreduce_ms,
-  group_collective_ms,
-  link_class,
-  strided_link_classes,
-  strided_volume_ms,
-)
+from dp_jax.cluster import link_class, strided_link_classes
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph, LayerNode
 from dp_jax.profile.analytic import default_params, layer_cost, layer_times_ms
@@ -42,7 +37,6 @@ from dp_jax.profile.devices import DTYPE_BYTES, canonical_dtype, get_device
 from dp_jax.sharding import SPLITS, splits_for
 
 if TYPE_CHECKING:
-  from dp_jax.planner.costs import CostModel, Placement
   from dp_jax.planner.plan import Plan
 
 Sharding = tuple[int, str]  # (model axis m, split); the data axis is d = count // m
@@ -154,10 +148,10 @@ def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch
   return (f1 / f0 if f0 > 0 else 1.0 / m), (b1 / b0 if b0 > 0 else 1.0 / m)
 
 
-# --- per layer on a placement ------------------------------------------------------------------
+# --- collectives of the model and data groups (priced by dp_jax/planner/pricing.py) ----------
 
 
-def _model_groups(fn, cluster, nbytes: float, start: int, d: int, m: int) -> float:
+def model_groups(fn, cluster, nbytes: float, start: int, d: int, m: int) -> float:
   """The slowest model group's collective (the d groups run side by side)."""
   if m <= 1 or nbytes <= 0:
     return 0.0
@@ -173,38 +167,14 @@ def _model_group_firsts(cluster, start: int, d: int, m: int) -> tuple[int, ...]:
   return tuple(int(firsts[i]) for i in np.unique(classes, return_index=True)[1])
 
 
-def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
-                  ) -> tuple[float, float]:
-  """(forward, backward) ms of the entry gather and the split's activation collectives."""
-  start, count = p
-  m, split = sharding
-  d = count // m
-  i = model.row[name]
-  rows = model.batch // d
-  x, y = rows * model.in_bytes[i], rows * model.out_bytes[i]
-  cl = model.cluster
-  gather = _model_groups(allgather_ms, cl, x, start, d, m)
-  first = not model.graph.node(name).inputs  # no input gradient
-  if split == "out":
-    fwd = _model_groups(allgather_ms, cl, y, start, d, m)
-    bwd = 0.0 if first else _model_groups(allreduce_ms, cl, x, start, d, m)
-  elif split == "in":
-    fwd = _model_groups(allreduce_ms, cl, y, start, d, m)
-    bwd = 0.0 if first else _model_groups(allgather_ms, cl, x, start, d, m)
-  else:  # heads
-    fwd = 2 * _model_groups(allreduce_ms, cl, y, start, d, m)
-    bwd = 0.0 if first else 2 * _model_groups(allreduce_ms, cl, x, start, d, m)
-  return gather + fwd, bwd
-
-
-def _data_groups(model: CostModel, nbytes: float, p: Placement, m: int, collective) -> float:
+def data_groups(cluster, nbytes: float, p: tuple[int, int], m: int, collective) -> float:
   """The slowest data group's collective (d devices, stride m; the m groups side by side)."""
   start, count = p
   d = count // m
   if d <= 1 or nbytes <= 0:
     return 0.0
-  return max(float(collective(model.cluster, nbytes, j, d, m))
-             for j in _data_group_firsts(model.cluster, start, d, m))
+  return max(float(collective(cluster, nbytes, j, d, m))
+             for j in _data_group_firsts(cluster, start, d, m))
 
 
 @cache
@@ -213,34 +183,3 @@ def _data_group_firsts(cluster, start: int, d: int, m: int) -> tuple[int, ...]:
   (a strided group's collectives depend on it through its link class and size only)."""
   classes = strided_link_classes(cluster, start + np.arange(m), d, m)
   return tuple(start + int(j) for j in np.unique(classes, return_index=True)[1])
-
-
-def layer_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
-             ) -> tuple[float, float]:
-  """(fwd + bwd + update ms, bwd ms) of a weight-sharded layer, with its batch-norm syncs and
-  the optimizer update of its parameter share."""
-  m, _ = sharding
-  d = p[1] // m
-  node = model.graph.node(name)
-  t = model.profile.lookup(name, model.batch // d)
-  rf, rb = compute_ratios(model.graph, node, sharding, model.batch // d, model.profile.device,
-                          model.profile.dtype)
-  af, ab = activation_ms(model, name, p, sharding)
-  fwd, bwd = t.fwd_ms * rf + af, t.bwd_ms * rb + ab
-  share = param_share(node, sharding)
-  bn = model.bn_bytes[model.row[name]] * share
-  sync = _data_groups(model, bn, p, m, group_collective_ms)
-  update = model.layer_update_ms(name, share)  # each device updates its share
-  return fwd + bwd + update + 2 * sync, bwd + sync
-
-
-def grad_bytes(model: CostModel, name: str, sharding: Sharding | None) -> float:
-  """Gradient bytes one device all-reduces for the layer."""
-  return float(model.grad_bytes[model.row[name]]) * param_share(model.graph.node(name), sharding)
-
-
-def band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding) -> float:
-  """Bandwidth part of the layer's weight-gradient all-reduce over its data groups."""
-  return _data_groups(model, grad_bytes(model, name, sharding), p, sharding[0],
-                      strided_volume_ms)
-

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dp_jax.planner import pricing
 from dp_jax.planner.sharded import candidates
 
 INF = np.inf
@@ -84,8 +85,9 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
         if (offers is None and not allowed[r, c]) or (
             offers is not None and sh not in offers.get((r, c), ())):
           continue
-        total, back = model.layer_ms(name, (0, int(g)), sh)
-        opts.append((float(total), float(back), float(model.band_ms(name, (0, int(g)), sh)), sh))
+        total, back = pricing.layer_ms(model, name, (0, int(g)), sh)
+        sent = pricing.band_ms(model, name, (0, int(g)), sh)
+        opts.append((float(total), float(back), float(sent), sh))
       free = min(((o[0], i) for i, o in enumerate(opts) if o[2] <= 0), default=None)
       paid = min(((o[0] + o[2], i) for i, o in enumerate(opts)), default=None)
       kept = undominated(opts)

@@ -21,7 +21,7 @@ from dp_jax.cluster import ClusterSpec
 from dp_jax.errors import UserError
 from dp_jax.graph import LayerGraph, flat_layers
 from dp_jax.multiplex import DEFAULT_PIECE_MS, BackgroundJob, layer_groups, step_pieces
-from dp_jax.planner import memory
+from dp_jax.planner import memory, pricing
 from dp_jax.planner.costs import CostModel, build_cost_model
 from dp_jax.planner.options import PlanOptions
 from dp_jax.profile.table import ProfileTable
@@ -57,7 +57,7 @@ def background_job(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpe
   names = list(flat_layers(graph.decompose()))
   timings = [profile.lookup(n, batch) for n in names]
   fwd = [t.fwd_ms for t in timings]
-  bwd = [t.bwd_ms + model.layer_update_ms(n) for t, n in zip(timings, names, strict=True)]
+  bwd = [t.bwd_ms + pricing.layer_update_ms(model, n) for t, n in zip(timings, names, strict=True)]
   groups = layer_groups(names, fwd, bwd, piece_ms)
   pieces = step_pieces(groups, fwd, bwd)
   ms = np.array([p[2] for p in pieces])

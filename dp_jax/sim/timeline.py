@@ -7,7 +7,7 @@ backward in reverse); its gradient all-reduce runs on the communication stream, 
 layer as soon as that layer's backward is done when the plan overlaps all-reduce with the
 backward pass (else one piece after the stage's backward), then the ring latency once. As in the
 planner, the next backward segment waits for the stage's all-reduce, and a stage's per-stage
-terms (program launch, boundaries; CostModel.stage_overhead_ms) end its backward. A move
+terms (program launch, boundaries; pricing.stage_overhead_ms) end its backward. A move
 costs half of the planner's move_ms forward (activations) and half backward (their
 gradients), on every device of both layouts. A block starts with the fork's sends into all
 its branches as one move (they
@@ -25,6 +25,7 @@ import numpy as np
 
 from dp_jax.cluster import collective_latency_ms
 from dp_jax.errors import UserError
+from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, Placement, move_ms
 from dp_jax.planner.segments import Block, Move, Segment, Stage, segments
 from dp_jax.planner.sharded import Sharding
@@ -136,7 +137,7 @@ class _Builder:
       if isinstance(seg, Stage):
         self.stages.append(seg)
         for name in seg.layers:
-          total, bwd = self.m.layer_ms(name, seg.placement, self.s.get(name))
+          total, bwd = pricing.layer_ms(self.m, name, seg.placement, self.s.get(name))
           after = self.add([seg.placement], "compute", "fwd", name, total - bwd, after, seg.index)
       elif isinstance(seg, Move):
         after = self.move(seg, after, "fwd")
@@ -200,12 +201,12 @@ class _Builder:
   def stage_backward(self, st: Stage, after: tuple[int, ...]) -> tuple[int, ...]:
     start, count = st.placement
     span = [st.placement]
-    band = {n: self.m.band_ms(n, st.placement, self.s.get(n)) for n in st.layers}
+    band = {n: pricing.band_ms(self.m, n, st.placement, self.s.get(n)) for n in st.layers}
     overlap = self.m.options.overlap_allreduce
     comm: tuple[int, ...] = ()
     for name in reversed(st.layers):
-      after = self.add(span, "compute", "bwd", name,
-                       self.m.layer_ms(name, st.placement, self.s.get(name))[1], after, st.index)
+      back = pricing.layer_ms(self.m, name, st.placement, self.s.get(name))[1]
+      after = self.add(span, "compute", "bwd", name, back, after, st.index)
       if overlap and band[name] > 0:
         comm = self.add(span, "comm", "allreduce", f"all-reduce {name}", band[name],
                         tuple(dict.fromkeys(after + comm)), st.index)
@@ -220,8 +221,8 @@ class _Builder:
                         st.index)
       after = tuple(dict.fromkeys(after + done))
     # the per-stage terms (program launch, boundaries), at the end of its backward as the
-    # planner charges them (CostModel.stage_overhead_ms)
-    over = self.m.stage_overhead_ms(st.layers[0], st.layers[-1], count)
+    # planner charges them (pricing.stage_overhead_ms)
+    over = pricing.stage_overhead_ms(self.m, st.layers[0], st.layers[-1], count)
     return self.add(span, "compute", "bwd", f"stage {st.index} launch and boundaries", over,
                     after, st.index)
 

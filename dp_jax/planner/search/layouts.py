@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dp_jax.cluster import link_class
+from dp_jax.planner import pricing
 from dp_jax.planner.costs import move_from_parts, move_parts
 from dp_jax.planner.search.tables import ELEMENTWISE_KINDS, INF, _Lane, _run_sync, _Tables
 from dp_jax.planner.sharded import candidates
@@ -102,12 +103,12 @@ def _sharded_branch_cost(t: _Tables, names: tuple, places: tuple, shards: tuple,
     while j + 1 < len(names) and placed[j + 1] == placed[i]:
       j += 1
     run = tuple(names[i: j + 1])
-    compute, sync = model.stage(run, placed[i], spec)
-    back = sum(model.layer_ms(n, placed[i], spec.get(n))[1] for n in run)
+    compute, sync = pricing.stage_cost(model, run, placed[i], spec)
+    back = sum(pricing.layer_ms(model, n, placed[i], spec.get(n))[1] for n in run)
     terms = t.stage_terms(model.row[run[0]], model.row[run[-1]])[places[i][1]]
     fwd, bwd = fwd + compute - back, bwd + back + sync + terms
     if j + 1 < len(names):
-      half = model.move(names[j], placed[j], placed[j + 1])[0] / 2
+      half = pricing.move_cost(model, names[j], placed[j], placed[j + 1])[0] / 2
       fwd, bwd = fwd + half, bwd + half
     i = j + 1
   return float(fwd), float(bwd)

@@ -1,0 +1,213 @@
+"""What a layer, a stage and a move cost under a CostModel: pure functions of its data.
+
+dp_jax/planner/costs.py holds the cost model's data (per-layer arrays over the candidate
+counts, built once per plan); this module prices placements, weight shardings, stages and
+sample moves from it, the one pricing the search, evaluate, make and the simulator share.
+A placement is (start, count): devices [start, start + count) of the job.
+
+Memo: the same (layer, placement, sharding), move and stage are priced many times by one
+search, so results are memoised per cost model in `memo(model)`, a dict held in a weak-keyed
+table here (never on the model, freed with it). A CostModel is immutable, so a memoised value
+is the one a fresh computation returns. Pure Python and numpy: no JAX.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+
+import numpy as np
+
+from dp_jax.cluster import (
+  allgather_ms,
+  allreduce_ms,
+  collective_latency_ms,
+  group_collective_ms,
+  strided_volume_ms,
+)
+from dp_jax.planner.costs import (
+  CostModel,
+  allreduce_volume_ms,
+  devices_in_move,
+  move_ms,
+  stage_sync_ms,
+)
+from dp_jax.planner.segments import Placement
+from dp_jax.planner.sharded import (
+  Sharding,
+  compute_ratios,
+  data_groups,
+  is_samples,
+  model_groups,
+  param_share,
+)
+
+_MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def memo(model: CostModel) -> dict:
+  """The memo of one cost model's prices (created on first use, dropped with the model)."""
+  hit = _MEMOS.get(model)
+  if hit is None:
+    hit = _MEMOS[model] = {}
+  return hit
+
+
+def column(model: CostModel, count: int) -> int | None:
+  """Index of `count` among the candidate counts (None: not a candidate)."""
+  c = int(np.searchsorted(model.counts, count))
+  return c if c < len(model.counts) and model.counts[c] == count else None
+
+
+# --- per layer, splitting samples --------------------------------------------------------------
+
+
+def layer_update_ms(model: CostModel, name: str, share: float = 1.0) -> float:
+  """The optimizer update of `share` of a layer's parameters on one device."""
+  return 0.0 if model.update_ms is None else float(model.update_ms[model.row[name]]) * share
+
+
+def timing(model: CostModel, name: str, count: int) -> tuple[float, float]:
+  """(fwd + bwd + update ms, bwd ms) of a layer on `count` devices (the tables at candidate
+  counts, the profile elsewhere)."""
+  m = memo(model)
+  key = ("timing", name, count)
+  hit = m.get(key)
+  if hit is None:
+    c = column(model, count)
+    if c is not None:
+      i = model.row[name]
+      hit = (model.compute_ms[i, c], model.bwd_ms[i, c])
+    else:
+      t = model.profile.lookup(name, model.batch // count)
+      hit = (t.fwd_ms + t.bwd_ms + layer_update_ms(model, name), t.bwd_ms)
+    m[key] = hit
+  return hit
+
+
+def layer_ms(model: CostModel, name: str, p: Placement,
+             sharding: Sharding | None = None) -> tuple[float, float]:
+  """(fwd + bwd ms, bwd ms) of a layer on placement p, with its batch-norm statistics
+  all-reduces (one forward, one backward) when they are synchronised over its devices;
+  a weight sharding (m, split) is priced by sharded_layer_ms."""
+  if not is_samples(sharding):
+    key = ("sharded", name, p, sharding)
+    m = memo(model)
+    hit = m.get(key)
+    if hit is None:
+      hit = m[key] = sharded_layer_ms(model, name, p, sharding)
+    return hit
+  total, bwd = timing(model, name, p[1])
+  b = model.bn_bytes[model.row[name]]
+  if b <= 0 or p[1] <= 1:
+    return total, bwd
+  sync = float(allreduce_ms(model.cluster, b, p[0], p[1]))
+  return total + 2 * sync, bwd + sync
+
+
+def band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding | None = None) -> float:
+  """Bandwidth part of a layer's weight-gradient all-reduce on placement p."""
+  if not is_samples(sharding):
+    return sharded_band_ms(model, name, p, sharding)
+  return float(allreduce_volume_ms(model.cluster, model.grad_bytes[model.row[name]], *p))
+
+
+# --- per layer under a weight sharding (the model: dp_jax/planner/sharded.py) -------------------
+
+
+def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
+                  ) -> tuple[float, float]:
+  """(forward, backward) ms of the entry gather and the split's activation collectives."""
+  start, count = p
+  m, split = sharding
+  d = count // m
+  i = model.row[name]
+  rows = model.batch // d
+  x, y = rows * model.in_bytes[i], rows * model.out_bytes[i]
+  cl = model.cluster
+  gather = model_groups(allgather_ms, cl, x, start, d, m)
+  first = not model.graph.node(name).inputs  # no input gradient
+  if split == "out":
+    fwd = model_groups(allgather_ms, cl, y, start, d, m)
+    bwd = 0.0 if first else model_groups(allreduce_ms, cl, x, start, d, m)
+  elif split == "in":
+    fwd = model_groups(allreduce_ms, cl, y, start, d, m)
+    bwd = 0.0 if first else model_groups(allgather_ms, cl, x, start, d, m)
+  else:  # heads
+    fwd = 2 * model_groups(allreduce_ms, cl, y, start, d, m)
+    bwd = 0.0 if first else 2 * model_groups(allreduce_ms, cl, x, start, d, m)
+  return gather + fwd, bwd
+
+
+def sharded_layer_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
+                     ) -> tuple[float, float]:
+  """(fwd + bwd + update ms, bwd ms) of a weight-sharded layer, with its batch-norm syncs and
+  the optimizer update of its parameter share."""
+  m, _ = sharding
+  d = p[1] // m
+  node = model.graph.node(name)
+  t = model.profile.lookup(name, model.batch // d)
+  rf, rb = compute_ratios(model.graph, node, sharding, model.batch // d, model.profile.device,
+                          model.profile.dtype)
+  af, ab = activation_ms(model, name, p, sharding)
+  fwd, bwd = t.fwd_ms * rf + af, t.bwd_ms * rb + ab
+  share = param_share(node, sharding)
+  bn = model.bn_bytes[model.row[name]] * share
+  sync = data_groups(model.cluster, bn, p, m, group_collective_ms)
+  update = layer_update_ms(model, name, share)  # each device updates its share
+  return fwd + bwd + update + 2 * sync, bwd + sync
+
+
+def grad_bytes(model: CostModel, name: str, sharding: Sharding | None) -> float:
+  """Gradient bytes one device all-reduces for the layer."""
+  return float(model.grad_bytes[model.row[name]]) * param_share(model.graph.node(name), sharding)
+
+
+def sharded_band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding) -> float:
+  """Bandwidth part of the layer's weight-gradient all-reduce over its data groups."""
+  return data_groups(model.cluster, grad_bytes(model, name, sharding), p, sharding[0],
+                     strided_volume_ms)
+
+
+# --- stages and moves ---------------------------------------------------------------------------
+
+
+def stage_overhead_ms(model: CostModel, first: str, last: str, count: int) -> float:
+  """The per-stage terms of a stage from layer `first` to layer `last` on `count` devices."""
+  c = int(np.searchsorted(model.counts, count))
+  ms = 0.0 if model.stage_ms is None else float(model.stage_ms[c])
+  if model.enter_ms is not None:
+    ms += float(model.enter_ms[model.row[first], c])
+  if model.leave_ms is not None:
+    ms += float(model.leave_ms[model.row[last], c])
+  return ms
+
+
+def stage_cost(model: CostModel, layers: tuple[str, ...], p: Placement,
+               shardings: Mapping[str, Sharding] | None = None) -> tuple[float, float]:
+  """(compute ms, exposed all-reduce ms) of one stage: `layers` in forward order on p
+  (`shardings`: the weight-sharded ones; the latency is the range's, once)."""
+  shards = tuple((shardings or {}).get(n) for n in layers)
+  key = ("stage", layers, p, shards)
+  m = memo(model)
+  hit = m.get(key)
+  if hit is None:
+    start, count = p
+    band = [band_ms(model, n, p, s) for n, s in zip(layers, shards, strict=True)]
+    bwd = [layer_ms(model, n, p, s)[1] for n, s in zip(layers, shards, strict=True)]
+    compute = float(sum(layer_ms(model, n, p, s)[0] for n, s in zip(layers, shards, strict=True)))
+    sync = stage_sync_ms(band, bwd, float(collective_latency_ms(model.cluster, start, count)),
+                         model.options.overlap_allreduce)
+    hit = m[key] = (compute, float(sync))
+  return hit
+
+
+def move_cost(model: CostModel, src: str, a: Placement, b: Placement) -> tuple[float, int]:
+  """(fwd + bwd ms, devices taking part) of moving `src`'s output from layout a to b."""
+  key = ("move", src, a, b)
+  m = memo(model)
+  hit = m.get(key)
+  if hit is None:
+    ms = float(move_ms(model.cluster, model.batch, model.out_bytes[model.row[src]], *a, *b))
+    hit = m[key] = (ms, int(devices_in_move(*a, *b)))
+  return hit
