@@ -1,6 +1,7 @@
 """Burst plans train exactly like one device: same losses and parameters after N steps.
 
-vgg16 and gpt2 are compared in float32. Batch-norm models (resnet, inception) are compared in
+gpt2 is compared in float32, vgg16 in float64 (its float32 parameters after three steps differ
+by up to 2e-4 between reduction orders on some CPUs). Batch-norm models (resnet, inception) are compared in
 float64: at 32x32 their float32 gradients change by up to ~15% between ANY two reduction
 orders (the fused data-parallel jit on 8 devices vs 1 device included; in float64 they agree
 to 1e-12 after one step and ~1e-9 after three), so float32 cannot tell a runtime bug from
@@ -75,7 +76,10 @@ def _exact(name, layout_key, dtype, batch, loss_rtol, param_atol, stat_atol=1e-5
 
 
 def test_vgg16_burst_plan_matches_one_device():
-  program = _exact("vgg16", "vgg16", jnp.float32, 4, 1e-5, 5e-5)
+  # float64: in float32 the parameters after three steps differ from one device's by 5e-5 to
+  # 2e-4 depending on the CPU's kernels (reduction order alone), too close to tell from a bug
+  with jax.enable_x64(True):
+    program = _exact("vgg16", "vgg16", jnp.float64, 4, 1e-9, 1e-9)
   assert [len(s.stage.devices) for s in program.stages] == [4, 2, 2, 2, 1]
 
 
