@@ -8,9 +8,10 @@
 Simulate app, analytic roofline profiles (bfloat16), dgx_a100 (8 A100 per node on NVLink at
 300 GB/s) with the per-GPU inter-node bandwidth overridden: 300 GB/s (NVLink-class, a flat
 network as DeepPool's planner assumed), 100, 50 (InfiniBand NDR), 25 (HDR, the dgx_a100
-default), 12.5 (100 GbE) and 1.25 GB/s (10 GbE); inter-node latency stays at the spec's 5 us
-per ring step. The five models at G=32 B=32 (four nodes) and G=B=256, amplification limit 2 and
-inf, background `same_family` under a 10% slowdown cap.
+default), 12.5 (100 GbE) and 1.25 GB/s (10 GbE); inter-node latency stays at the spec's
+(20 us, plus 10.75 us per doubling of the nodes spanned). The five models at G=32 B=32 (four
+nodes) and G=B=256, amplification limit 2 and inf, background `same_family` under a 10%
+slowdown cap.
 
 It shows, fair comparison first, the cluster throughput (foreground + background) against the
 matched baseline (the best data parallelism plus background over every d <= G whose foreground

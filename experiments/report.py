@@ -186,7 +186,18 @@ def swept_params(path: Path) -> dict[str, list[str]]:
     key, value = aggregate.parse_override(str(text))
     if key in params or ("," in value and not value.lstrip().startswith(("[", "{"))):
       params[key] = value
-  return {k: [v.strip() for v in val.split(",") if v.strip()] for k, val in params.items()}
+  return {k: split_choices(val) for k, val in params.items()}
+
+
+def split_choices(text: str) -> list[str]:
+  """'[a],[a,b],c' -> ['[a]', '[a,b]', 'c']: a sweep's choices, split on commas outside brackets."""
+  out, depth, start = [], 0, 0
+  for i, ch in enumerate(text + ","):
+    depth += (ch in "[{(") - (ch in "]})")
+    if ch == "," and depth == 0:
+      out.append(text[start:i].strip())
+      start = i + 1
+  return [v for v in out if v]
 
 
 def parse_key(key: str) -> str:

@@ -117,6 +117,14 @@ def test_missing_cells_are_warned_by_name_and_listed(sweep, tmp_path, capsys):
   assert "All numbers here are **predicted**" in md
 
 
+def test_list_valued_choices_are_not_split_at_their_inner_commas(tmp_path):
+  path = tmp_path / "multirun.yaml"
+  path.write_text("hydra:\n  sweeper:\n    params:\n"
+                  "      planner.sharding: '[samples],[samples,weights]'\n      model: a, b\n")
+  assert report.swept_params(path) == {"planner.sharding": ["[samples]", "[samples,weights]"],
+                                       "model": ["a", "b"]}
+
+
 def test_readme_judges_ratios_and_embeds_figures(sweep, tmp_path):
   rows, prov = report.load(STUDY, sweep)
   paths = report.write(STUDY, rows, prov, tmp_path / "out")
