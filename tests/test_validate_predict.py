@@ -7,12 +7,12 @@ import pytest
 from omegaconf import OmegaConf
 from test_planner_stage_terms import mlp
 
+from dp_jax.apps.validate import predict
 from dp_jax.cluster import load_cluster
 from dp_jax.config import PlannerConfig
 from dp_jax.planner import data_parallel_plan, make_plan
 from dp_jax.planner.synthetic import linear_profile
 from dp_jax.profile.local_links import LocalCalibration
-from dp_jax.validate import predict
 from dp_jax.workflow import cluster_config, plan_options
 
 

@@ -262,6 +262,3 @@ def validate_task(cfg: ValidateConfig, run: Run) -> dict[str, Any]:
 
 
 main = hydra_app("validate", ValidateConfig)(validate_task)
-
-if __name__ == "__main__":
-  main()

@@ -210,6 +210,3 @@ def plan_task(cfg: PlanConfig, run: Run) -> dict[str, Any]:
 
 
 main = hydra_app("plan", PlanConfig)(plan_task)
-
-if __name__ == "__main__":
-  main()

@@ -68,6 +68,3 @@ def inspect(cfg: InspectConfig, run: Run) -> dict[str, Any]:
 
 
 main = hydra_app("inspect", InspectConfig)(inspect)
-
-if __name__ == "__main__":
-  main()

@@ -170,6 +170,3 @@ def accuracy_task(cfg: AccuracyConfig, run: Run) -> dict[str, Any]:
 
 
 main = hydra_app("accuracy", AccuracyConfig)(accuracy_task)
-
-if __name__ == "__main__":
-  main()

@@ -28,6 +28,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from dp_jax.apps.simulate import InterferenceConfig
 from dp_jax.cli import hydra_app
 from dp_jax.config import (
   BackgroundConfig,
@@ -38,7 +39,6 @@ from dp_jax.config import (
 )
 from dp_jax.errors import UserError
 from dp_jax.jsonfile import write_json
-from dp_jax.simulate import InterferenceConfig
 from dp_jax.tracking import Run
 
 
@@ -187,8 +187,8 @@ def paper_rows(cfg: Any, out_dir: Path) -> list[list[Any]]:
   """Burst vs data parallelism per paper setting, on the A100 tables (one row each)."""
   from omegaconf import OmegaConf
 
-  from dp_jax import simulate as sim_app
   from dp_jax import workflow, zoo
+  from dp_jax.apps import simulate as sim_app
   from dp_jax.profile.sources import load_profile, profile_batches
 
   paper = cfg.paper
@@ -242,7 +242,7 @@ def local_run(cfg: Any, out_dir: Path, run: Run, local: dict[str, tuple[Any, str
   from omegaconf import OmegaConf
 
   from dp_jax import workflow, zoo
-  from dp_jax.plan import COLUMNS, layer_rows, plot_devices_per_layer, print_plan
+  from dp_jax.apps.plan import COLUMNS, layer_rows, plot_devices_per_layer, print_plan
   from dp_jax.planner import candidate_counts, data_parallel_plan
   from dp_jax.planner.options import PlanOptions
   from dp_jax.profile.in_context import in_context_profile
@@ -351,7 +351,7 @@ def predicted_step(graph, profile, cluster, cfg: Any, assignment, g: int, cal) -
   """A plan's predicted step time here: exactly what dp_jax.validate predicts (the planner's
   evaluation plus the local runtime terms), the one place to switch when the planner's own
   predicted iteration_ms includes them."""
-  from dp_jax.validate import predict
+  from dp_jax.apps.validate import predict
 
   return predict(graph, profile, cluster, cfg, assignment, g, cal)
 
@@ -380,7 +380,7 @@ def time_assignments(cfg: Any, graph, assignments: dict[str, Any], devices, stat
 
 def simulate_plan(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -> dict[str, Any]:
   """Simulate the plan alone and with the background job; write metrics and the Gantt chart."""
-  from dp_jax import simulate as sim_app
+  from dp_jax.apps import simulate as sim_app
 
   out_dir.mkdir(parents=True, exist_ok=True)
   return sim_app.simulate_and_write(cfg, graph, profile, cluster, plan, out_dir)
@@ -507,6 +507,3 @@ def _step(name: str, what: str) -> None:
 
 
 main = hydra_app("pipeline", PipelineConfig)(pipeline_task)
-
-if __name__ == "__main__":
-  main()

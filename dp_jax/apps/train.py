@@ -321,6 +321,3 @@ def _plain(cfg: Any) -> Any:
 
 
 main = hydra_app("train", TrainConfig)(train_task)
-
-if __name__ == "__main__":
-  main()

@@ -225,6 +225,3 @@ def simulate_and_write(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -
 
 
 main = hydra_app("simulate", SimulateConfig)(simulate_task)
-
-if __name__ == "__main__":
-  main()

@@ -112,6 +112,3 @@ def profile_task(cfg: ProfileAppConfig, run: Run) -> dict[str, Any]:
 
 
 main = hydra_app("profile", ProfileAppConfig)(profile_task)
-
-if __name__ == "__main__":
-  main()
