@@ -28,11 +28,11 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from dp_jax.apps.simulate import InterferenceConfig
 from dp_jax.cli import hydra_app
 from dp_jax.config import (
   BackgroundConfig,
   ClusterConfig,
+  InterferenceConfig,
   LoggerConfig,
   ModelConfig,
   PlannerConfig,
@@ -188,8 +188,8 @@ def paper_rows(cfg: Any, out_dir: Path) -> list[list[Any]]:
   from omegaconf import OmegaConf
 
   from dp_jax import workflow, zoo
-  from dp_jax.apps import simulate as sim_app
   from dp_jax.profile.sources import load_profile, profile_batches
+  from dp_jax.sim.report import simulate_and_write
 
   paper = cfg.paper
   model_cfg = OmegaConf.create({"name": paper.model})
@@ -212,7 +212,7 @@ def paper_rows(cfg: Any, out_dir: Path) -> list[list[Any]]:
                                           cluster_cfg={**cluster_cfg, "num_devices": g})
     folder = out_dir / f"{setting.cluster}_g{g}"
     plan.save(folder / "plan.json")
-    m = sim_app.simulate_and_write(sim_cfg, graph, profile, cluster, plan, folder)["metrics"]
+    m = simulate_and_write(sim_cfg, graph, profile, cluster, plan, folder)["metrics"]
     p = plan.predicted
     rows.append([setting.cluster, g, p["iteration_ms"], p["data_parallel_iteration_ms"],
                  p["data_parallel_iteration_ms"] / p["iteration_ms"],
@@ -380,10 +380,10 @@ def time_assignments(cfg: Any, graph, assignments: dict[str, Any], devices, stat
 
 def simulate_plan(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -> dict[str, Any]:
   """Simulate the plan alone and with the background job; write metrics and the Gantt chart."""
-  from dp_jax.apps import simulate as sim_app
+  from dp_jax.sim.report import simulate_and_write
 
   out_dir.mkdir(parents=True, exist_ok=True)
-  return sim_app.simulate_and_write(cfg, graph, profile, cluster, plan, out_dir)
+  return simulate_and_write(cfg, graph, profile, cluster, plan, out_dir)
 
 
 def train_pinned(cfg: Any, plan: dict[str, Any], out_dir: Path, processes: int) -> dict[str, Any]:
