@@ -10,7 +10,7 @@
 2. On this machine, the validated way (as dp_jax.validate): one device per core, the local
    links and boundary costs calibrated (dp_jax.profile.local_links), every layer profiled in
    context (dp_jax.profile.in_context); a burst plan for these devices; the burst plan and
-   data parallelism predicted (dp_jax.validate.predict) and run, interleaved, each timed step
+   data parallelism predicted (dp_jax.workflow.predicted_step) and run, interleaved, each timed step
    right after one of its own (dp_jax.runtime.plan_timing): measured / predicted for both.
 3. The burst plan trained with the background job beside it under the slowdown cap, on one
    pinned process per core (dp_jax.training.train_pinned: an idle device is an idle core):
@@ -137,7 +137,7 @@ def pipeline_task(cfg: PipelineConfig, run: Run) -> dict[str, Any]:
     local_devices.set_host_device_count(
         local_devices.honest_device_count(cfg.local.num_devices))
   run.begin()
-  paper = paper_rows(cfg, out_dir / "a100") if cfg.paper.enabled else []
+  paper, fair = paper_rows(cfg, out_dir / "a100") if cfg.paper.enabled else ([], [])
   if paper:
     run.log_table("a100_burst_vs_data_parallel", PAPER_COLUMNS, paper)
   local: dict[str, tuple[Any, str]] = {}
@@ -145,6 +145,7 @@ def pipeline_task(cfg: PipelineConfig, run: Run) -> dict[str, Any]:
 
   def write_summary() -> dict[str, Any]:
     summary = {"a100": [dict(zip(PAPER_COLUMNS, r, strict=True)) for r in paper],
+               "a100_fair_comparison": fair,
                "local": {k: {"value": v, "kind": kind} for k, (v, kind) in local.items()},
                "plots": plots, "story": story(cfg, paper, local)}
     write_json(out_dir / "summary.json", summary)
@@ -158,7 +159,7 @@ def pipeline_task(cfg: PipelineConfig, run: Run) -> dict[str, Any]:
       raise
   for key, path in plots.items():
     run.log_image(key, path)
-  print_summary(cfg, paper, local, plots)
+  print_summary(cfg, paper, fair, local, plots)
   write_summary()
   seconds = time.perf_counter() - _STARTED
   print(f"main job done in {seconds:.0f} s (measured); outputs: {out_dir}")
@@ -183,8 +184,9 @@ def check_local(cfg: Any) -> None:
     training.check_on_failure(cfg.background)
 
 
-def paper_rows(cfg: Any, out_dir: Path) -> list[list[Any]]:
-  """Burst vs data parallelism per paper setting, on the A100 tables (one row each)."""
+def paper_rows(cfg: Any, out_dir: Path) -> tuple[list[list[Any]], list[str]]:
+  """Burst vs data parallelism per paper setting, on the A100 tables (one row each), and each
+  setting's simulated fair comparison in words (the matched baseline first)."""
   from omegaconf import OmegaConf
 
   from dp_jax import workflow, zoo
@@ -202,7 +204,7 @@ def paper_rows(cfg: Any, out_dir: Path) -> list[list[Any]]:
   sim_cfg = OmegaConf.merge(cfg, {"batch_size": b, "background": {"model": None}})
   _step("A100", f"{paper.model} B={b} on DeepPool's A100 tables, amplification limit "
                 f"{paper.amplification_limit} (predicted / simulated)")
-  rows = []
+  rows, fair = [], []
   for setting in paper.settings:
     cluster_cfg = workflow.cluster_config(setting.cluster)
     cluster = workflow.cluster_spec(cluster_cfg)
@@ -219,7 +221,8 @@ def paper_rows(cfg: Any, out_dir: Path) -> list[list[Any]]:
                  1 - p["gpu_ms"] / p["data_parallel_gpu_ms"],
                  m.get("background_samples_per_s"), m.get("cluster_throughput_vs_data_parallel"),
                  _matched(m)])
-  return rows
+    fair.append(f"{setting.cluster} G={g}: {m['fair_comparison']}")
+  return rows, fair
 
 
 def _matched(m: dict[str, Any]) -> str | None:
@@ -242,7 +245,14 @@ def local_run(cfg: Any, out_dir: Path, run: Run, local: dict[str, tuple[Any, str
   from omegaconf import OmegaConf
 
   from dp_jax import workflow, zoo
-  from dp_jax.apps.plan import COLUMNS, layer_rows, plot_devices_per_layer, print_plan
+  from dp_jax.compare import tolerance_of
+  from dp_jax.plan_report import (
+    COLUMNS,
+    comparisons,
+    layer_rows,
+    plot_devices_per_layer,
+    print_plan,
+  )
   from dp_jax.planner import candidate_counts, data_parallel_plan
   from dp_jax.planner.options import PlanOptions
   from dp_jax.profile.in_context import in_context_profile
@@ -282,9 +292,11 @@ def local_run(cfg: Any, out_dir: Path, run: Run, local: dict[str, tuple[Any, str
                                         cluster_cfg=cluster_cfg)
   plan.save(out_dir / "plan.json")
   rows = layer_rows(plan)
-  print_plan(plan, rows)
+  fair = comparisons(graph, profile, cluster, plan, tolerance_of(cfg))
+  print_plan(plan, rows, fair)
   run.log_table("plan_layers", COLUMNS, rows)
-  plots["devices_per_layer"] = str(plot_devices_per_layer(plan, out_dir / "devices_per_layer.png"))
+  plots["devices_per_layer"] = str(plot_devices_per_layer(plan, out_dir / "devices_per_layer.png",
+                                                          fair))
   opts = workflow.plan_options(cfg.planner, g, b)
   dp = data_parallel_plan(graph, profile, cluster, **opts).assignment()
   burst = plan.assignment()
@@ -295,8 +307,8 @@ def local_run(cfg: Any, out_dir: Path, run: Run, local: dict[str, tuple[Any, str
       "plan_stages": (len(stages) or None, "predicted"),
       "burst_devices_per_layer": ("/".join(str(c) for c in sorted(
           {c for _, c in burst.values()}, reverse=True)), "predicted")})
-  predicted = {"burst": predicted_step(graph, profile, cluster, cfg, burst, g, cal),
-               "data_parallel": predicted_step(graph, profile, cluster, cfg, dp, g, cal)}
+  predicted = {name: workflow.predicted_step(graph, profile, cluster, cfg, a, g)
+               for name, a in (("burst", burst), ("data_parallel", dp))}
   _step("measure", f"burst and data parallelism, {lc.warmup} warm-up steps, then "
                    f"{lc.timed_steps} rounds of {lc.runs_per_turn} steps in a row (last timed)")
   measured = time_assignments(cfg, graph, {"burst": burst, "data_parallel": dp}, devices, stat)
@@ -345,15 +357,6 @@ def training_enabled(cfg: Any) -> bool:
   from dp_jax import training
 
   return bool(cfg.train.enabled) and training.background_active(cfg.background)
-
-
-def predicted_step(graph, profile, cluster, cfg: Any, assignment, g: int, cal) -> dict[str, Any]:
-  """A plan's predicted step time here: exactly what dp_jax.validate predicts (the planner's
-  evaluation plus the local runtime terms), the one place to switch when the planner's own
-  predicted iteration_ms includes them."""
-  from dp_jax.apps.validate import predict
-
-  return predict(graph, profile, cluster, cfg, assignment, g, cal)
 
 
 def time_assignments(cfg: Any, graph, assignments: dict[str, Any], devices, stat: str
@@ -408,8 +411,8 @@ def train_pinned(cfg: Any, plan: dict[str, Any], out_dir: Path, processes: int) 
   return training.train_pinned(spec, processes)
 
 
-def print_summary(cfg: Any, paper: list[list[Any]], local: dict[str, tuple[Any, str]],
-                  plots: dict[str, str]) -> None:
+def print_summary(cfg: Any, paper: list[list[Any]], fair: list[str],
+                  local: dict[str, tuple[Any, str]], plots: dict[str, str]) -> None:
   from rich.console import Console
   from rich.table import Table
 
@@ -426,6 +429,8 @@ def print_summary(cfg: Any, paper: list[list[Any]], local: dict[str, tuple[Any, 
       t.add_row(r[0], str(r[1]), f"{r[2]:.2f}", f"{r[3]:.2f}", f"{r[4]:.2f}x", f"{r[5]:.0%}",
                 _fmt(r[6]), _fmt(r[7], "x"), _fmt(r[8]))
     console.print(t)
+    for line in fair:  # the fair baseline first (matched DP, fastest DP on <= G), then all G
+      console.print(line)
   t = Table(title="on this machine's devices")
   for c in ("quantity", "value", "kind"):
     t.add_column(c, justify="right" if c == "value" else "left")

@@ -112,27 +112,6 @@ def plan_set(graph, profile, cluster, cfg: Any, g: int) -> list[tuple[str, str, 
   return out
 
 
-def predict(graph, profile, cluster, cfg: Any, assignment: dict, g: int) -> dict[str, Any]:
-  """The planner's own evaluation of `assignment` on the calibrated cluster and the profile
-  (dp_jax.planner.evaluate: compute with the update unless profiled, all-reduce unless
-  profiled, moves, per-stage launches and boundaries), in ms, with its parts."""
-  from dp_jax import workflow
-  from dp_jax.planner import evaluate_plan
-
-  opts = workflow.plan_options(cfg.planner, g, cfg.batch_size)
-  opts.pop("num_devices")
-  opts.pop("global_batch")
-  ev = evaluate_plan(graph, profile, cluster, assignment, global_batch=cfg.batch_size,
-                     num_devices=g, **opts)
-  n = len(ev.stages)
-  host = n * cluster.program_launch_us / 1e3 + (n - 1) * cluster.stage_boundary_us / 1e3
-  return {"predicted_ms": ev.iteration_ms, "stages": n,
-          "compute_ms": sum(s.compute_ms for s in ev.stages),
-          "sync_ms": sum(s.sync_ms for s in ev.stages),
-          "move_ms": sum(m.ms for m in ev.moves), "overhead_ms": ev.overhead_ms,
-          "boundary_ms": ev.overhead_ms - host, "update_ms": ev.update_ms}
-
-
 def scatter_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
   """Predicted vs measured step time per plan, with y = x and a +-20% band."""
   import matplotlib
@@ -219,7 +198,8 @@ def validate_task(cfg: ValidateConfig, run: Run) -> dict[str, Any]:
   plans = plan_set(graph, profile, cluster, cfg, g)
   rows = []
   for name, kind, a in plans:
-    rows.append({"plan": name, "kind": kind, **predict(graph, profile, cluster, cfg, a, g),
+    predicted = workflow.predicted_step(graph, profile, cluster, cfg, a, g)
+    rows.append({"plan": name, "kind": kind, **predicted,
                  "devices_used": len({d for s, c in a.values() for d in range(s, s + c)}),
                  "device_counts": "/".join(str(c) for c in sorted({c for _, c in a.values()},
                                                                   reverse=True))})
