@@ -150,6 +150,19 @@ class BackgroundConfig:
   on_failure: str = "fail"  # fail: a job that fails to start or dies fails the run; continue
 
 
+class FillPolicy(str, Enum):
+  fit = "fit"  # the multiplexing policy of dp_jax/multiplex.py (the runtime's)
+
+
+@dataclass
+class InterferenceConfig:
+  """How background pieces interact with the foreground (docs/simulator.md)."""
+
+  policy: FillPolicy = FillPolicy.fit
+  piece_ms: float = 0.5  # DeepPool's be_graph_split_ms
+  switch_us: float | None = None  # None: the device's per-kernel overhead (profile/devices.py)
+
+
 @dataclass
 class LoggerConfig:
   """W&B tracking: offline by default (no server here); 'disabled' turns it off."""

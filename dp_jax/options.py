@@ -52,7 +52,7 @@ RULES: tuple[Rule, ...] = (
     Rule("runtime.checkpoint_every", 0, integer=True),
     Rule("interference.piece_ms", 0, low_open=True),
     Rule("interference.switch_us", 0),
-    # accuracy (dp_jax/accuracy.py)
+    # accuracy (dp_jax/apps/accuracy.py)
     Rule("accuracy.target", 0, low_open=True, high=1),
     Rule("accuracy.lrs", 0, low_open=True, each=True),
     Rule("accuracy.lr_reference_batch", 1, integer=True),
@@ -62,7 +62,7 @@ RULES: tuple[Rule, ...] = (
     Rule("accuracy.max_epochs", 0, low_open=True),
     Rule("accuracy.eval_every_samples", 1, integer=True),
     Rule("accuracy.devices", 1, integer=True, each=True),
-    # validate (dp_jax/validate.py)
+    # validate (dp_jax/apps/validate.py)
     Rule("validate.plans", 0, integer=True),
     Rule("validate.amplification_limits", 1, inf=True, each=True),
     Rule("validate.num_devices", 1, integer=True),
@@ -74,7 +74,7 @@ RULES: tuple[Rule, ...] = (
     Rule("validate.profile_repeats", 1, integer=True),
     Rule("validate.profile_passes", 1, integer=True),
     Rule("validate.profile_cuts", 0, integer=True),
-    # pipeline's A100 setting (dp_jax/pipeline.py)
+    # pipeline's A100 setting (dp_jax/apps/pipeline.py)
     Rule("paper.batch_size", 1, integer=True),
     Rule("paper.amplification_limit", 1, inf=True),
 )

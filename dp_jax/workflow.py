@@ -133,6 +133,27 @@ def make_plan_from_config(planner_cfg: Any, graph, profile, cluster, *, num_devi
   return dataclasses.replace(plan, extra={**plan.extra, **made_for})
 
 
+def predicted_step(graph, profile, cluster, cfg: Any, assignment: dict, g: int) -> dict[str, Any]:
+  """A plan's predicted step time, validate's and the pipeline's: the planner's own evaluation
+  of `assignment` on the (calibrated) cluster and the profile (dp_jax.planner.evaluate: compute
+  with the update unless profiled, all-reduce unless profiled, moves, per-stage launches and
+  boundaries), in ms, with its parts."""
+  from dp_jax.planner import evaluate_plan
+
+  opts = plan_options(cfg.planner, g, cfg.batch_size)
+  opts.pop("num_devices")
+  opts.pop("global_batch")
+  ev = evaluate_plan(graph, profile, cluster, assignment, global_batch=cfg.batch_size,
+                     num_devices=g, **opts)
+  n = len(ev.stages)
+  host = n * cluster.program_launch_us / 1e3 + (n - 1) * cluster.stage_boundary_us / 1e3
+  return {"predicted_ms": ev.iteration_ms, "stages": n,
+          "compute_ms": sum(s.compute_ms for s in ev.stages),
+          "sync_ms": sum(s.sync_ms for s in ev.stages),
+          "move_ms": sum(m.ms for m in ev.moves), "overhead_ms": ev.overhead_ms,
+          "boundary_ms": ev.overhead_ms - host, "update_ms": ev.update_ms}
+
+
 def extrapolated_batches(profile, graph, batches: list[int]) -> list[int]:
   """Per-device batches outside some layer's measured range (priced by extrapolation)."""
   out = set()

@@ -48,7 +48,7 @@ def agreement_case() -> dict[str, np.ndarray]:
 
   import jax
 
-  from dp_jax.train import same_plan_everywhere
+  from dp_jax.apps.train import same_plan_everywhere
 
   rank = jax.process_index()
   warnings = []

@@ -14,9 +14,10 @@ from dp_jax.config import CONF_DIR, check_known_keys, check_required
 from dp_jax.errors import UserError
 from dp_jax.options import check_options
 
-APPS = {"inspect": "dp_jax.inspect", "profile": "dp_jax.profile.__main__", "plan": "dp_jax.plan",
-        "simulate": "dp_jax.simulate", "train": "dp_jax.train", "accuracy": "dp_jax.accuracy",
-        "pipeline": "dp_jax.pipeline", "validate": "dp_jax.validate"}
+APPS = {"inspect": "dp_jax.apps.inspect", "profile": "dp_jax.apps.profile",
+        "plan": "dp_jax.apps.plan", "simulate": "dp_jax.apps.simulate",
+        "train": "dp_jax.apps.train", "accuracy": "dp_jax.apps.accuracy",
+        "pipeline": "dp_jax.apps.pipeline", "validate": "dp_jax.apps.validate"}
 
 
 def schema_of(app: str) -> type:

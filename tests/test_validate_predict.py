@@ -1,4 +1,5 @@
-"""validate predicts with the planner's own evaluation: a plan's predicted time is validate's."""
+"""validate predicts with the planner's own evaluation (dp_jax.workflow.predicted_step): a plan's
+predicted time is validate's."""
 
 import dataclasses
 
@@ -12,8 +13,7 @@ from dp_jax.config import PlannerConfig
 from dp_jax.planner import data_parallel_plan, make_plan
 from dp_jax.planner.synthetic import linear_profile
 from dp_jax.profile.local_links import LocalCalibration
-from dp_jax.validate import predict
-from dp_jax.workflow import cluster_config, plan_options
+from dp_jax.workflow import cluster_config, plan_options, predicted_step
 
 
 def calibration(g: int) -> LocalCalibration:
@@ -47,9 +47,9 @@ def test_plan_prediction_is_validates_prediction(includes):
            make_plan(graph, profile, cluster, **{**opts, "amplification_limit": float("inf")})]
   staged = {n: ((0, 2) if i < 3 else (0, 1)) for i, n in enumerate(graph.names)}
   for plan in plans:
-    got = predict(graph, profile, cluster, cfg, plan.assignment(), g)
+    got = predicted_step(graph, profile, cluster, cfg, plan.assignment(), g)
     assert got["predicted_ms"] == pytest.approx(plan.predicted["iteration_ms"], rel=1e-12)
-  got = predict(graph, profile, cluster, cfg, staged, g)
+  got = predicted_step(graph, profile, cluster, cfg, staged, g)
   # what validate added before the cost model priced it: one dispatch, stage_us per added
   # stage, the boundary's mean cost at k = 3 over both stages' batches (4 and 8)
   cal = calibration(g)

@@ -1,0 +1,1 @@
+"""The apps: thin Hydra entry points (compose, call the library, print the summary)."""
