@@ -123,3 +123,18 @@ def test_stage_terms_reproduce_the_old_local_overhead_exactly():
     counts = [s.placement[1] for s in ev.stages]
     assert ev.overhead_ms == pytest.approx(
         old_overhead_ms(stages, order, counts, table, 8, dispatch, stage))
+
+
+def test_a_boundary_measured_below_zero_is_priced_at_zero():
+  """The profile's paired cut differences can come out negative within its noise; the search
+  needs non-negative terms, so such a boundary costs only the host term."""
+  from dp_jax.planner.stage_terms import stage_terms
+
+  graph = mlp([8, 16, 16, 16, 4])
+  profile = linear_profile(graph, [1, 2, 4, 8, 16], np.random.default_rng(1))
+  profile = dataclasses.replace(profile, meta={"boundary_ms": {"4": {"1": -5.0, "3": -3.0}}})
+  stage, enter, leave = stage_terms(graph, profile, cluster(stage_boundary_us=20.0),
+                                    PlanOptions(num_devices=4, global_batch=16),
+                                    np.array([1, 2, 4]))
+  assert (enter >= 0).all() and (leave >= 0).all()
+  assert enter[1:].max() == pytest.approx(0.01) and leave[:-1].max() == pytest.approx(0.01)

@@ -50,7 +50,7 @@ def test_every_app_refuses_an_added_unknown_key(app):
     ("plan", "+planner.amplificaton_limit=1",
      "unknown option planner.amplificaton_limit (did you mean planner.amplification_limit?)"),
     ("train", "+stesp=500", "unknown option stesp (did you mean steps?)"),
-    ("train", "+model.foo=1", "unknown option model.foo (valid keys under model: name"),
+    ("train", "+model.foo=1", "unknown option model.foo (valid keys under model: _target_, name"),
     ("simulate", "+background.slowdown_capp=0.2", "did you mean background.slowdown_cap?"),
     ("plan", "+cluster.memory_gb=80", "unknown option cluster.memory_gb"),
     ("plan", "+profile.repeat=3", "did you mean profile.repeats?"),

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from dp_jax.planner.random_plans import placements
+from dp_jax.planner.segments import Block, Stage, segments
 from dp_jax.planner.synthetic import random_series_parallel
 from dp_jax.runtime.stages import group_stages, segment_runs, series_parallel_order
-from dp_jax.planner.segments import Block, Stage, segments
 
 
 def random_plan(rng, graph, num_devices=4):

@@ -14,7 +14,9 @@ Two terms every evaluation (and the search, the simulator and validate) charges:
   at position k (layers before it, series-parallel order) between a stage at per-device batch
   b1 and one at b2 costs stage_boundary_us + (boundary_k(b1) + boundary_k(b2)) / 2: half is
   the leave term of the stage ending at layer k - 1, half the enter term of the stage starting
-  at layer k, each at its own batch. Pure numpy: no JAX.
+  at layer k, each at its own batch. A cut measured faster than the uncut model (the paired
+  difference of two noisy timings; docs/validation.md) is priced at 0: the search needs the
+  terms >= 0, and a boundary adds programs, it does not remove work. Pure numpy: no JAX.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def stage_terms(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
     for i, n in enumerate(names):
       k = pos[n]
       if k > 0:
-        enter[i, c] = host + boundary_at(table, b, k) / 2
+        enter[i, c] = host + max(boundary_at(table, b, k), 0.0) / 2
       if k < last:
-        leave[i, c] = host + boundary_at(table, b, k + 1) / 2
+        leave[i, c] = host + max(boundary_at(table, b, k + 1), 0.0) / 2
   stage = np.full(len(counts), cluster.program_launch_us / 1e3)
   return stage, enter, leave
