@@ -2,10 +2,10 @@
 
 gpt2 is compared in float32, vgg16 in float64 (its float32 parameters after three steps differ
 by up to 2e-4 between reduction orders on some CPUs). Batch-norm models (resnet, inception)
-are compared in float64: at 32x32 their float32 gradients change by up to ~15% between ANY two
-reduction orders (the fused data-parallel jit on 8 devices vs 1 device included; in float64 they agree
-to 1e-12 after one step and ~1e-9 after three), so float32 cannot tell a runtime bug from
-rounding there. A real bug shows as differences of order 1e-2 or more.
+are compared in float64: at 32x32 their float32 gradients change by up to ~15% between ANY
+two reduction orders (the fused data-parallel jit on 8 devices vs 1 device included; in
+float64 they agree to 1e-12 after one step and ~1e-9 after three), so float32 cannot tell a
+runtime bug from rounding there. A real bug shows as differences of order 1e-2 or more.
 """
 
 import jax
