@@ -36,7 +36,7 @@ class TrainSpec:
   """Everything one training run needs, as plain (JSON) values."""
 
   model: dict[str, Any]  # the model config
-  plan: dict[str, Any]  # plan JSON (dp_jax.plan/2)
+  plan: dict[str, Any]  # plan JSON (planner.plan.PLAN_SCHEMA)
   steps: int  # steps in all (alone ones included)
   output_dir: str
   optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "sgd", "lr": 0.01,

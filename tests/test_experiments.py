@@ -64,7 +64,12 @@ def sweeps(tmp_path_factory):
   return get
 
 
-@pytest.mark.parametrize("study", list(QUICK))
+# three studies in the default run (the suite's time), all five with -m slow
+SLOW_QUICK = ("strong_scaling", "amplification", "network")
+
+
+@pytest.mark.parametrize("study", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_QUICK
+                                   else s for s in QUICK])
 def test_quick_study_sweeps_and_aggregates(study, sweeps, tmp_path):
   sweep_dir = sweeps(study)
   paths = aggregate(study, sweep_dir, tmp_path / "out")

@@ -59,6 +59,7 @@ def test_quick_study_measures_steps_fits_and_combines(quick):
   assert list((tmp / "a_sweep" / "fit" / "wandb").glob("offline-run-*"))
 
 
+@pytest.mark.slow  # a second sweep; the first one's checks stay in the default run
 def test_quick_study_gives_the_same_csv_on_rerun(quick, tmp_path):
   _, first = quick
   again = reproduce(tmp_path, "b")  # the same overrides: the cell column lists them
