@@ -140,20 +140,11 @@ def call_ms(calls: list[tuple[str, float]], first: int, last: int) -> dict[str, 
 
 
 def sim_calls(hook, n: int, job_devices: set[int], own: set[int]) -> list:
-  """The alone calls as the simulator's chain: devices without this process's job count busy;
-  a held call ends its hold early by the probed move time, during which the move occupies
-  every device (the runtime's windows end with the hold; a move as long as the call leaves no
-  window, as the runtime's hold then ends at once)."""
-  others = {i for i in range(n) if i not in job_devices}
-  out = []
-  for j, (devs, ms, label) in enumerate(hook.alone_calls):
-    lead = min(hook.lead_ms(j), ms) if not set(devs) & own else 0.0
-    busy = tuple(sorted({*devs, *others}))
-    if lead < ms:
-      out.append((busy, ms - lead, label))
-    if lead > 0:
-      out.append((tuple(range(n)), lead, f"{label}:move"))
-  return out
+  """The alone calls as the simulator's chain (dp_jax.orchestrator.replay.chain_of, the one
+  the train app's replay uses)."""
+  from dp_jax.orchestrator.replay import chain_of
+
+  return chain_of(hook, n, job_devices, own)
 
 
 def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int, gap_ms: float,

@@ -14,7 +14,14 @@ def measured_chain(hook: BackgroundScheduler, num_devices: int) -> list:
   job count as busy; a held call ends early by its probed move, which then occupies every
   device (docs/orchestrator.md, "Several processes")."""
   own = set(hook.own_devices) if hook.own_devices is not None else set(range(num_devices))
-  others = {i for i in range(num_devices) if i not in hook.runners}
+  return chain_of(hook, num_devices, set(hook.runners), own)
+
+
+def chain_of(hook: BackgroundScheduler, num_devices: int, job_devices: set[int],
+             own: set[int]) -> list:
+  """measured_chain with the background job's devices and this process's own devices given
+  (scripts/bench_multiplex.py's processes know them up front)."""
+  others = {i for i in range(num_devices) if i not in job_devices}
   out = []
   for j, (devs, ms, label) in enumerate(hook.alone_calls):
     lead = min(hook.lead_ms(j), ms) if not set(devs) & own else 0.0
