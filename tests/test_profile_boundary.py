@@ -52,10 +52,11 @@ def test_a_cut_and_its_uncut_reference_are_each_timed_after_a_step_of_their_own(
       log.append(self.name)
       return {"fwd": len(log), "bwd": 0.0, "suffix": len(log)}
 
+  monkeypatch.setattr(boundary, "check_plan", lambda plan, *a, **k: plan)
   monkeypatch.setattr(boundary, "build_program", lambda *a, breaks: bool(breaks))
   monkeypatch.setattr(boundary, "_Run", FakeRun)
+  cuts, whole = boundary.cut_programs(None, graph, [1], 8, [None, None], None)
   samples = {p: [] for p in boundary.PHASES}
-  boundary.cut_samples(None, graph, 1, 8, [None, None], None, (), repeats=2, warmup=1,
-                       samples=samples)
+  boundary.cut_samples(cuts[1], whole, (), None, repeats=2, warmup=1, samples=samples)
   assert log == ["cut", "whole"] + ["cut", "cut", "whole", "whole"] * 2
   assert samples["fwd"] == [4, 8] and samples["whole"] == [6, 10]  # each turn's second step

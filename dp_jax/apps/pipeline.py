@@ -258,8 +258,10 @@ def local_run(cfg: Any, out_dir: Path, run: Run, local: dict[str, tuple[Any, str
   from dp_jax.profile.in_context import in_context_profile
   from dp_jax.profile.local_links import load_or_calibrate
   from dp_jax.runtime import local_devices
+  from dp_jax.runtime.compile_cache import use_compile_cache
 
   lc = cfg.local
+  use_compile_cache(lc.cache_dir)  # compiling dominates the profile; reruns read it back
   stat = workflow.enum_value(lc.statistic)
   devices = local_devices.timing_devices(lc.num_devices)
   g, b = len(devices), int(cfg.batch_size)

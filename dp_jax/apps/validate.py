@@ -154,20 +154,18 @@ def validate_task(cfg: ValidateConfig, run: Run) -> dict[str, Any]:
                     "validate.warmup and validate.plans >= 0")
   # one host device per core (no effect once JAX has started, or on an accelerator)
   local_devices.set_host_device_count(local_devices.honest_device_count(vc.num_devices))
-  import jax
-
   from dp_jax import agreement, workflow, zoo
   from dp_jax.planner import candidate_counts
   from dp_jax.planner.options import PlanOptions
   from dp_jax.profile.in_context import in_context_profile
   from dp_jax.profile.loaded import loaded_profile
   from dp_jax.profile.local_links import load_or_calibrate
+  from dp_jax.runtime.compile_cache import use_compile_cache
   from dp_jax.runtime.plan_timing import time_plans
   from dp_jax.runtime.plans import layout_plan
   from dp_jax.runtime.stages import structure_graph
 
-  if not jax.config.jax_compilation_cache_dir:  # plans share stages: compile each one once
-    jax.config.update("jax_compilation_cache_dir", str(Path(vc.cache_dir) / "xla"))
+  use_compile_cache(vc.cache_dir)  # plans share stages: compile each one once
   devices = local_devices.timing_devices(vc.num_devices)
   g = len(devices)
   if g > cfg.batch_size:

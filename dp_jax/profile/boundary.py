@@ -106,24 +106,34 @@ def scaled(cut: Mapping[str, float], empty: float, whole: float) -> dict[str, fl
   return {p: empty + (cut[p] - empty) * s for p in PHASES if p in cut}
 
 
-def cut_samples(defs, graph: LayerGraph, k: int, global_batch: int,
-                devices: list[jax.Device], optimizer: optax.GradientTransformation,
-                host: tuple, repeats: int, warmup: int,
-                samples: dict[str, list[float]], runs_per_turn: int = RUNS_PER_TURN) -> None:
-  """`warmup` then `repeats` rounds, each a turn of the model cut after layer k into two
-  stages on all `devices` and one of the uncut model (runtime train_step, each call timed,
-  the last step of a turn kept: plan_timing.turns): fwd, bwd, suffix (the cut's programs) and
-  whole (the uncut program) ms appended. host: (params, stats, x, y) as host arrays."""
+def cut_programs(defs, graph: LayerGraph, cuts: Sequence[int], global_batch: int,
+                 devices: list[jax.Device], optimizer: optax.GradientTransformation):
+  """({k: the model cut in two stages after layer k}, the uncut model): the runtime's programs
+  of data parallelism on `devices`, built once so that every pass and every cut's round reuses
+  their compiled code (each compiles on its first step)."""
   order = series_parallel_order(graph)
   plan = check_plan(data_parallel_layout_plan(graph, global_batch=global_batch,
                                               num_devices=len(devices)),
                     graph, available_devices=len(devices))
-  runs = [_Run(build_program(graph, defs, plan, optimizer, list(devices), breaks=b), host,
-               optimizer) for b in ({order[k]}, ())]
+
+  def build(breaks):
+    return build_program(graph, defs, plan, optimizer, list(devices), breaks=breaks)
+
+  return {k: build({order[k]}) for k in cuts}, build(())
+
+
+def cut_samples(cut, whole, host: tuple, optimizer: optax.GradientTransformation,
+                repeats: int, warmup: int, samples: dict[str, list[float]],
+                runs_per_turn: int = RUNS_PER_TURN) -> None:
+  """`warmup` then `repeats` rounds, each a turn of the `cut` program (two stages) and one of
+  the `whole` (uncut) program (runtime train_step on fresh state, each call timed, the last
+  step of a turn kept: plan_timing.turns): fwd, bwd, suffix (the cut's programs) and whole
+  (the uncut program) ms appended. host: (params, stats, x, y) as host arrays."""
+  runs = [_Run(p, host, optimizer) for p in (cut, whole)]
   cuts, wholes = turns([r.step for r in runs], repeats, runs_per_turn=runs_per_turn,
                        warmup=warmup)
-  for cut, whole in zip(cuts, wholes, strict=True):
-    for p, v in {**cut, "whole": whole["suffix"]}.items():
+  for c, w in zip(cuts, wholes, strict=True):
+    for p, v in {**c, "whole": w["suffix"]}.items():
       samples[p].append(v)
 
 

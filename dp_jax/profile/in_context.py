@@ -22,7 +22,8 @@ programs. The totals of each count are leveled (dp_jax.profile.boundary.leveled)
 model's fused program is measured in the prefix loop and beside every cut, and the median of
 these sets the level of every prefix total.
 The table's fwd/bwd division of a layer's cost follows the whole model's fwd / (fwd + bwd).
-`statistic` of `passes` passes over all prefixes and cuts of `repeats` rounds each; the
+`statistic` of `passes` passes over all prefixes and cuts of `repeats` rounds each (every
+program is built once and reused by every pass: compiling dominates the profile's time); the
 totals are cached (dp_jax.profile.cache, method in_context/4, with `runs_per_turn` in the key).
 
 Every timed program runs right after itself, as in training and as dp_jax.runtime.plan_timing
@@ -217,21 +218,22 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
     for g, key in todo:
       prefixes = [_Prefix(graph, prefix_stage(graph, k), defs, optimizer, list(devices[:g]))
                   for k in range(1, len(order) + 1)]
-      work.append((g, key, prefixes, [{p: [] for p in PHASES} for _ in prefixes],
+      cut_programs = boundary.cut_programs(defs, graph, at, global_batch, list(devices[:g]),
+                                           optimizer)
+      work.append((g, key, prefixes, cut_programs, [{p: [] for p in PHASES} for _ in prefixes],
                    {k: {p: [] for p in boundary.PHASES} for k in at}))
     for i in range(passes):
-      for g, _, prefixes, samples, cut_s in work:
+      for g, _, prefixes, (cut_at, uncut), samples, cut_s in work:
         for k, (prefix, s) in enumerate(zip(prefixes, samples, strict=True)):
           # every prefix fused (as a last stage); the whole model also split (fwd, bwd)
           prefix_samples(prefix, (params, stats, *host), repeats, warmup if i == 0 else 0, s,
                          split=k == len(prefixes) - 1, runs_per_turn=runs_per_turn)
         for k in at:  # the model cut in two after layer k, on the same devices
-          boundary.cut_samples(defs, graph, k, global_batch, list(devices[:g]), optimizer,
-                               (params, stats, *host), repeats, max(warmup, 1), cut_s[k],
-                               runs_per_turn=runs_per_turn)
+          boundary.cut_samples(cut_at[k], uncut, (params, stats, *host), optimizer, repeats,
+                               max(warmup, 1), cut_s[k], runs_per_turn=runs_per_turn)
         if progress is not None:
           progress(f"in-context profile: pass {i + 1} of {passes}, {g} device(s) done")
-    for g, key, _, samples, cut_s in work:
+    for g, key, _, _, samples, cut_s in work:
       totals[g] = {"empty": empty[g],
                    "fused": [STATISTICS[statistic](s["fused"]) for s in samples],
                    "cuts": {str(k): {p: STATISTICS[statistic](v) for p, v in c.items()}
