@@ -83,10 +83,10 @@ def test_bad_counts_statistic_and_repeats_are_user_errors(tmp_path):
 
 
 class FakePrefix:
-  """Records the calls prefix_samples makes; bwd only after a fwd (it reads the residuals)."""
+  """Records the calls prefix_rounds makes in a shared log; bwd only right after its fwd."""
 
-  def __init__(self):
-    self.log = []
+  def __init__(self, log, name):
+    self.log, self.name = log, name
 
   def load(self, *host):
     self.log.append("load")
@@ -95,30 +95,30 @@ class FakePrefix:
     self.log.append("drop")
 
   def fwd(self):
-    self.log.append("fwd")
+    self.log.append(f"fwd{self.name}")
     return 0
 
   def bwd(self):
-    assert self.log[-1] == "fwd"
-    self.log.append("bwd")
+    assert self.log[-1] == f"fwd{self.name}"
+    self.log.append(f"bwd{self.name}")
     return 0
 
   def fused_step(self):
-    self.log.append("fused")
+    self.log.append(f"fused{self.name}")
     return 0
 
 
-def test_prefix_programs_are_timed_right_after_themselves():
-  fused_only = FakePrefix()
-  samples = {p: [] for p in in_context.PHASES}
-  in_context.prefix_samples(fused_only, (), repeats=3, warmup=0, samples=samples)
-  assert fused_only.log == ["load", *["fused"] * 4, "drop"]  # one untimed run, then 3 timed
-  assert [len(samples[p]) for p in in_context.PHASES] == [0, 0, 3]
-  whole = FakePrefix()
-  in_context.prefix_samples(whole, (), repeats=2, warmup=1, samples=samples, split=True)
-  pair, warm = ["fwd", "bwd"], ["fwd", "bwd", "fused"]  # warm-up: each call once
-  assert whole.log == ["load", *warm, *(pair * 2 + ["fused"] * 2) * 2, "drop"]
-  assert [len(samples[p]) for p in in_context.PHASES] == [2, 2, 5]
+def test_prefix_programs_take_turns_each_timed_right_after_itself():
+  log = []
+  prefixes = [FakePrefix(log, 0), FakePrefix(log, 1)]
+  samples = [{p: [] for p in in_context.PHASES} for _ in prefixes]
+  in_context.prefix_rounds(prefixes, (), repeats=2, warmup=1, samples=samples)
+  first, pair, whole = ["fused0"], ["fwd1", "bwd1"], ["fused1"]
+  # warm-up: each call once; then rounds in which every call runs twice in a row (second timed)
+  assert log == ["load", "load", *first, *pair, *whole,
+                 *(first * 2 + pair * 2 + whole * 2) * 2, "drop", "drop"]
+  assert [len(s["fused"]) for s in samples] == [2, 2]
+  assert [len(samples[1][p]) for p in ("fwd", "bwd")] == [2, 2] and not samples[0]["fwd"]
 
 
 @pytest.mark.slow

@@ -24,13 +24,15 @@ these sets the level of every prefix total.
 The table's fwd/bwd division of a layer's cost follows the whole model's fwd / (fwd + bwd).
 `statistic` of `passes` passes over all prefixes and cuts of `repeats` rounds each (every
 program is built once and reused by every pass: compiling dominates the profile's time); the
-totals are cached (dp_jax.profile.cache, method in_context/4, with `runs_per_turn` in the key).
+totals are cached (dp_jax.profile.cache, method in_context/5, with `runs_per_turn` in the key).
 
 Every timed program runs right after itself, as in training and as dp_jax.runtime.plan_timing
-times the plans (dp_jax.runtime.plan_timing.turns): in a round a prefix's fused program runs
-until it has run `runs_per_turn` times in a row and the last run is timed; the whole model's
-split pair (fwd then bwd) likewise, before its fused program; a cut's step and its uncut
-reference step likewise (dp_jax.profile.boundary).
+times the plans (dp_jax.runtime.plan_timing.turns): in a round every prefix's fused program in
+turn runs until it has run `runs_per_turn` times in a row and the last run is timed (all
+prefixes of a device count are loaded together and take turns round after round, so load that
+drifts during a pass hits every prefix alike and a layer's cost, a difference of two prefixes,
+stays paired); the whole model's split pair (fwd then bwd) likewise, before its fused program;
+a cut's step and its uncut reference step likewise (dp_jax.profile.boundary).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import jax
@@ -61,7 +63,7 @@ from dp_jax.runtime.plan_timing import RUNS_PER_TURN, timed, turns
 from dp_jax.runtime.stages import Stage, group_stages, series_parallel_order
 from dp_jax.runtime.step import stage_program
 
-METHOD = "in_context/4"
+METHOD = "in_context/5"
 PHASES = ("fwd", "bwd", "fused")
 
 
@@ -136,21 +138,32 @@ def fused_call(prefix: _Prefix) -> dict[str, float]:
   return {"fused": timed(lambda: jax.block_until_ready(prefix.fused_step()))()[0]}
 
 
-def prefix_samples(prefix: _Prefix, host: tuple, repeats: int, warmup: int,
-                   samples: dict[str, list[float]], split: bool = False,
-                   runs_per_turn: int = RUNS_PER_TURN) -> None:
-  """`repeats` rounds (after `warmup` untimed runs) of the fused program, and first of the
-  split pair if `split`, each timed right after itself (plan_timing.turns); wall ms appended."""
-  prefix.load(*host)
+def prefix_rounds(prefixes: Sequence[_Prefix], host: tuple, repeats: int, warmup: int,
+                  samples: Sequence[dict[str, list[float]]],
+                  runs_per_turn: int = RUNS_PER_TURN) -> None:
+  """`repeats` rounds (after `warmup` untimed runs of each) in which every prefix's fused
+  program takes its turn, the last prefix (the whole model) first its split pair: each call
+  timed right after itself (plan_timing.turns), and every prefix sampled over the same span, so
+  that load drifting during the pass hits all alike and their differences (the layers' costs)
+  stay paired. Wall ms appended to samples[k] of prefix k."""
+  calls, owner = [], []
+  for k, prefix in enumerate(prefixes):
+    if k == len(prefixes) - 1:
+      calls.append(lambda p=prefix: split_pair(p))
+      owner.append(k)
+    calls.append(lambda p=prefix: fused_call(p))
+    owner.append(k)
   try:
-    calls = [lambda: split_pair(prefix)] if split else []
-    for runs in turns([*calls, lambda: fused_call(prefix)], repeats,
-                      runs_per_turn=runs_per_turn, warmup=warmup):
+    for prefix in prefixes:
+      prefix.load(*host)
+    for k, runs in zip(owner, turns(calls, repeats, runs_per_turn=runs_per_turn, warmup=warmup),
+                       strict=True):
       for ms in runs:
         for p, v in ms.items():
-          samples[p].append(v)
+          samples[k][p].append(v)
   finally:
-    prefix.drop()
+    for prefix in prefixes:
+      prefix.drop()
 
 
 def empty_call_ms(devices: list[jax.Device], statistic: str, rounds: int = 50) -> float:
@@ -224,10 +237,9 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
                    {k: {p: [] for p in boundary.PHASES} for k in at}))
     for i in range(passes):
       for g, _, prefixes, (cut_at, uncut), samples, cut_s in work:
-        for k, (prefix, s) in enumerate(zip(prefixes, samples, strict=True)):
-          # every prefix fused (as a last stage); the whole model also split (fwd, bwd)
-          prefix_samples(prefix, (params, stats, *host), repeats, warmup if i == 0 else 0, s,
-                         split=k == len(prefixes) - 1, runs_per_turn=runs_per_turn)
+        # every prefix fused (as a last stage), in rounds; the whole model also split (fwd, bwd)
+        prefix_rounds(prefixes, (params, stats, *host), repeats, warmup if i == 0 else 0,
+                      samples, runs_per_turn=runs_per_turn)
         for k in at:  # the model cut in two after layer k, on the same devices
           boundary.cut_samples(cut_at[k], uncut, (params, stats, *host), optimizer, repeats,
                                max(warmup, 1), cut_s[k], runs_per_turn=runs_per_turn)
