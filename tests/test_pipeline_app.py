@@ -34,7 +34,12 @@ def test_the_main_job_runs_its_background_job_and_compares_predicted_with_measur
   assert local["simulated_on_profile_slowdown"]["kind"] == "simulated"
   assert local["foreground_slowdown"]["kind"] == "measured"
   assert {v["kind"] for v in local.values()} <= {"config", "predicted", "simulated", "measured"}
-  assert "background steps" in " ".join(summary["story"])
+  story = " ".join(summary["story"])
+  assert "background steps" in story
+  # fair first: the matched baseline before data parallelism alone; the measured verdict
+  assert story.index("the matched data parallelism") < story.index("data parallelism alone")
+  assert any("against data parallelism: " in s and v in s for s in summary["story"]
+             for v in ("ahead", "tie", "behind"))
   assert "In plain words:" in result.stdout and "(measured / predicted" in result.stdout
   assert "pinned processes" in result.stdout
 

@@ -452,17 +452,20 @@ AGREE = (0.8, 1.25)  # measured / predicted counted as agreement
 
 def story(cfg: Any, paper: list[list[Any]], local: dict[str, tuple[Any, str]]) -> list[str]:
   """What was predicted on A100s, what was measured here, and whether they agree."""
+  from dp_jax.compare import describe, tolerance_of
+
   out = []
   for r in paper:
-    matched = (f"{_fmt(r[8])} that of the matched data parallelism" if r[8] and
-               not str(r[8]).startswith("no DP") else
+    matched = (f"{_fmt(r[8])} the work of the matched data parallelism (with the background "
+               "job on the GPUs it leaves)" if r[8] and not str(r[8]).startswith("no DP") else
                "no data parallelism on fewer GPUs is as fast (no matched baseline)")
     out.append(
         f"On A100s ({r[0]}, G={r[1]}; predicted from DeepPool's tables): {cfg.paper.model} "
         f"B={cfg.paper.batch_size} takes {r[2]:.1f} ms per iteration as a burst plan and "
         f"{r[3]:.1f} ms as data parallelism on all {r[1]} GPUs ({r[4]:.2f}x), using "
         f"{r[5]:.0%} less GPU time; with a background job in the idle GPUs the cluster does "
-        f"{_fmt(r[7], 'x')} the work of data parallelism on all GPUs; {matched} (simulated).")
+        f"{matched} and {_fmt(r[7], 'x')} that of data parallelism alone on all GPUs "
+        "(simulated).")
   v = {k: val for k, (val, _) in local.items()}
   if "burst_measured_ms" in v:
     ratios = {n: v[f"{n}_measured_over_predicted"] for n in ("burst", "data_parallel")}
@@ -473,8 +476,8 @@ def story(cfg: Any, paper: list[list[Any]], local: dict[str, tuple[Any, str]]) -
         f"measured at {v['burst_measured_ms']:.1f} ms (measured / predicted "
         f"{ratios['burst']:.2f}); data parallelism {v['data_parallel_predicted_ms']:.1f} ms "
         f"predicted, {v['data_parallel_measured_ms']:.1f} ms measured "
-        f"({ratios['data_parallel']:.2f}). Measured, the burst plan runs "
-        f"{v['burst_vs_data_parallel_measured']:.2f}x as fast as data parallelism.")
+        f"({ratios['data_parallel']:.2f}). Measured, the burst plan against data "
+        f"parallelism: {describe(v['burst_vs_data_parallel_measured'], tolerance_of(cfg))}.")
     out.append("Prediction and measurement agree within "
                f"{AGREE[0]:.2f}-{AGREE[1]:.2f}x for both plans." if not off else
                f"Prediction and measurement disagree (outside {AGREE[0]:.2f}-{AGREE[1]:.2f}x) "
