@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-TIMELINE_SCHEMA = "dp_jax.timeline/1"
+from dp_jax.sim.timeline import TIMELINE_SCHEMA
+
 _KIND = {"fwd": ("compute", "fwd", "forward"), "bwd": ("compute", "bwd", "backward + update"),
          "fwd_bwd": ("compute", "bwd", "forward + loss + backward + update"),
          "transfer_fwd": ("comm", "move", "activations in"),

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dp_jax.jsonfile import write_json
-
-TIMELINE_SCHEMA = "dp_jax.timeline/1"
+from dp_jax.sim.timeline import TIMELINE_SCHEMA
 
 
 def background_for(cfg: Any, graph, profile, cluster, plan):

@@ -30,6 +30,8 @@ from dp_jax.planner.costs import CostModel, Placement, move_ms
 from dp_jax.planner.segments import Block, Move, Segment, Stage, segments
 from dp_jax.planner.sharded import Sharding
 
+TIMELINE_SCHEMA = "dp_jax.timeline/1"  # a step's events as JSON (Event.to_json), either source
+
 STREAMS = ("compute", "comm")
 KINDS = ("fwd", "bwd", "move", "allreduce", "bg")
 Span = tuple[int, int]  # (first device, count), the planner's Placement convention
