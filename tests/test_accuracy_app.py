@@ -71,3 +71,21 @@ def test_a_device_count_without_a_plan_is_recorded_not_raised():
   first, last = predicted_steps_ms(cfg)
   assert first["burst_ms"] is None and "40 GB" in first["infeasible"]  # 2048 images on one A100
   assert last["burst_ms"] > 0
+
+
+def test_what_if_step_times_price_the_named_zoo_model_not_the_trained_one():
+  from dp_jax.apps.accuracy import predicted_steps_ms, zoo_model
+
+  conf = REPO / "conf"
+  cfg = OmegaConf.create({
+      "model": OmegaConf.load(conf / "model" / "digits_mlp.yaml"),
+      "cluster": OmegaConf.load(conf / "cluster" / "dgx_a100.yaml"),
+      "planner": OmegaConf.load(conf / "planner" / "burst.yaml"),
+      "profile": OmegaConf.load(conf / "profile" / "analytic.yaml"),
+      "batch_size": 32, "accuracy": {"devices": [1, 8]}})
+  digits = predicted_steps_ms(cfg)
+  vgg = predicted_steps_ms(cfg, zoo_model("vgg16"))
+  assert [r["num_devices"] for r in vgg] == [1, 8] and all(r["burst_ms"] > 0 for r in vgg)
+  assert vgg[0]["data_parallel_ms"] > 100 * digits[0]["data_parallel_ms"]  # VGG16 at 224x224
+  with pytest.raises(UserError, match="unknown model 'nope'"):
+    zoo_model("nope")

@@ -107,6 +107,17 @@ def predicted_steps_ms(cfg: Any, model_cfg: Any = None) -> list[dict[str, Any]]:
   return out
 
 
+def zoo_model(name: str) -> dict[str, Any]:
+  """The model config of zoo model `name` at its own sizes (replacing the trained model's)."""
+  from dp_jax import zoo
+
+  if name not in zoo.ZOO:
+    raise UserError(f"accuracy.step_time_models: unknown model '{name}'; valid models: "
+                    f"{', '.join(zoo.MODEL_NAMES)}")
+  return {"_target_": zoo.ZOO[name], "name": name, "kwargs": {},
+          **dict.fromkeys(zoo.SIZE_KEYS)}
+
+
 def noise_scales(cfg: Any, data, sweep, out, best: int) -> tuple[float, list[float]]:
   """B_simple at initialisation (first seed) and where each seed of the best lr reached the
   target, both over the training set."""
@@ -145,8 +156,7 @@ def accuracy_task(cfg: AccuracyConfig, run: Run) -> dict[str, Any]:
   init, at_target = noise_scales(cfg, data, sweep, out, best)
   steps = convergence.median_steps(out.steps_LxS[best]) if best >= 0 else math.inf
   predicted = predicted_steps_ms(cfg)
-  what_if = {name: predicted_steps_ms(cfg, {"name": name, "image_size": None,
-                                            "num_classes": None})
+  what_if = {name: predicted_steps_ms(cfg, zoo_model(name))
              for name in cfg.accuracy.step_time_models}
   run.log_table("predicted_step_ms", ["num_devices", "data_parallel_ms", "burst_ms"],
                 [[p["num_devices"], p["data_parallel_ms"], p["burst_ms"]] for p in predicted])
