@@ -8,7 +8,9 @@ A placement is (start, count): devices [start, start + count) of the job.
 Memo: the same (layer, placement, sharding), move and stage are priced many times by one
 search, so results are memoised per cost model in `memo(model)`, a dict held in a weak-keyed
 table here (never on the model, freed with it). A CostModel is immutable, so a memoised value
-is the one a fresh computation returns. Pure Python and numpy: no JAX.
+is the one a fresh computation returns. A weight-sharded layer's prices are memoised by the
+layer's content (`signature`), not its name, so identical layers (ResNet's repeated blocks)
+are priced once. Pure Python and numpy: no JAX.
 """
 
 from __future__ import annotations
@@ -59,6 +61,35 @@ def column(model: CostModel, count: int) -> int | None:
   return c if c < len(model.counts) and model.counts[c] == count else None
 
 
+def _frozen(value):
+  """A hashable copy of a JSON-like value (dicts and lists become sorted / plain tuples)."""
+  if isinstance(value, Mapping):
+    return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+  if isinstance(value, (list, tuple)):
+    return tuple(_frozen(v) for v in value)
+  return value
+
+
+def signature(model: CostModel, name: str) -> tuple:
+  """Everything a layer's weight-sharded prices read, without its name: two layers with the
+  same signature cost the same under every (placement, sharding). The node's fields, its input
+  shapes, its profile rows and the cost model's per-layer data."""
+  m = memo(model)
+  key = ("signature", name)
+  hit = m.get(key)
+  if hit is None:
+    node, i = model.graph.node(name), model.row[name]
+    fields = {k: v for k, v in vars(node).items() if k not in ("name", "inputs")}
+    inputs = tuple(tuple(model.graph.node(p).out_shape) for p in node.inputs) if node.inputs \
+        else ("model input", tuple(model.graph.input_shape))
+    rows = model.profile.layers.get(name, {})
+    update = 0.0 if model.update_ms is None else float(model.update_ms[i])
+    hit = m[key] = (_frozen(fields), inputs, _frozen(rows), float(model.in_bytes[i]),
+                    float(model.out_bytes[i]), float(model.bn_bytes[i]),
+                    float(model.grad_bytes[i]), update)
+  return hit
+
+
 # --- per layer, splitting samples --------------------------------------------------------------
 
 
@@ -91,7 +122,7 @@ def layer_ms(model: CostModel, name: str, p: Placement,
   all-reduces (one forward, one backward) when they are synchronised over its devices;
   a weight sharding (m, split) is priced by sharded_layer_ms."""
   if not is_samples(sharding):
-    key = ("sharded", name, p, sharding)
+    key = ("sharded", signature(model, name), p, sharding)
     m = memo(model)
     hit = m.get(key)
     if hit is None:
@@ -108,7 +139,12 @@ def layer_ms(model: CostModel, name: str, p: Placement,
 def band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding | None = None) -> float:
   """Bandwidth part of a layer's weight-gradient all-reduce on placement p."""
   if not is_samples(sharding):
-    return sharded_band_ms(model, name, p, sharding)
+    key = ("sharded band", signature(model, name), p, sharding)
+    m = memo(model)
+    hit = m.get(key)
+    if hit is None:
+      hit = m[key] = sharded_band_ms(model, name, p, sharding)
+    return hit
   return float(allreduce_volume_ms(model.cluster, model.grad_bytes[model.row[name]], *p))
 
 

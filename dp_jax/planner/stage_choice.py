@@ -76,26 +76,18 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
   samples is allowed. A cell with no option is infinite."""
   k = model.counts
   cells = {}  # (row, column) -> (kept options, free index or None, paid index or None)
+  same = {}  # identical layers' cells (pricing.signature) are built once
   for r, name in enumerate(model.names):
     node = model.graph.node(name)
+    sig = pricing.signature(model, name)
     for c, g in enumerate(k):
-      opts = [(float(compute[r, c]), float(bwd[r, c]), float(band[r, c]), None)] \
-          if allowed[r, c] else []
-      for sh in candidates(node, int(g), model.options.sharding)[1:]:
-        if (offers is None and not allowed[r, c]) or (
-            offers is not None and sh not in offers.get((r, c), ())):
-          continue
-        total, back = pricing.layer_ms(model, name, (0, int(g)), sh)
-        sent = pricing.band_ms(model, name, (0, int(g)), sh)
-        opts.append((float(total), float(back), float(sent), sh))
-      free = min(((o[0], i) for i, o in enumerate(opts) if o[2] <= 0), default=None)
-      paid = min(((o[0] + o[2], i) for i, o in enumerate(opts)), default=None)
-      kept = undominated(opts)
-      for extra in (free, paid):  # the separable stages' picks stay selectable
-        if extra is not None and opts[extra[1]] not in kept:
-          kept.append(opts[extra[1]])
-      cells[(r, c)] = (kept, *(None if x is None else kept.index(opts[x[1]])
-                               for x in (free, paid)))
+      samples = (float(compute[r, c]), float(bwd[r, c]), float(band[r, c]), None) \
+          if allowed[r, c] else None
+      offered = None if offers is None else offers.get((r, c), ())
+      key = (sig, c, samples, offered)
+      if key not in same:
+        same[key] = _cell(model, name, node, int(g), samples, offered)
+      cells[(r, c)] = same[key]
   shape = (len(model.names), len(k), max(1, max(len(v[0]) for v in cells.values())))
   out = Options(np.full(shape, INF), np.zeros(shape), np.zeros(shape),
                 [[None] * len(k) for _ in model.names], np.full(shape[:2], INF),
@@ -110,6 +102,26 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
     if paid is not None:
       out.paid[r, c], out.paid_pick[r, c] = kept[paid][0] + kept[paid][2], paid
   return out
+
+
+def _cell(model, name: str, node, g: int, samples: tuple | None, offered: tuple | None):
+  """(kept options, free index or None, paid index or None) of one layer on the prefix [0, g):
+  `samples` its samples option (None: not allowed), `offered` the weight shardings offered
+  there (None: every one, where samples is allowed)."""
+  opts = [samples] if samples is not None else []
+  for sh in candidates(node, g, model.options.sharding)[1:]:
+    if (offered is None and samples is None) or (offered is not None and sh not in offered):
+      continue
+    total, back = pricing.layer_ms(model, name, (0, g), sh)
+    sent = pricing.band_ms(model, name, (0, g), sh)
+    opts.append((float(total), float(back), float(sent), sh))
+  free = min(((o[0], i) for i, o in enumerate(opts) if o[2] <= 0), default=None)
+  paid = min(((o[0] + o[2], i) for i, o in enumerate(opts)), default=None)
+  kept = undominated(opts)
+  for extra in (free, paid):  # the separable stages' picks stay selectable
+    if extra is not None and opts[extra[1]] not in kept:
+      kept.append(opts[extra[1]])
+  return (kept, *(None if x is None else kept.index(opts[x[1]]) for x in (free, paid)))
 
 
 def add_compute(opts: Options, extra_ms: np.ndarray) -> None:

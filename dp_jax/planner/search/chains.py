@@ -216,6 +216,30 @@ def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
 
 
 def _solve_block(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
+  """A block's cost over (fork count, join count); solved once per tables (t.solved). With
+  `floor` (lower_bound), a heuristic block's concurrent cost is concurrent_floor's: only that
+  is recomputed when no block nested in it is heuristic (the rest is the same DP)."""
+  base = t.solved.get(block)
+  if base is None:
+    base = t.solved[block] = _solve_block_once(t, block)
+  if not floor:
+    return base
+  if any(heuristic_blocks(sol) for sol in base.branches):
+    return _solve_block_once(t, block, floor=True)
+  if not base.heuristic:
+    return base
+  enter = t.edge(t.model.row[block.fork])
+  identities = sum(1 for b in block.branches if not b.items)
+  serial = identities * enter
+  for sol in base.branches:  # summed in _solve_block_once's order
+    serial = serial + sol.exit
+  concurrent = concurrent_floor(t, base.lanes) + identities * enter
+  chosen = concurrent < serial
+  return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, base.branches,
+                   base.lanes, base.plan, True)
+
+
+def _solve_block_once(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
   fork_row = t.model.row[block.fork]
   enter = t.edge(fork_row)
   same = np.where(np.eye(len(t.counts), dtype=bool), enter, INF)
