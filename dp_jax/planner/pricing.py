@@ -42,6 +42,7 @@ from dp_jax.planner.sharded import (
   is_samples,
   model_groups,
   param_share,
+  whole_times,
 )
 
 _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -151,6 +152,37 @@ def band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding | None
 # --- per layer under a weight sharding (the model: dp_jax/planner/sharded.py) -------------------
 
 
+def _model_groups(model: CostModel, fn, nbytes, start: int, d: int, m: int) -> float:
+  """sharded.model_groups, memoised (layers of one size share their collectives)."""
+  key = ("model groups", fn, float(nbytes), start, d, m)
+  memos = memo(model)
+  hit = memos.get(key)
+  if hit is None:
+    hit = memos[key] = model_groups(fn, model.cluster, nbytes, start, d, m)
+  return hit
+
+
+def _data_groups(model: CostModel, nbytes, p: Placement, m: int, collective) -> float:
+  """sharded.data_groups, memoised."""
+  key = ("data groups", collective, float(nbytes), p, m)
+  memos = memo(model)
+  hit = memos.get(key)
+  if hit is None:
+    hit = memos[key] = data_groups(model.cluster, nbytes, p, m, collective)
+  return hit
+
+
+def _whole_times(model: CostModel, name: str, batch: int):
+  """sharded.whole_times of a layer, memoised by its signature."""
+  key = ("whole times", signature(model, name), batch)
+  memos = memo(model)
+  hit = memos.get(key)
+  if hit is None:
+    hit = memos[key] = whole_times(model.graph, model.graph.node(name), batch,
+                                   model.profile.device, model.profile.dtype)
+  return hit
+
+
 def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
                   ) -> tuple[float, float]:
   """(forward, backward) ms of the entry gather and the split's activation collectives."""
@@ -160,18 +192,20 @@ def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
   i = model.row[name]
   rows = model.batch // d
   x, y = rows * model.in_bytes[i], rows * model.out_bytes[i]
-  cl = model.cluster
-  gather = model_groups(allgather_ms, cl, x, start, d, m)
+  def groups(fn, nbytes):
+    return _model_groups(model, fn, nbytes, start, d, m)
+
+  gather = groups(allgather_ms, x)
   first = not model.graph.node(name).inputs  # no input gradient
   if split == "out":
-    fwd = model_groups(allgather_ms, cl, y, start, d, m)
-    bwd = 0.0 if first else model_groups(allreduce_ms, cl, x, start, d, m)
+    fwd = groups(allgather_ms, y)
+    bwd = 0.0 if first else groups(allreduce_ms, x)
   elif split == "in":
-    fwd = model_groups(allreduce_ms, cl, y, start, d, m)
-    bwd = 0.0 if first else model_groups(allgather_ms, cl, x, start, d, m)
+    fwd = groups(allreduce_ms, y)
+    bwd = 0.0 if first else groups(allgather_ms, x)
   else:  # heads
-    fwd = 2 * model_groups(allreduce_ms, cl, y, start, d, m)
-    bwd = 0.0 if first else 2 * model_groups(allreduce_ms, cl, x, start, d, m)
+    fwd = 2 * groups(allreduce_ms, y)
+    bwd = 0.0 if first else 2 * groups(allreduce_ms, x)
   return gather + fwd, bwd
 
 
@@ -184,12 +218,12 @@ def sharded_layer_ms(model: CostModel, name: str, p: Placement, sharding: Shardi
   node = model.graph.node(name)
   t = model.profile.lookup(name, model.batch // d)
   rf, rb = compute_ratios(model.graph, node, sharding, model.batch // d, model.profile.device,
-                          model.profile.dtype)
+                          model.profile.dtype, _whole_times(model, name, model.batch // d))
   af, ab = activation_ms(model, name, p, sharding)
   fwd, bwd = t.fwd_ms * rf + af, t.bwd_ms * rb + ab
   share = param_share(node, sharding)
   bn = model.bn_bytes[model.row[name]] * share
-  sync = data_groups(model.cluster, bn, p, m, group_collective_ms)
+  sync = _data_groups(model, bn, p, m, group_collective_ms)
   update = layer_update_ms(model, name, share)  # each device updates its share
   return fwd + bwd + update + 2 * sync, bwd + sync
 
@@ -201,8 +235,8 @@ def grad_bytes(model: CostModel, name: str, sharding: Sharding | None) -> float:
 
 def sharded_band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding) -> float:
   """Bandwidth part of the layer's weight-gradient all-reduce over its data groups."""
-  return data_groups(model.cluster, grad_bytes(model, name, sharding), p, sharding[0],
-                     strided_volume_ms)
+  return _data_groups(model, grad_bytes(model, name, sharding), p, sharding[0],
+                      strided_volume_ms)
 
 
 # --- stages and moves ---------------------------------------------------------------------------

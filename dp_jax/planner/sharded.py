@@ -117,19 +117,33 @@ def _device(name: str):
     return None
 
 
-def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch: int,
-                   device: str, dtype: str) -> tuple[float, float]:
-  """(forward, backward) time of the sharded shape / the whole layer at per-device `batch`,
-  from the analytic roofline (device unknown to it: the FLOPs ratio 1/m)."""
-  m, split = sharding
+def whole_times(graph: LayerGraph, node: LayerNode, batch: int, device: str, dtype: str):
+  """(the whole layer's roofline LayerCost, its forward ms, backward ms at per-device `batch`),
+  or None when the roofline does not know the device or dtype (compute_ratios' 1/m)."""
   dev = _device(device)
   try:
-    itemsize = DTYPE_BYTES[canonical_dtype(dtype)]
+    DTYPE_BYTES[canonical_dtype(dtype)]
   except UserError:
     dev = None
   if dev is None:
-    return 1.0 / m, 1.0 / m
+    return None
   whole = layer_cost(graph, node, dtype)
+  return (whole, *layer_times_ms(whole, dev, dtype, batch, default_params(dev)))
+
+
+def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch: int,
+                   device: str, dtype: str, whole=False) -> tuple[float, float]:
+  """(forward, backward) time of the sharded shape / the whole layer at per-device `batch`,
+  from the analytic roofline (device unknown to it: the FLOPs ratio 1/m). `whole`: the
+  layer's whole_times at that batch, when the caller has them."""
+  m, split = sharding
+  if whole is False:
+    whole = whole_times(graph, node, batch, device, dtype)
+  if whole is None:
+    return 1.0 / m, 1.0 / m
+  whole, f0, b0 = whole
+  dev = _device(device)
+  itemsize = DTYPE_BYTES[canonical_dtype(dtype)]
   ins = sum(_elements(graph.node(p).out_shape) for p in node.inputs) if node.inputs else \
       _elements(graph.input_shape)
   in_b, out_b = ins * itemsize, _elements(node.out_shape) * itemsize
@@ -142,9 +156,7 @@ def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch
   part = replace(whole, flops_per_sample=whole.flops_per_sample / m,
                  act_bytes_per_sample=kept + (act - kept) / m,
                  param_bytes=whole.param_bytes * param_share(node, sharding), gemm=gemm)
-  params = default_params(dev)
-  f0, b0 = layer_times_ms(whole, dev, dtype, batch, params)
-  f1, b1 = layer_times_ms(part, dev, dtype, batch, params)
+  f1, b1 = layer_times_ms(part, dev, dtype, batch, default_params(dev))
   return (f1 / f0 if f0 > 0 else 1.0 / m), (b1 / b0 if b0 > 0 else 1.0 / m)
 
 
