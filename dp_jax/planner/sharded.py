@@ -51,10 +51,17 @@ def candidates(node: LayerNode, count: int, allowed: tuple[str, ...]) -> list[Sh
   """Shardings of a layer on `count` devices under planner.sharding (samples first)."""
   out = [SAMPLES]
   if "weights" in allowed:
-    for m in range(2, count + 1):
-      if count % m == 0:
-        out.extend((m, s) for s in splits_for(node, m) if s != "samples")
+    for m in _divisors(count):
+      out.extend((m, s) for s in splits_for(node, m) if s != "samples")
   return out
+
+
+@cache
+def _divisors(count: int) -> tuple[int, ...]:
+  """The divisors m >= 2 of count, ascending."""
+  low = [m for m in range(2, math.isqrt(count) + 1) if count % m == 0]
+  high = [count // m for m in reversed(low) if count // m != m]
+  return tuple(low + high + ([count] if count >= 2 else []))
 
 
 def check_sharding(node: LayerNode, count: int, sharding: Sharding) -> None:
