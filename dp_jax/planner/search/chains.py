@@ -233,7 +233,7 @@ def _solve_block(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
   serial = identities * enter
   for sol in base.branches:  # summed in _solve_block_once's order
     serial = serial + sol.exit
-  concurrent = concurrent_floor(t, base.lanes) + identities * enter
+  concurrent = _floor(t, base.lanes) + identities * enter
   chosen = concurrent < serial
   return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, base.branches,
                    base.lanes, base.plan, True)
@@ -261,7 +261,9 @@ def _solve_block_once(t: _Tables, block: Parallel, floor: bool = False) -> _Bloc
     plan = _lane_plan(t, lanes)
     heuristic = len(lanes) >= 2 and (plan is None or plan.tau_f is None)
     if floor and heuristic:
-      concurrent = concurrent_floor(t, lanes) + identities * enter
+      concurrent = _floor(t, lanes) + identities * enter
+    elif plan is None:
+      concurrent = _packed(t, lanes, bound) + identities * enter
     else:
       concurrent = _lane_dp(t, lanes, plan, every, every, bound=bound)[0] + identities * enter
   else:
@@ -269,6 +271,48 @@ def _solve_block_once(t: _Tables, block: Parallel, floor: bool = False) -> _Bloc
   chosen = concurrent < serial
   return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, sols, lanes, plan,
                    heuristic)
+
+
+def _lanes_key(lanes: list) -> tuple:
+  """The lanes' content: the packed lane search and the floor read nothing else of a block
+  (beyond the model-level moves), so the searches of one plan share them by it (t.edges)."""
+  return tuple((lane.rows.tobytes(), lane.fwd.tobytes(), lane.bwd.tobytes(), lane.first_bytes,
+                lane.last_bytes, lane.pinned) for lane in lanes)
+
+
+def _floor(t: _Tables, lanes: list) -> np.ndarray:
+  """concurrent_floor, shared by the searches of one plan (its value is the lanes')."""
+  key = ("floor", _lanes_key(lanes))
+  hit = t.edges.get(key)
+  if hit is None:
+    hit = t.edges[key] = concurrent_floor(t, lanes)
+  return hit
+
+
+def _packed(t: _Tables, lanes: list, bound: np.ndarray) -> np.ndarray:
+  """The packed lane search over every (fork, join) count, shared by the searches of one plan.
+  The block keeps lanes only where they beat serial (`bound` is serial's). Where the search's
+  value v is below a cell's bound it is v under any bound above v, elsewhere it is at least
+  the bound (partial layouts only grow, and the cells are independent), so the block's cost
+  and choice do not depend on which of two such bounds ran: a cell found under a bound no
+  tighter than `bound` is reused, and only the rows and columns of the others are rerun."""
+  key = ("packed", _lanes_key(lanes))
+  hit = t.edges.get(key)
+  if hit is None:
+    every = np.arange(len(t.counts))
+    value = _lane_dp(t, lanes, None, every, every, bound=bound)[0]
+    t.edges[key] = (bound, value)
+    return value
+  ran, value = hit
+  loose = bound > ran
+  if not loose.any():
+    return value
+  cells = np.ix_(np.flatnonzero(loose.any(axis=1)), np.flatnonzero(loose.any(axis=0)))
+  value, ran = value.copy(), ran.copy()
+  value[cells] = _lane_dp(t, lanes, None, *(x.ravel() for x in cells), bound=bound[cells])[0]
+  ran[cells] = bound[cells]
+  t.edges[key] = (ran, value)
+  return value
 
 
 def heuristic_blocks(sol: _ChainSol) -> int:
