@@ -71,10 +71,11 @@ def _frozen(value):
   return value
 
 
-def signature(model: CostModel, name: str) -> tuple:
-  """Everything a layer's weight-sharded prices read, without its name: two layers with the
-  same signature cost the same under every (placement, sharding). The node's fields, its input
-  shapes, its profile rows and the cost model's per-layer data."""
+def signature(model: CostModel, name: str) -> int:
+  """The row of the first layer with the same content as `name` as far as its weight-sharded
+  prices read it (the node's fields but its name and inputs' names, its input shapes, its
+  profile rows and the cost model's per-layer data): two layers with the same signature cost
+  the same under every (placement, sharding)."""
   m = memo(model)
   key = ("signature", name)
   hit = m.get(key)
@@ -85,9 +86,11 @@ def signature(model: CostModel, name: str) -> tuple:
         else ("model input", tuple(model.graph.input_shape))
     rows = model.profile.layers.get(name, {})
     update = 0.0 if model.update_ms is None else float(model.update_ms[i])
-    hit = m[key] = (_frozen(fields), inputs, _frozen(rows), float(model.in_bytes[i]),
-                    float(model.out_bytes[i]), float(model.bn_bytes[i]),
-                    float(model.grad_bytes[i]), update)
+    rows = tuple(sorted((b, tuple(v)) for b, v in rows.items()))  # batch -> (fwd, bwd)
+    content = ("signature of", _frozen(fields), inputs, rows, float(model.in_bytes[i]),
+               float(model.out_bytes[i]), float(model.bn_bytes[i]),
+               float(model.grad_bytes[i]), update)
+    hit = m[key] = m.setdefault(content, i)  # the first layer of its content names it
   return hit
 
 

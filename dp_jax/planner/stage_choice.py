@@ -137,8 +137,9 @@ def step(p: np.ndarray, q: np.ndarray, opts: Options, row: int):
   c = opts.compute[row].T[None, :, None, :]  # (1, O, 1, C)
   a = opts.band[row].T[None, :, None, :]
   b = opts.bwd[row].T[None, :, None, :]
-  p2 = np.maximum(p[:, None] + c, q[:, None] + c + a)
-  q2 = q[:, None] + c + a - b
+  sent = q[:, None] + c + a
+  p2 = np.maximum(p[:, None] + c, sent)
+  q2 = sent - b
   n = p2.shape[0] * p2.shape[1]
   return p2.reshape((n, *p.shape[1:])), q2.reshape((n, *p.shape[1:]))
 
@@ -147,13 +148,14 @@ def prune(p: np.ndarray, q: np.ndarray):
   """The undominated states per cell, least P first: (P, Q, source index), (S', F, C) each;
   padding has P = infinity and source -1."""
   order = np.lexsort((q, p), axis=0)
-  ps, qs = np.take_along_axis(p, order, 0), np.take_along_axis(q, order, 0)
+  _, f, c = np.ogrid[:0, :p.shape[1], :p.shape[2]]  # gathers along axis 0
+  ps, qs = p[order, f, c], q[order, f, c]
   low = np.minimum.accumulate(qs, axis=0)
-  before = np.concatenate([np.full((1, *qs.shape[1:]), INF), low[:-1]])
-  keep = (qs < before) & np.isfinite(ps)
+  keep = np.isfinite(ps)
+  keep[:1] &= qs[:1] < INF  # a state stays if its Q is below every Q of less P
+  keep[1:] &= qs[1:] < low[:-1]
   width = max(int(keep.sum(axis=0).max()), 1)
   pos = np.argsort(~keep, axis=0, kind="stable")[:width]
-  kept = np.take_along_axis(keep, pos, 0)
-  src = np.where(kept, np.take_along_axis(order, pos, 0), -1)
-  return (np.where(kept, np.take_along_axis(ps, pos, 0), INF),
-          np.where(kept, np.take_along_axis(qs, pos, 0), INF), src)
+  kept = keep[pos, f, c]
+  src = np.where(kept, order[pos, f, c], -1)
+  return np.where(kept, ps[pos, f, c], INF), np.where(kept, qs[pos, f, c], INF), src
