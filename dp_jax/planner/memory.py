@@ -145,7 +145,7 @@ def weight_splits_that_fit(model: CostModel, row: int, column: int,
   """The weight shardings (m, split) of layer `row` on counts[column] devices that fit alone
   (all of them when memory is not checked)."""
   name, count = model.names[row], int(model.counts[column])
-  cands = sharded.candidates(model.graph.node(name), count, allowed)[1:]
+  cands = pricing.shardings(model, name, count, tuple(allowed))[1:]
   if not model.options.check_memory:
     return tuple(cands)
   cap = capacity_bytes(model)

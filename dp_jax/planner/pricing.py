@@ -37,11 +37,13 @@ from dp_jax.planner.costs import (
 from dp_jax.planner.segments import Placement
 from dp_jax.planner.sharded import (
   Sharding,
+  candidates,
   compute_ratios,
   data_groups,
   is_samples,
   model_groups,
   param_share,
+  sharded_cost,
   whole_times,
 )
 
@@ -91,6 +93,16 @@ def signature(model: CostModel, name: str) -> int:
                float(model.out_bytes[i]), float(model.bn_bytes[i]),
                float(model.grad_bytes[i]), update)
     hit = m[key] = m.setdefault(content, i)  # the first layer of its content names it
+  return hit
+
+
+def shardings(model: CostModel, name: str, count: int, allowed: tuple[str, ...]) -> list:
+  """sharded.candidates of the layer, memoised by its signature (read-only)."""
+  key = ("candidates", signature(model, name), count, allowed)
+  m = memo(model)
+  hit = m.get(key)
+  if hit is None:
+    hit = m[key] = candidates(model.graph.node(name), count, allowed)
   return hit
 
 
@@ -220,8 +232,17 @@ def sharded_layer_ms(model: CostModel, name: str, p: Placement, sharding: Shardi
   d = p[1] // m
   node = model.graph.node(name)
   t = model.profile.lookup(name, model.batch // d)
+  whole = _whole_times(model, name, model.batch // d)
+  part = None
+  if whole is not None:  # the sharded shape's cost does not depend on the batch
+    key = ("sharded cost", signature(model, name), sharding)
+    memos = memo(model)
+    part = memos.get(key)
+    if part is None:
+      part = memos[key] = sharded_cost(model.graph, node, sharding, whole[0],
+                                       model.profile.dtype)
   rf, rb = compute_ratios(model.graph, node, sharding, model.batch // d, model.profile.device,
-                          model.profile.dtype, _whole_times(model, name, model.batch // d))
+                          model.profile.dtype, whole, part)
   af, ab = activation_ms(model, name, p, sharding)
   fwd, bwd = t.fwd_ms * rf + af, t.bwd_ms * rb + ab
   share = param_share(node, sharding)

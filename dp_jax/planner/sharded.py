@@ -138,18 +138,9 @@ def whole_times(graph: LayerGraph, node: LayerNode, batch: int, device: str, dty
   return (whole, *layer_times_ms(whole, dev, dtype, batch, default_params(dev)))
 
 
-def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch: int,
-                   device: str, dtype: str, whole=False) -> tuple[float, float]:
-  """(forward, backward) time of the sharded shape / the whole layer at per-device `batch`,
-  from the analytic roofline (device unknown to it: the FLOPs ratio 1/m). `whole`: the
-  layer's whole_times at that batch, when the caller has them."""
+def sharded_cost(graph: LayerGraph, node: LayerNode, sharding: Sharding, whole, dtype: str):
+  """The roofline LayerCost of the sharded shape, from the whole layer's (`whole`)."""
   m, split = sharding
-  if whole is False:
-    whole = whole_times(graph, node, batch, device, dtype)
-  if whole is None:
-    return 1.0 / m, 1.0 / m
-  whole, f0, b0 = whole
-  dev = _device(device)
   itemsize = DTYPE_BYTES[canonical_dtype(dtype)]
   ins = sum(_elements(graph.node(p).out_shape) for p in node.inputs) if node.inputs else \
       _elements(graph.input_shape)
@@ -160,9 +151,25 @@ def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch
   gemm = whole.gemm
   if gemm is not None and split != "in":
     gemm = (gemm[0], max(1, gemm[1] // m))
-  part = replace(whole, flops_per_sample=whole.flops_per_sample / m,
+  return replace(whole, flops_per_sample=whole.flops_per_sample / m,
                  act_bytes_per_sample=kept + (act - kept) / m,
                  param_bytes=whole.param_bytes * param_share(node, sharding), gemm=gemm)
+
+
+def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch: int,
+                   device: str, dtype: str, whole=False, part=None) -> tuple[float, float]:
+  """(forward, backward) time of the sharded shape / the whole layer at per-device `batch`,
+  from the analytic roofline (device unknown to it: the FLOPs ratio 1/m). `whole`: the
+  layer's whole_times at that batch and `part` its sharded_cost, when the caller has them."""
+  m = sharding[0]
+  if whole is False:
+    whole = whole_times(graph, node, batch, device, dtype)
+  if whole is None:
+    return 1.0 / m, 1.0 / m
+  whole, f0, b0 = whole
+  if part is None:
+    part = sharded_cost(graph, node, sharding, whole, dtype)
+  dev = _device(device)
   f1, b1 = layer_times_ms(part, dev, dtype, batch, default_params(dev))
   return (f1 / f0 if f0 > 0 else 1.0 / m), (b1 / b0 if b0 > 0 else 1.0 / m)
 

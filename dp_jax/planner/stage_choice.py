@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from dp_jax.planner import pricing
-from dp_jax.planner.sharded import candidates
 
 INF = np.inf
 
@@ -78,7 +77,6 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
   cells = {}  # (row, column) -> (kept options, free index or None, paid index or None)
   same = {}  # identical layers' cells (pricing.signature) are built once
   for r, name in enumerate(model.names):
-    node = model.graph.node(name)
     sig = pricing.signature(model, name)
     for c, g in enumerate(k):
       samples = (float(compute[r, c]), float(bwd[r, c]), float(band[r, c]), None) \
@@ -86,7 +84,7 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
       offered = None if offers is None else offers.get((r, c), ())
       key = (sig, c, samples, offered)
       if key not in same:
-        same[key] = _cell(model, name, node, int(g), samples, offered)
+        same[key] = _cell(model, name, int(g), samples, offered)
       cells[(r, c)] = same[key]
   shape = (len(model.names), len(k), max(1, max(len(v[0]) for v in cells.values())))
   out = Options(np.full(shape, INF), np.zeros(shape), np.zeros(shape),
@@ -104,12 +102,12 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
   return out
 
 
-def _cell(model, name: str, node, g: int, samples: tuple | None, offered: tuple | None):
+def _cell(model, name: str, g: int, samples: tuple | None, offered: tuple | None):
   """(kept options, free index or None, paid index or None) of one layer on the prefix [0, g):
   `samples` its samples option (None: not allowed), `offered` the weight shardings offered
   there (None: every one, where samples is allowed)."""
   opts = [samples] if samples is not None else []
-  for sh in candidates(node, g, model.options.sharding)[1:]:
+  for sh in pricing.shardings(model, name, g, tuple(model.options.sharding))[1:]:
     if (offered is None and samples is None) or (offered is not None and sh not in offered):
       continue
     total, back = pricing.layer_ms(model, name, (0, g), sh)
