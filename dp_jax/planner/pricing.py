@@ -75,9 +75,9 @@ def _frozen(value):
 
 def signature(model: CostModel, name: str) -> int:
   """The row of the first layer with the same content as `name` as far as its weight-sharded
-  prices read it (the node's fields but its name and inputs' names, its input shapes, its
-  profile rows and the cost model's per-layer data): two layers with the same signature cost
-  the same under every (placement, sharding)."""
+  prices and its memory read it (the node's fields but its name and inputs' names, its input
+  shapes, its profile rows and the cost model's per-layer data): two layers with the same
+  signature cost and need the same under every (placement, sharding)."""
   m = memo(model)
   key = ("signature", name)
   hit = m.get(key)
@@ -91,7 +91,8 @@ def signature(model: CostModel, name: str) -> int:
     rows = tuple(sorted((b, tuple(v)) for b, v in rows.items()))  # batch -> (fwd, bwd)
     content = ("signature of", _frozen(fields), inputs, rows, float(model.in_bytes[i]),
                float(model.out_bytes[i]), float(model.bn_bytes[i]),
-               float(model.grad_bytes[i]), update)
+               float(model.grad_bytes[i]), update, float(model.saved_bytes[i]),
+               float(model.state_bytes[i]))
     hit = m[key] = m.setdefault(content, i)  # the first layer of its content names it
   return hit
 

@@ -200,8 +200,20 @@ class _BlockSol:
 
 
 def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
+  """The branch as one stage on a lane; without a penalty it reads only the model and the
+  samples mask, so the searches of one plan share it (t.edges)."""
   names = tuple(flat_layers(branch))
   rows = np.array([t.model.row[n] for n in names], dtype=np.int64)
+  key = None if t.penalized else ("lane", rows.tobytes(), fork_row, t.allowed[rows].tobytes())
+  hit = t.edges.get(key) if key else None
+  if hit is None:
+    hit = _new_lane(t, names, rows, fork_row, branch)
+    if key:
+      t.edges[key] = hit
+  return hit
+
+
+def _new_lane(t: _Tables, names: tuple, rows: np.ndarray, fork_row: int, branch: Chain) -> _Lane:
   bwd = t.bwd_k[:, rows].sum(axis=1)  # (K, C)
   fwd = t.compute_k[:, rows].sum(axis=1) - bwd
   back = np.stack([bwd[kind] + _run_sync(t, rows, kind) for kind in range(len(t.band))])

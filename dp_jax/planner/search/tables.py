@@ -42,6 +42,7 @@ class _Tables:
   leave_ms: np.ndarray | None = None  # (L, C)
   edges: dict = field(default_factory=dict)  # moves (model-level: shared by every search)
   solved: dict = field(default_factory=dict)  # Parallel block -> its solution on these tables
+  penalized: bool = False  # compute carries the memory repair's penalty (not the model's own)
 
   def stage_terms(self, first_row: int, last_row: int) -> np.ndarray:
     """(C,) the per-stage terms of a stage from row `first_row` to row `last_row`."""
@@ -124,7 +125,8 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
                  lat=lat, link0=link0, has_params=model.grad_bytes > 0, prefix_band=prefix_band,
                  prefix_params=prefix_params, options=options,
                  offers=offers if options is not None else None,
-                 edges=pricing.memo(model).setdefault("search moves", {}), **stage_terms(model))
+                 edges=pricing.memo(model).setdefault("search moves", {}),
+                 penalized=penalty_ms is not None, **stage_terms(model))
 
 
 def stage_terms(model: CostModel) -> dict:
