@@ -50,12 +50,24 @@ from dp_jax.planner.sharded import (
 _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+_LAST: list = [None, None]  # (weak reference to the last model asked for, its memo)
+
+
 def memo(model: CostModel) -> dict:
   """The memo of one cost model's prices (created on first use, dropped with the model)."""
+  ref, hit = _LAST
+  if ref is not None and ref() is model:  # the common case: one model at a time
+    return hit
   hit = _MEMOS.get(model)
   if hit is None:
     hit = _MEMOS[model] = {}
+  _LAST[:] = [weakref.ref(model, _forget), hit]
   return hit
+
+
+def _forget(ref) -> None:
+  if _LAST[0] is ref:
+    _LAST[:] = [None, None]
 
 
 def column(model: CostModel, count: int) -> int | None:
