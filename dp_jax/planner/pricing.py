@@ -15,6 +15,7 @@ are priced once. Pure Python and numpy: no JAX.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Mapping
 
@@ -95,7 +96,8 @@ def signature(model: CostModel, name: str) -> int:
   hit = m.get(key)
   if hit is None:
     node, i = model.graph.node(name), model.row[name]
-    fields = {k: v for k, v in vars(node).items() if k not in ("name", "inputs")}
+    fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(node)
+              if f.name not in ("name", "inputs")}
     inputs = tuple(tuple(model.graph.node(p).out_shape) for p in node.inputs) if node.inputs \
         else ("model input", tuple(model.graph.input_shape))
     rows = model.profile.layers.get(name, {})
