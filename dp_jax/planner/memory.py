@@ -145,11 +145,18 @@ def weight_splits_that_fit(model: CostModel, row: int, column: int,
   """The weight shardings (m, split) of layer `row` on counts[column] devices that fit alone
   (all of them when memory is not checked)."""
   name, count = model.names[row], int(model.counts[column])
-  cands = sharded.candidates(model.graph.node(name), count, allowed)[1:]
-  if not model.options.check_memory:
-    return tuple(cands)
-  cap = capacity_bytes(model)
-  return tuple(sh for sh in cands if layer_need(model, name, count, sh) <= cap)
+  memo = pricing.memo(model)
+  key = ("splits that fit", pricing.signature(model, name), count, tuple(allowed))
+  hit = memo.get(key)  # identical layers (pricing.signature) need the same
+  if hit is None:
+    cands = pricing.shardings(model, name, count, tuple(allowed))[1:]
+    if not model.options.check_memory:
+      hit = tuple(cands)
+    else:
+      cap = capacity_bytes(model)
+      hit = tuple(sh for sh in cands if layer_need(model, name, count, sh) <= cap)
+    memo[key] = hit
+  return hit
 
 
 def weight_fits(model: CostModel) -> dict[tuple[int, int], tuple[Sharding, ...]]:

@@ -8,11 +8,14 @@ A placement is (start, count): devices [start, start + count) of the job.
 Memo: the same (layer, placement, sharding), move and stage are priced many times by one
 search, so results are memoised per cost model in `memo(model)`, a dict held in a weak-keyed
 table here (never on the model, freed with it). A CostModel is immutable, so a memoised value
-is the one a fresh computation returns. Pure Python and numpy: no JAX.
+is the one a fresh computation returns. A weight-sharded layer's prices are memoised by the
+layer's content (`signature`), not its name, so identical layers (ResNet's repeated blocks)
+are priced once. Pure Python and numpy: no JAX.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Mapping
 
@@ -35,28 +38,87 @@ from dp_jax.planner.costs import (
 from dp_jax.planner.segments import Placement
 from dp_jax.planner.sharded import (
   Sharding,
+  candidates,
   compute_ratios,
   data_groups,
   is_samples,
   model_groups,
   param_share,
+  sharded_cost,
+  whole_times,
 )
 
 _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+_LAST: list = [None, None]  # (weak reference to the last model asked for, its memo)
+
+
 def memo(model: CostModel) -> dict:
   """The memo of one cost model's prices (created on first use, dropped with the model)."""
+  ref, hit = _LAST
+  if ref is not None and ref() is model:  # the common case: one model at a time
+    return hit
   hit = _MEMOS.get(model)
   if hit is None:
     hit = _MEMOS[model] = {}
+  _LAST[:] = [weakref.ref(model, _forget), hit]
   return hit
+
+
+def _forget(ref) -> None:
+  if _LAST[0] is ref:
+    _LAST[:] = [None, None]
 
 
 def column(model: CostModel, count: int) -> int | None:
   """Index of `count` among the candidate counts (None: not a candidate)."""
   c = int(np.searchsorted(model.counts, count))
   return c if c < len(model.counts) and model.counts[c] == count else None
+
+
+def _frozen(value):
+  """A hashable copy of a JSON-like value (dicts and lists become sorted / plain tuples)."""
+  if isinstance(value, Mapping):
+    return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+  if isinstance(value, (list, tuple)):
+    return tuple(_frozen(v) for v in value)
+  return value
+
+
+def signature(model: CostModel, name: str) -> int:
+  """The row of the first layer with the same content as `name` as far as its weight-sharded
+  prices and its memory read it (the node's fields but its name and inputs' names, its input
+  shapes, its profile rows and the cost model's per-layer data): two layers with the same
+  signature cost and need the same under every (placement, sharding)."""
+  m = memo(model)
+  key = ("signature", name)
+  hit = m.get(key)
+  if hit is None:
+    node, i = model.graph.node(name), model.row[name]
+    fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(node)
+              if f.name not in ("name", "inputs")}
+    inputs = tuple(tuple(model.graph.node(p).out_shape) for p in node.inputs) if node.inputs \
+        else ("model input", tuple(model.graph.input_shape))
+    rows = model.profile.layers.get(name, {})
+    update = 0.0 if model.update_ms is None else float(model.update_ms[i])
+    rows = tuple(sorted((b, tuple(v)) for b, v in rows.items()))  # batch -> (fwd, bwd)
+    content = ("signature of", _frozen(fields), inputs, rows, float(model.in_bytes[i]),
+               float(model.out_bytes[i]), float(model.bn_bytes[i]),
+               float(model.grad_bytes[i]), update, float(model.saved_bytes[i]),
+               float(model.state_bytes[i]))
+    hit = m[key] = m.setdefault(content, i)  # the first layer of its content names it
+  return hit
+
+
+def shardings(model: CostModel, name: str, count: int, allowed: tuple[str, ...]) -> list:
+  """sharded.candidates of the layer, memoised by its signature (read-only)."""
+  key = ("candidates", signature(model, name), count, allowed)
+  m = memo(model)
+  hit = m.get(key)
+  if hit is None:
+    hit = m[key] = candidates(model.graph.node(name), count, allowed)
+  return hit
 
 
 # --- per layer, splitting samples --------------------------------------------------------------
@@ -91,7 +153,7 @@ def layer_ms(model: CostModel, name: str, p: Placement,
   all-reduces (one forward, one backward) when they are synchronised over its devices;
   a weight sharding (m, split) is priced by sharded_layer_ms."""
   if not is_samples(sharding):
-    key = ("sharded", name, p, sharding)
+    key = ("sharded", signature(model, name), p, sharding)
     m = memo(model)
     hit = m.get(key)
     if hit is None:
@@ -108,11 +170,47 @@ def layer_ms(model: CostModel, name: str, p: Placement,
 def band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding | None = None) -> float:
   """Bandwidth part of a layer's weight-gradient all-reduce on placement p."""
   if not is_samples(sharding):
-    return sharded_band_ms(model, name, p, sharding)
+    key = ("sharded band", signature(model, name), p, sharding)
+    m = memo(model)
+    hit = m.get(key)
+    if hit is None:
+      hit = m[key] = sharded_band_ms(model, name, p, sharding)
+    return hit
   return float(allreduce_volume_ms(model.cluster, model.grad_bytes[model.row[name]], *p))
 
 
 # --- per layer under a weight sharding (the model: dp_jax/planner/sharded.py) -------------------
+
+
+def _model_groups(model: CostModel, fn, nbytes, start: int, d: int, m: int) -> float:
+  """sharded.model_groups, memoised (layers of one size share their collectives)."""
+  key = ("model groups", fn, float(nbytes), start, d, m)
+  memos = memo(model)
+  hit = memos.get(key)
+  if hit is None:
+    hit = memos[key] = model_groups(fn, model.cluster, nbytes, start, d, m)
+  return hit
+
+
+def _data_groups(model: CostModel, nbytes, p: Placement, m: int, collective) -> float:
+  """sharded.data_groups, memoised."""
+  key = ("data groups", collective, float(nbytes), p, m)
+  memos = memo(model)
+  hit = memos.get(key)
+  if hit is None:
+    hit = memos[key] = data_groups(model.cluster, nbytes, p, m, collective)
+  return hit
+
+
+def _whole_times(model: CostModel, name: str, batch: int):
+  """sharded.whole_times of a layer, memoised by its signature."""
+  key = ("whole times", signature(model, name), batch)
+  memos = memo(model)
+  hit = memos.get(key)
+  if hit is None:
+    hit = memos[key] = whole_times(model.graph, model.graph.node(name), batch,
+                                   model.profile.device, model.profile.dtype)
+  return hit
 
 
 def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
@@ -124,18 +222,20 @@ def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
   i = model.row[name]
   rows = model.batch // d
   x, y = rows * model.in_bytes[i], rows * model.out_bytes[i]
-  cl = model.cluster
-  gather = model_groups(allgather_ms, cl, x, start, d, m)
+  def groups(fn, nbytes):
+    return _model_groups(model, fn, nbytes, start, d, m)
+
+  gather = groups(allgather_ms, x)
   first = not model.graph.node(name).inputs  # no input gradient
   if split == "out":
-    fwd = model_groups(allgather_ms, cl, y, start, d, m)
-    bwd = 0.0 if first else model_groups(allreduce_ms, cl, x, start, d, m)
+    fwd = groups(allgather_ms, y)
+    bwd = 0.0 if first else groups(allreduce_ms, x)
   elif split == "in":
-    fwd = model_groups(allreduce_ms, cl, y, start, d, m)
-    bwd = 0.0 if first else model_groups(allgather_ms, cl, x, start, d, m)
+    fwd = groups(allreduce_ms, y)
+    bwd = 0.0 if first else groups(allgather_ms, x)
   else:  # heads
-    fwd = 2 * model_groups(allreduce_ms, cl, y, start, d, m)
-    bwd = 0.0 if first else 2 * model_groups(allreduce_ms, cl, x, start, d, m)
+    fwd = 2 * groups(allreduce_ms, y)
+    bwd = 0.0 if first else 2 * groups(allreduce_ms, x)
   return gather + fwd, bwd
 
 
@@ -147,13 +247,22 @@ def sharded_layer_ms(model: CostModel, name: str, p: Placement, sharding: Shardi
   d = p[1] // m
   node = model.graph.node(name)
   t = model.profile.lookup(name, model.batch // d)
+  whole = _whole_times(model, name, model.batch // d)
+  part = None
+  if whole is not None:  # the sharded shape's cost does not depend on the batch
+    key = ("sharded cost", signature(model, name), sharding)
+    memos = memo(model)
+    part = memos.get(key)
+    if part is None:
+      part = memos[key] = sharded_cost(model.graph, node, sharding, whole[0],
+                                       model.profile.dtype)
   rf, rb = compute_ratios(model.graph, node, sharding, model.batch // d, model.profile.device,
-                          model.profile.dtype)
+                          model.profile.dtype, whole, part)
   af, ab = activation_ms(model, name, p, sharding)
   fwd, bwd = t.fwd_ms * rf + af, t.bwd_ms * rb + ab
   share = param_share(node, sharding)
   bn = model.bn_bytes[model.row[name]] * share
-  sync = data_groups(model.cluster, bn, p, m, group_collective_ms)
+  sync = _data_groups(model, bn, p, m, group_collective_ms)
   update = layer_update_ms(model, name, share)  # each device updates its share
   return fwd + bwd + update + 2 * sync, bwd + sync
 
@@ -165,8 +274,8 @@ def grad_bytes(model: CostModel, name: str, sharding: Sharding | None) -> float:
 
 def sharded_band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding) -> float:
   """Bandwidth part of the layer's weight-gradient all-reduce over its data groups."""
-  return data_groups(model.cluster, grad_bytes(model, name, sharding), p, sharding[0],
-                     strided_volume_ms)
+  return _data_groups(model, grad_bytes(model, name, sharding), p, sharding[0],
+                      strided_volume_ms)
 
 
 # --- stages and moves ---------------------------------------------------------------------------

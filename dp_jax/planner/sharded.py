@@ -51,10 +51,17 @@ def candidates(node: LayerNode, count: int, allowed: tuple[str, ...]) -> list[Sh
   """Shardings of a layer on `count` devices under planner.sharding (samples first)."""
   out = [SAMPLES]
   if "weights" in allowed:
-    for m in range(2, count + 1):
-      if count % m == 0:
-        out.extend((m, s) for s in splits_for(node, m) if s != "samples")
+    for m in _divisors(count):
+      out.extend((m, s) for s in splits_for(node, m) if s != "samples")
   return out
+
+
+@cache
+def _divisors(count: int) -> tuple[int, ...]:
+  """The divisors m >= 2 of count, ascending."""
+  low = [m for m in range(2, math.isqrt(count) + 1) if count % m == 0]
+  high = [count // m for m in reversed(low) if count // m != m]
+  return tuple(low + high + ([count] if count >= 2 else []))
 
 
 def check_sharding(node: LayerNode, count: int, sharding: Sharding) -> None:
@@ -117,19 +124,24 @@ def _device(name: str):
     return None
 
 
-def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch: int,
-                   device: str, dtype: str) -> tuple[float, float]:
-  """(forward, backward) time of the sharded shape / the whole layer at per-device `batch`,
-  from the analytic roofline (device unknown to it: the FLOPs ratio 1/m)."""
-  m, split = sharding
+def whole_times(graph: LayerGraph, node: LayerNode, batch: int, device: str, dtype: str):
+  """(the whole layer's roofline LayerCost, its forward ms, backward ms at per-device `batch`),
+  or None when the roofline does not know the device or dtype (compute_ratios' 1/m)."""
   dev = _device(device)
   try:
-    itemsize = DTYPE_BYTES[canonical_dtype(dtype)]
+    DTYPE_BYTES[canonical_dtype(dtype)]
   except UserError:
     dev = None
   if dev is None:
-    return 1.0 / m, 1.0 / m
+    return None
   whole = layer_cost(graph, node, dtype)
+  return (whole, *layer_times_ms(whole, dev, dtype, batch, default_params(dev)))
+
+
+def sharded_cost(graph: LayerGraph, node: LayerNode, sharding: Sharding, whole, dtype: str):
+  """The roofline LayerCost of the sharded shape, from the whole layer's (`whole`)."""
+  m, split = sharding
+  itemsize = DTYPE_BYTES[canonical_dtype(dtype)]
   ins = sum(_elements(graph.node(p).out_shape) for p in node.inputs) if node.inputs else \
       _elements(graph.input_shape)
   in_b, out_b = ins * itemsize, _elements(node.out_shape) * itemsize
@@ -139,12 +151,26 @@ def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch
   gemm = whole.gemm
   if gemm is not None and split != "in":
     gemm = (gemm[0], max(1, gemm[1] // m))
-  part = replace(whole, flops_per_sample=whole.flops_per_sample / m,
+  return replace(whole, flops_per_sample=whole.flops_per_sample / m,
                  act_bytes_per_sample=kept + (act - kept) / m,
                  param_bytes=whole.param_bytes * param_share(node, sharding), gemm=gemm)
-  params = default_params(dev)
-  f0, b0 = layer_times_ms(whole, dev, dtype, batch, params)
-  f1, b1 = layer_times_ms(part, dev, dtype, batch, params)
+
+
+def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch: int,
+                   device: str, dtype: str, whole=False, part=None) -> tuple[float, float]:
+  """(forward, backward) time of the sharded shape / the whole layer at per-device `batch`,
+  from the analytic roofline (device unknown to it: the FLOPs ratio 1/m). `whole`: the
+  layer's whole_times at that batch and `part` its sharded_cost, when the caller has them."""
+  m = sharding[0]
+  if whole is False:
+    whole = whole_times(graph, node, batch, device, dtype)
+  if whole is None:
+    return 1.0 / m, 1.0 / m
+  whole, f0, b0 = whole
+  if part is None:
+    part = sharded_cost(graph, node, sharding, whole, dtype)
+  dev = _device(device)
+  f1, b1 = layer_times_ms(part, dev, dtype, batch, default_params(dev))
   return (f1 / f0 if f0 > 0 else 1.0 / m), (b1 / b0 if b0 > 0 else 1.0 / m)
 
 

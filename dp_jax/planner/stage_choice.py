@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from dp_jax.planner import pricing
-from dp_jax.planner.sharded import candidates
 
 INF = np.inf
 
@@ -76,26 +75,17 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
   samples is allowed. A cell with no option is infinite."""
   k = model.counts
   cells = {}  # (row, column) -> (kept options, free index or None, paid index or None)
+  same = {}  # identical layers' cells (pricing.signature) are built once
   for r, name in enumerate(model.names):
-    node = model.graph.node(name)
+    sig = pricing.signature(model, name)
     for c, g in enumerate(k):
-      opts = [(float(compute[r, c]), float(bwd[r, c]), float(band[r, c]), None)] \
-          if allowed[r, c] else []
-      for sh in candidates(node, int(g), model.options.sharding)[1:]:
-        if (offers is None and not allowed[r, c]) or (
-            offers is not None and sh not in offers.get((r, c), ())):
-          continue
-        total, back = pricing.layer_ms(model, name, (0, int(g)), sh)
-        sent = pricing.band_ms(model, name, (0, int(g)), sh)
-        opts.append((float(total), float(back), float(sent), sh))
-      free = min(((o[0], i) for i, o in enumerate(opts) if o[2] <= 0), default=None)
-      paid = min(((o[0] + o[2], i) for i, o in enumerate(opts)), default=None)
-      kept = undominated(opts)
-      for extra in (free, paid):  # the separable stages' picks stay selectable
-        if extra is not None and opts[extra[1]] not in kept:
-          kept.append(opts[extra[1]])
-      cells[(r, c)] = (kept, *(None if x is None else kept.index(opts[x[1]])
-                               for x in (free, paid)))
+      samples = (float(compute[r, c]), float(bwd[r, c]), float(band[r, c]), None) \
+          if allowed[r, c] else None
+      offered = None if offers is None else offers.get((r, c), ())
+      key = (sig, c, samples, offered)
+      if key not in same:
+        same[key] = _cell(model, name, int(g), samples, offered)
+      cells[(r, c)] = same[key]
   shape = (len(model.names), len(k), max(1, max(len(v[0]) for v in cells.values())))
   out = Options(np.full(shape, INF), np.zeros(shape), np.zeros(shape),
                 [[None] * len(k) for _ in model.names], np.full(shape[:2], INF),
@@ -112,6 +102,26 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
   return out
 
 
+def _cell(model, name: str, g: int, samples: tuple | None, offered: tuple | None):
+  """(kept options, free index or None, paid index or None) of one layer on the prefix [0, g):
+  `samples` its samples option (None: not allowed), `offered` the weight shardings offered
+  there (None: every one, where samples is allowed)."""
+  opts = [samples] if samples is not None else []
+  for sh in pricing.shardings(model, name, g, tuple(model.options.sharding))[1:]:
+    if (offered is None and samples is None) or (offered is not None and sh not in offered):
+      continue
+    total, back = pricing.layer_ms(model, name, (0, g), sh)
+    sent = pricing.band_ms(model, name, (0, g), sh)
+    opts.append((float(total), float(back), float(sent), sh))
+  free = min(((o[0], i) for i, o in enumerate(opts) if o[2] <= 0), default=None)
+  paid = min(((o[0] + o[2], i) for i, o in enumerate(opts)), default=None)
+  kept = undominated(opts)
+  for extra in (free, paid):  # the separable stages' picks stay selectable
+    if extra is not None and opts[extra[1]] not in kept:
+      kept.append(opts[extra[1]])
+  return (kept, *(None if x is None else kept.index(opts[x[1]]) for x in (free, paid)))
+
+
 def add_compute(opts: Options, extra_ms: np.ndarray) -> None:
   """Add (L, C) ms to every option's compute (the memory repair's penalty)."""
   opts.compute = opts.compute + extra_ms[:, :, None]
@@ -125,8 +135,9 @@ def step(p: np.ndarray, q: np.ndarray, opts: Options, row: int):
   c = opts.compute[row].T[None, :, None, :]  # (1, O, 1, C)
   a = opts.band[row].T[None, :, None, :]
   b = opts.bwd[row].T[None, :, None, :]
-  p2 = np.maximum(p[:, None] + c, q[:, None] + c + a)
-  q2 = q[:, None] + c + a - b
+  sent = q[:, None] + c + a
+  p2 = np.maximum(p[:, None] + c, sent)
+  q2 = sent - b
   n = p2.shape[0] * p2.shape[1]
   return p2.reshape((n, *p.shape[1:])), q2.reshape((n, *p.shape[1:]))
 
@@ -135,13 +146,14 @@ def prune(p: np.ndarray, q: np.ndarray):
   """The undominated states per cell, least P first: (P, Q, source index), (S', F, C) each;
   padding has P = infinity and source -1."""
   order = np.lexsort((q, p), axis=0)
-  ps, qs = np.take_along_axis(p, order, 0), np.take_along_axis(q, order, 0)
+  _, f, c = np.ogrid[:0, :p.shape[1], :p.shape[2]]  # gathers along axis 0
+  ps, qs = p[order, f, c], q[order, f, c]
   low = np.minimum.accumulate(qs, axis=0)
-  before = np.concatenate([np.full((1, *qs.shape[1:]), INF), low[:-1]])
-  keep = (qs < before) & np.isfinite(ps)
+  keep = np.isfinite(ps)
+  keep[:1] &= qs[:1] < INF  # a state stays if its Q is below every Q of less P
+  keep[1:] &= qs[1:] < low[:-1]
   width = max(int(keep.sum(axis=0).max()), 1)
   pos = np.argsort(~keep, axis=0, kind="stable")[:width]
-  kept = np.take_along_axis(keep, pos, 0)
-  src = np.where(kept, np.take_along_axis(order, pos, 0), -1)
-  return (np.where(kept, np.take_along_axis(ps, pos, 0), INF),
-          np.where(kept, np.take_along_axis(qs, pos, 0), INF), src)
+  kept = keep[pos, f, c]
+  src = np.where(kept, order[pos, f, c], -1)
+  return np.where(kept, ps[pos, f, c], INF), np.where(kept, qs[pos, f, c], INF), src

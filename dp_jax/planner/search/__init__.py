@@ -58,7 +58,8 @@ the block's size alone (n non-identity branches, C counts, G devices; cells = C^
   beyond. Cost O(branches G C^3).
 Where a block's tier is a heuristic (groups of 2+ branches, packed), lower_bound() reruns the
 DP with its concurrent cost floored (lanes.concurrent_floor): a lower bound on the best plan
-of this space, which make_plan records with the plan's gap to it.
+of this space, which make_plan records with the plan's gap to it. The rerun reuses the
+search's block solutions (only the floors and the chains around the blocks are recomputed).
 
 Outside the space (evaluate() accepts them, the search never returns them): chains, forks and
 joins off the prefix [0, count); outside the exact tier, a branch that changes device count
@@ -101,7 +102,9 @@ class Found(NamedTuple):
 
 
 def search(t: _Tables) -> Found:
-  """The least-cost plan of the whole graph; reads `t`, writes nothing into it."""
+  """The least-cost plan of the whole graph; writes only caches into `t` (its solved blocks,
+  which lower_bound reuses; moves, lanes and packed lane searches in t.edges, shared by the
+  searches of one cost model)."""
   top = t.model.graph.decompose()
   sol = _solve_chain(t, top, np.zeros((1, len(t.counts))))
   final = sol.value[len(top.items) - 1][0]

@@ -200,8 +200,20 @@ class _BlockSol:
 
 
 def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
+  """The branch as one stage on a lane; without a penalty it reads only the model and the
+  samples mask, so the searches of one plan share it (t.edges)."""
   names = tuple(flat_layers(branch))
   rows = np.array([t.model.row[n] for n in names], dtype=np.int64)
+  key = None if t.penalized else ("lane", rows.tobytes(), fork_row, t.allowed[rows].tobytes())
+  hit = t.edges.get(key) if key else None
+  if hit is None:
+    hit = _new_lane(t, names, rows, fork_row, branch)
+    if key:
+      t.edges[key] = hit
+  return hit
+
+
+def _new_lane(t: _Tables, names: tuple, rows: np.ndarray, fork_row: int, branch: Chain) -> _Lane:
   bwd = t.bwd_k[:, rows].sum(axis=1)  # (K, C)
   fwd = t.compute_k[:, rows].sum(axis=1) - bwd
   back = np.stack([bwd[kind] + _run_sync(t, rows, kind) for kind in range(len(t.band))])
@@ -216,6 +228,30 @@ def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
 
 
 def _solve_block(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
+  """A block's cost over (fork count, join count); solved once per tables (t.solved). With
+  `floor` (lower_bound), a heuristic block's concurrent cost is concurrent_floor's: only that
+  is recomputed when no block nested in it is heuristic (the rest is the same DP)."""
+  base = t.solved.get(block)
+  if base is None:
+    base = t.solved[block] = _solve_block_once(t, block)
+  if not floor:
+    return base
+  if any(heuristic_blocks(sol) for sol in base.branches):
+    return _solve_block_once(t, block, floor=True)
+  if not base.heuristic:
+    return base
+  enter = t.edge(t.model.row[block.fork])
+  identities = sum(1 for b in block.branches if not b.items)
+  serial = identities * enter
+  for sol in base.branches:  # summed in _solve_block_once's order
+    serial = serial + sol.exit
+  concurrent = _floor(t, base.lanes) + identities * enter
+  chosen = concurrent < serial
+  return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, base.branches,
+                   base.lanes, base.plan, True)
+
+
+def _solve_block_once(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
   fork_row = t.model.row[block.fork]
   enter = t.edge(fork_row)
   same = np.where(np.eye(len(t.counts), dtype=bool), enter, INF)
@@ -237,7 +273,9 @@ def _solve_block(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
     plan = _lane_plan(t, lanes)
     heuristic = len(lanes) >= 2 and (plan is None or plan.tau_f is None)
     if floor and heuristic:
-      concurrent = concurrent_floor(t, lanes) + identities * enter
+      concurrent = _floor(t, lanes) + identities * enter
+    elif plan is None:
+      concurrent = _packed(t, lanes) + identities * enter
     else:
       concurrent = _lane_dp(t, lanes, plan, every, every, bound=bound)[0] + identities * enter
   else:
@@ -245,6 +283,36 @@ def _solve_block(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
   chosen = concurrent < serial
   return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, sols, lanes, plan,
                    heuristic)
+
+
+def _lanes_key(lanes: list) -> tuple:
+  """The lanes' content: the packed lane search and the floor read nothing else of a block
+  (beyond the model-level moves), so the searches of one plan share them by it (t.edges)."""
+  return tuple((lane.rows.tobytes(), lane.fwd.tobytes(), lane.bwd.tobytes(), lane.first_bytes,
+                lane.last_bytes, lane.pinned) for lane in lanes)
+
+
+def _floor(t: _Tables, lanes: list) -> np.ndarray:
+  """concurrent_floor, shared by the searches of one plan (its value is the lanes')."""
+  key = ("floor", _lanes_key(lanes))
+  hit = t.edges.get(key)
+  if hit is None:
+    hit = t.edges[key] = concurrent_floor(t, lanes)
+  return hit
+
+
+def _packed(t: _Tables, lanes: list) -> np.ndarray:
+  """The packed lane search over every (fork, join) count without a bound, shared by the
+  searches of one plan. The block keeps lanes only where they beat serial: where the bounded
+  search's value v is below the bound (serial's) it is the unbounded value, elsewhere both are
+  at least the bound (partial layouts only grow, the cells are independent), so the block's
+  cost and choice are the same; measured no slower than one bounded run on the zoo."""
+  key = ("packed", _lanes_key(lanes))
+  hit = t.edges.get(key)
+  if hit is None:
+    every = np.arange(len(t.counts))
+    hit = t.edges[key] = _lane_dp(t, lanes, None, every, every)[0]
+  return hit
 
 
 def heuristic_blocks(sol: _ChainSol) -> int:
@@ -282,7 +350,13 @@ def _place_chain(t: _Tables, sol: _ChainSol, f: int, g: int, out: dict, shards_o
 
 def _place_block(t: _Tables, bs: _BlockSol, f: int, j: int, out: dict, shards_out: dict) -> None:
   if bs.concurrent[f, j]:
-    _, (layout, shards) = _lane_dp(t, bs.lanes, bs.plan, np.array([f]), np.array([j]), track=True)
+    key = ("packed layout", _lanes_key(bs.lanes), f, j) if bs.plan is None else None
+    hit = t.edges.get(key) if key else None  # packed lanes: shared as _packed
+    if hit is None:
+      hit = _lane_dp(t, bs.lanes, bs.plan, np.array([f]), np.array([j]), track=True)[1]
+      if key:
+        t.edges[key] = hit
+    layout, shards = hit
     out.update(layout)
     shards_out.update(shards)
     return

@@ -364,13 +364,23 @@ def concurrent_floor(t: _Tables, lanes: list) -> np.ndarray:
     s = np.arange(budget + 1)
     fits = s[:, None] + k[None, :] <= budget  # (S, C)
     for lane in lanes:
-      ok = (fits & np.isfinite(lane.fwd).any(axis=0)[None, :])[..., None]
-      into = move_from_parts(moves_in, lane.first_bytes)
-      if lane.pinned:
-        into = into + np.stack([fork_pin(True, s, ci, np.arange(c)) for ci in range(c)], axis=1)
-      into_low = into_low + np.where(ok, into, INF).min(axis=(0, 1))
-      out_low = out_low + np.where(ok, move_from_parts(moves_out, lane.last_bytes),
-                                   INF).min(axis=(0, 1))
+      usable = np.isfinite(lane.fwd).any(axis=0)
+      ok = (fits & usable[None, :])[..., None]
+      key = ("floor into", lane.first_bytes, lane.pinned, usable.tobytes())
+      low = t.edges.get(key)  # branches of one fork share it, and so do the searches
+      if low is None:
+        into = move_from_parts(moves_in, lane.first_bytes)
+        if lane.pinned:
+          into = into + np.stack([fork_pin(True, s, ci, np.arange(c)) for ci in range(c)],
+                                 axis=1)
+        low = t.edges[key] = np.where(ok, into, INF).min(axis=(0, 1))
+      into_low = into_low + low
+      key = ("floor out", lane.last_bytes, usable.tobytes())
+      low = t.edges.get(key)
+      if low is None:
+        low = t.edges[key] = np.where(ok, move_from_parts(moves_out, lane.last_bytes),
+                                      INF).min(axis=(0, 1))
+      out_low = out_low + low
 
   def phase(times):  # times: (K, C) per lane, least over link classes
     v = np.stack([x.min(axis=0) for x in times])  # (lanes, C)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dp_jax.cluster import class_bus_GBps, class_latency_ms, link_class, volume_ms
-from dp_jax.planner import stage_choice
+from dp_jax.planner import pricing, stage_choice
 from dp_jax.planner.costs import CostModel, batch_norm_ms, move_from_parts, move_parts
 
 # Single-input elementwise layers: XLA fuses them into their producer (DeepPool's ReLUs run in
@@ -40,8 +40,9 @@ class _Tables:
   stage_ms: np.ndarray | None = None  # (C,) per-stage terms (CostModel; zeros when it has none)
   enter_ms: np.ndarray | None = None  # (L, C)
   leave_ms: np.ndarray | None = None  # (L, C)
-  edges: dict = field(default_factory=dict)
-  lanes: tuple | None = None
+  edges: dict = field(default_factory=dict)  # moves (model-level: shared by every search)
+  solved: dict = field(default_factory=dict)  # Parallel block -> its solution on these tables
+  penalized: bool = False  # compute carries the memory repair's penalty (not the model's own)
 
   def stage_terms(self, first_row: int, last_row: int) -> np.ndarray:
     """(C,) the per-stage terms of a stage from row `first_row` to row `last_row`."""
@@ -74,12 +75,13 @@ class _Tables:
 
   def lane_moves(self):
     """Move parts into and out of every lane [s, s + count): [s, c, fork or join count]."""
-    if self.lanes is None:
+    hit = self.edges.get("lanes")
+    if hit is None:
       k, b, cl = self.counts, self.model.batch, self.model.cluster
       s = np.arange(self.budget + 1)[:, None, None]
-      self.lanes = (move_parts(cl, b, 0, k[None, None, :], s, k[None, :, None]),
-                    move_parts(cl, b, s, k[None, :, None], 0, k[None, None, :]))
-    return self.lanes
+      hit = self.edges["lanes"] = (move_parts(cl, b, 0, k[None, None, :], s, k[None, :, None]),
+                                   move_parts(cl, b, s, k[None, :, None], 0, k[None, None, :]))
+    return hit
 
 
 SHARDING_RULES = ("samples", "exact")  # samples: no weight sharding
@@ -122,7 +124,9 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
                  compute=compute, bwd=bwd, compute_k=compute_k, bwd_k=bwd_k, band=band,
                  lat=lat, link0=link0, has_params=model.grad_bytes > 0, prefix_band=prefix_band,
                  prefix_params=prefix_params, options=options,
-                 offers=offers if options is not None else None, **stage_terms(model))
+                 offers=offers if options is not None else None,
+                 edges=pricing.memo(model).setdefault("search moves", {}),
+                 penalized=penalty_ms is not None, **stage_terms(model))
 
 
 def stage_terms(model: CostModel) -> dict:
