@@ -27,7 +27,9 @@ RUN_ID_FILE = "wandb_run_id.txt"
 
 
 def git_state(repo: Path | None = None) -> dict[str, Any]:
-  """The commit SHA and whether the work tree has uncommitted changes."""
+  """The commit SHA and whether the work tree has uncommitted changes outside results/ (the
+  committed outputs that studies regenerate: a study run while another study's new results are
+  not yet committed runs clean code)."""
   repo = repo or Path(__file__).resolve().parents[1]
 
   def git(*args: str) -> str | None:
@@ -39,7 +41,7 @@ def git_state(repo: Path | None = None) -> dict[str, Any]:
       return None
 
   sha = git("rev-parse", "HEAD")
-  status = git("status", "--porcelain", "--untracked-files=no")
+  status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
   return {"git_sha": sha, "git_dirty": bool(status) if status is not None else None}
 
 
