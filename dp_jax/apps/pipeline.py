@@ -59,7 +59,7 @@ class LocalConfig:
   statistic: Statistic = Statistic.min  # of a prefix's rounds and of a plan's timed steps
   profile_repeats: int = 3
   profile_passes: int = 2
-  profile_cuts: int = 4
+  profile_cuts: int = 3
   refresh_calibration: bool = False
   cache_dir: str = ".cache/dp_jax/profiles"
 
