@@ -15,11 +15,11 @@ from typing import Any
 from dp_jax.errors import UserError
 
 # The committed validation's median |predicted / measured - 1| over all its plans
-# (results/validation/vgg16_validation.csv and gpt2_small_validation.csv: 26 plans, 7.2%;
-# per model 6.3% and 8.8%, docs/validation.md). tests/test_compare.py recomputes it from those
+# (results/validation/vgg16_validation.csv and gpt2_small_validation.csv: 25 plans, 8.3%;
+# per model 7.7% and 11.9%, docs/validation.md). tests/test_compare.py recomputes it from those
 # files, so a regenerated validation that moves it fails until this and
 # conf/comparison/validated.yaml follow.
-VALIDATED_TOLERANCE = 0.072
+VALIDATED_TOLERANCE = 0.083
 VERDICTS = ("ahead", "tie", "behind")
 
 
@@ -28,7 +28,7 @@ class ComparisonConfig:
   """How comparisons are judged (config group `comparison`, composed by plan and simulate).
 
   tolerance: a margin within +-tolerance is a tie. Default: the committed validation's median
-  |error| (VALIDATED_TOLERANCE, 7.2%); `comparison=strict` (0) judges every margin.
+  |error| (VALIDATED_TOLERANCE, 8.3%); `comparison=strict` (0) judges every margin.
   """
 
   tolerance: float = VALIDATED_TOLERANCE
@@ -88,7 +88,7 @@ def none_fields(name: str) -> dict[str, Any]:
 
 
 def describe(ratio: float | None, tolerance: float, verdict_text: str | None = None) -> str:
-  """'1.23x (+23%, ahead)' / '1.01x (+1%, tie within 7.2%)'; '-' for a missing ratio."""
+  """'1.23x (+23%, ahead)' / '1.01x (+1%, tie within 8.3%)'; '-' for a missing ratio."""
   if ratio is None or not math.isfinite(ratio):
     return "-"
   v = verdict_text or verdict(ratio, tolerance)

@@ -39,7 +39,7 @@ def test_plans_simulates_and_writes_everything(tmp_path, files):
   assert Plan.load(run / "plan.json").num_devices == 16
   assert m["matched_data_parallel_devices"] is None or m[
       "cluster_throughput_vs_matched_data_parallel_verdict"] in ("ahead", "tie", "behind")
-  assert m["comparison_tolerance"] == 0.072
+  assert m["comparison_tolerance"] == 0.083
   printed = " ".join(result.stdout.split())
   assert "simulated: cluster throughput vs matched DP + background" in printed
   assert printed.index("vs matched DP") < printed.index("vs DP alone on all 16")
