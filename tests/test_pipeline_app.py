@@ -10,7 +10,7 @@ TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=
 # The main job's own config (model, batch, background, cap), fewer rounds and steps
 QUICK = ["logger=disabled", "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]",
          "local.timed_steps=3", "local.warmup=1", "local.profile_repeats=1",
-         "local.profile_passes=1", "local.profile_cuts=2", "train.alone_steps=5", "train.steps=8"]
+         "local.profile_passes=1", "local.profile_cuts=1", "train.alone_steps=5", "train.steps=8"]
 
 
 def test_the_main_job_runs_its_background_job_and_compares_predicted_with_measured(tmp_path):
