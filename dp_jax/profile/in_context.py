@@ -126,6 +126,19 @@ class _Prefix:
     return loss, self.params
 
 
+@dataclasses.dataclass
+class _CountWork:
+  """One device count's programs and samples while it is profiled."""
+
+  g: int
+  key: dict
+  prefixes: list[_Prefix]
+  cut_at: dict  # k -> the runtime program cut after layer k
+  uncut: object  # the runtime program of the whole model
+  samples: list[dict[str, list[float]]]  # per prefix, per phase
+  cut_samples: dict[int, dict[str, list[float]]]  # per cut, per phase
+
+
 def split_pair(prefix: _Prefix) -> dict[str, float]:
   """Wall ms of the prefix's forward program, then of its backward program."""
   fwd_ms, _ = timed(lambda: jax.block_until_ready(prefix.fwd()))()
@@ -231,27 +244,30 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
     for g, key in todo:
       prefixes = [_Prefix(graph, prefix_stage(graph, k), defs, optimizer, list(devices[:g]))
                   for k in range(1, len(order) + 1)]
-      cut_programs = boundary.cut_programs(defs, graph, at, global_batch, list(devices[:g]),
-                                           optimizer)
-      work.append((g, key, prefixes, cut_programs, [{p: [] for p in PHASES} for _ in prefixes],
-                   {k: {p: [] for p in boundary.PHASES} for k in at}))
+      cut_at, uncut = boundary.cut_programs(defs, graph, at, global_batch, list(devices[:g]),
+                                            optimizer)
+      work.append(_CountWork(g, key, prefixes, cut_at, uncut,
+                             [{p: [] for p in PHASES} for _ in prefixes],
+                             {k: {p: [] for p in boundary.PHASES} for k in at}))
     for i in range(passes):
-      for g, _, prefixes, (cut_at, uncut), samples, cut_s in work:
+      for w in work:
         # every prefix fused (as a last stage), in rounds; the whole model also split (fwd, bwd)
-        prefix_rounds(prefixes, (params, stats, *host), repeats, warmup if i == 0 else 0,
-                      samples, runs_per_turn=runs_per_turn)
+        prefix_rounds(w.prefixes, (params, stats, *host), repeats, warmup if i == 0 else 0,
+                      w.samples, runs_per_turn=runs_per_turn)
         for k in at:  # the model cut in two after layer k, on the same devices
-          boundary.cut_samples(cut_at[k], uncut, (params, stats, *host), optimizer, repeats,
-                               max(warmup, 1), cut_s[k], runs_per_turn=runs_per_turn)
+          boundary.cut_samples(w.cut_at[k], w.uncut, (params, stats, *host), optimizer,
+                               repeats, max(warmup, 1), w.cut_samples[k],
+                               runs_per_turn=runs_per_turn)
         if progress is not None:
-          progress(f"in-context profile: pass {i + 1} of {passes}, {g} device(s) done")
-    for g, key, _, _, samples, cut_s in work:
+          progress(f"in-context profile: pass {i + 1} of {passes}, {w.g} device(s) done")
+    for w in work:
+      g, samples = w.g, w.samples
       totals[g] = {"empty": empty[g],
                    "fused": [STATISTICS[statistic](s["fused"]) for s in samples],
                    "cuts": {str(k): {p: STATISTICS[statistic](v) for p, v in c.items()}
-                            for k, c in cut_s.items()},
+                            for k, c in w.cut_samples.items()},
                    **{p: STATISTICS[statistic](samples[-1][p]) for p in ("fwd", "bwd")}}
-      cache.store_entry(cache_dir, key, totals[g])
+      cache.store_entry(cache_dir, w.key, totals[g])
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in order}
   bounds: dict[str, dict[str, float]] = {}
   for g in counts:
