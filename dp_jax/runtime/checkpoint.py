@@ -138,6 +138,7 @@ def restore_newest_good(manager, like: Any, everywhere=None):
       except Exception as e:  # noqa: BLE001 - orbax reports damage as many exception types
         damaged.append((step, _first_line(e)))
         state["failed"] = True
+        _quiet_abandoned_tasks()
   if restored is not None:
     if damaged:
       log = logging.getLogger(__name__)
@@ -198,6 +199,26 @@ def _abandoned_reads_dropped():
       for line in f.read().decode(errors="replace").splitlines():
         if not _abandoned_read_line(line):
           print(line, file=sys.stderr)
+
+
+class _AbandonedTasks:
+  """A filter for asyncio's "exception was never retrieved" records: the read tasks a failed
+  restore left behind report the same damage again when they are collected, later and on the
+  logging path (fd 2 is no longer redirected then); the damage was named once already."""
+
+  def filter(self, record) -> bool:
+    return "exception was never retrieved" not in record.getMessage()
+
+
+_ABANDONED_TASKS = _AbandonedTasks()
+
+
+def _quiet_abandoned_tasks() -> None:
+  import logging
+
+  logger = logging.getLogger("asyncio")
+  if _ABANDONED_TASKS not in logger.filters:
+    logger.addFilter(_ABANDONED_TASKS)
 
 
 def _restore(manager, step: int, like: Any, everywhere) -> Any:
