@@ -57,7 +57,7 @@ class AccuracyConfig:
   seed: int = 0  # unused by training (accuracy.seeds); kept for the shared provenance columns
 
 
-def sweep_of(cfg: Any, num_train: int):
+def sweep_of(cfg: AccuracyConfig, num_train: int):
   """The convergence.Sweep the config describes for `num_train` training examples."""
   from dp_jax.convergence import Sweep
 
@@ -77,7 +77,7 @@ def sweep_of(cfg: Any, num_train: int):
                momentum=float(a.momentum))
 
 
-def predicted_steps_ms(cfg: Any, model_cfg: Any = None) -> list[dict[str, Any]]:
+def predicted_steps_ms(cfg: AccuracyConfig, model_cfg: Any = None) -> list[dict[str, Any]]:
   """Per G <= B of accuracy.devices: the planner's data-parallel and burst ms per step of the
   trained model (or of model_cfg); None, with the planner's reason, where no plan fits."""
   from omegaconf import OmegaConf
@@ -118,7 +118,7 @@ def zoo_model(name: str) -> dict[str, Any]:
           **dict.fromkeys(zoo.SIZE_KEYS)}
 
 
-def noise_scales(cfg: Any, data, sweep, out, best: int) -> tuple[float, list[float]]:
+def noise_scales(cfg: AccuracyConfig, data, sweep, out, best: int) -> tuple[float, list[float]]:
   """B_simple at initialisation (first seed) and where each seed of the best lr reached the
   target, both over the training set."""
   import jax

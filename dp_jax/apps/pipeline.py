@@ -170,7 +170,7 @@ def pipeline_task(cfg: PipelineConfig, run: Run) -> dict[str, Any]:
   return flat
 
 
-def check_local(cfg: Any) -> None:
+def check_local(cfg: PipelineConfig) -> None:
   """One-line errors for the local part's options, before any work."""
   lc = cfg.local
   if lc.timed_steps < 1 or lc.warmup < 0 or lc.runs_per_turn < 1:
@@ -184,7 +184,7 @@ def check_local(cfg: Any) -> None:
     training.check_on_failure(cfg.background)
 
 
-def paper_rows(cfg: Any, out_dir: Path) -> tuple[list[list[Any]], list[str]]:
+def paper_rows(cfg: PipelineConfig, out_dir: Path) -> tuple[list[list[Any]], list[str]]:
   """Burst vs data parallelism per paper setting, on the A100 tables (one row each), and each
   setting's simulated fair comparison in words (the matched baseline first)."""
   from omegaconf import OmegaConf
@@ -235,7 +235,7 @@ def _matched(m: dict[str, Any]) -> str | None:
   return f"{ratio:.2f}x (DP on {d})"
 
 
-def local_run(cfg: Any, out_dir: Path, run: Run, local: dict[str, tuple[Any, str]],
+def local_run(cfg: PipelineConfig, out_dir: Path, run: Run, local: dict[str, tuple[Any, str]],
               plots: dict[str, str]) -> None:
   """Calibrate, profile in context, plan, predict and time burst vs data parallelism, simulate,
   then train the burst plan with the background job on pinned processes.
@@ -363,13 +363,13 @@ def idle_devices(assignment: dict[str, tuple[int, int]], g: int) -> int:
                                         for first, count in assignment.values()))
 
 
-def training_enabled(cfg: Any) -> bool:
+def training_enabled(cfg: PipelineConfig) -> bool:
   from dp_jax import training
 
   return bool(cfg.train.enabled) and training.background_active(cfg.background)
 
 
-def time_assignments(cfg: Any, graph, assignments: dict[str, Any], devices, stat: str
+def time_assignments(cfg: PipelineConfig, graph, assignments: dict[str, Any], devices, stat: str
                      ) -> dict[str, float]:
   """Measured ms per step of each layer -> (first device, count) assignment, interleaved as
   validate times its plans (dp_jax.runtime.plan_timing.time_plans)."""
@@ -391,7 +391,8 @@ def time_assignments(cfg: Any, graph, assignments: dict[str, Any], devices, stat
   return {name: t.ms(stat) for name, t in zip(assignments, timings, strict=True)}
 
 
-def simulate_plan(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -> dict[str, Any]:
+def simulate_plan(cfg: PipelineConfig, graph, profile, cluster, plan,
+                  out_dir: Path) -> dict[str, Any]:
   """Simulate the plan alone and with the background job; write metrics and the Gantt chart."""
   from dp_jax.sim.report import simulate_and_write
 
@@ -399,7 +400,8 @@ def simulate_plan(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -> dic
   return simulate_and_write(cfg, graph, profile, cluster, plan, out_dir)
 
 
-def train_pinned(cfg: Any, plan: dict[str, Any], out_dir: Path, processes: int) -> dict[str, Any]:
+def train_pinned(cfg: PipelineConfig, plan: dict[str, Any], out_dir: Path,
+                 processes: int) -> dict[str, Any]:
   """The burst plan trained on `processes` pinned processes with the background job."""
   import json
 
@@ -421,7 +423,7 @@ def train_pinned(cfg: Any, plan: dict[str, Any], out_dir: Path, processes: int) 
   return training.train_pinned(spec, processes)
 
 
-def print_summary(cfg: Any, paper: list[list[Any]], fair: list[str],
+def print_summary(cfg: PipelineConfig, paper: list[list[Any]], fair: list[str],
                   local: dict[str, tuple[Any, str]], plots: dict[str, str]) -> None:
   from rich.console import Console
   from rich.table import Table
@@ -458,7 +460,8 @@ def print_summary(cfg: Any, paper: list[list[Any]], fair: list[str],
 AGREE = (0.8, 1.25)  # measured / predicted counted as agreement
 
 
-def story(cfg: Any, paper: list[list[Any]], local: dict[str, tuple[Any, str]]) -> list[str]:
+def story(cfg: PipelineConfig, paper: list[list[Any]],
+          local: dict[str, tuple[Any, str]]) -> list[str]:
   """What was predicted on A100s, what was measured here, and whether they agree."""
   from dp_jax.compare import describe, tolerance_of
 

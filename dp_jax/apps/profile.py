@@ -32,7 +32,7 @@ class ProfileAppConfig:
   seed: int = 0
 
 
-def profile_batches(cfg: Any) -> list[int]:
+def profile_batches(cfg: ProfileAppConfig) -> list[int]:
   """profile.batches if given, else powers of two up to batch_size (and batch_size itself)."""
   from dp_jax.errors import UserError
 

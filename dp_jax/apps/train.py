@@ -132,7 +132,7 @@ def load_plan_file(path: str) -> dict[str, Any]:
     raise UserError(f"plan file {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
 
 
-def burst_plan(cfg: Any, model, num_devices: int, batch: int) -> dict[str, Any]:
+def burst_plan(cfg: TrainConfig, model, num_devices: int, batch: int) -> dict[str, Any]:
   """A burst plan for the local devices (traced graph, configured profile and cluster)."""
   from dp_jax import workflow
   from dp_jax.trace import trace_graph
@@ -146,7 +146,7 @@ def burst_plan(cfg: Any, model, num_devices: int, batch: int) -> dict[str, Any]:
   return plan.to_json()
 
 
-def model_record(cfg: Any, model) -> dict[str, Any]:
+def model_record(cfg: TrainConfig, model) -> dict[str, Any]:
   """The plan's made_for record of the model this job trains (see workflow.model_record)."""
   from dp_jax import zoo
 
@@ -168,7 +168,7 @@ def job_devices(requested: int | None):
   return available[:g]
 
 
-def resolve_plan(cfg: Any, model, graph, g: int) -> tuple[dict[str, Any], int]:
+def resolve_plan(cfg: TrainConfig, model, graph, g: int) -> tuple[dict[str, Any], int]:
   """(plan dict, global batch) for plan=burst | data_parallel | <file>, checked for this job."""
   from dp_jax.runtime.plan_check import check_plan
   from dp_jax.runtime.plans import data_parallel_layout_plan
@@ -279,7 +279,7 @@ def train_task(cfg: TrainConfig, run: Run) -> dict[str, Any]:
   return summary
 
 
-def pinned_processes(cfg: Any) -> int | None:
+def pinned_processes(cfg: TrainConfig) -> int | None:
   """Pinned processes for this job (one device each), or None to train in this process.
 
   Pinned: a background job on a CPU cluster, unless runtime.share_cores or a multi-process
@@ -312,12 +312,13 @@ def replay_metrics(run: Run, out_dir: Path) -> None:
     run.log({f"train/{k}": v for k, v in m.items() if k != "step"}, m["step"])
 
 
-def _plain(cfg: Any) -> Any:
+def _plain(node: Any) -> Any:
+  """A config node as plain JSON values (None stays None)."""
   from omegaconf import OmegaConf
 
-  if cfg is None:
+  if node is None:
     return None
-  return json.loads(json.dumps(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)))
+  return json.loads(json.dumps(OmegaConf.to_container(node, resolve=True, enum_to_str=True)))
 
 
 main = hydra_app("train", TrainConfig)(train_task)

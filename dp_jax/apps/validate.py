@@ -82,7 +82,7 @@ class ValidateConfig:
   seed: int = 0
 
 
-def plan_set(graph, profile, cluster, cfg: Any, g: int) -> list[tuple[str, str, dict]]:
+def plan_set(graph, profile, cluster, cfg: ValidateConfig, g: int) -> list[tuple[str, str, dict]]:
   """(name, kind, assignment): data parallelism, burst at each limit, random plans; distinct."""
   from dp_jax import workflow
   from dp_jax.planner import candidate_counts, data_parallel_plan, make_plan
