@@ -304,12 +304,12 @@ def local_run(cfg: PipelineConfig, out_dir: Path, run: Run, local: dict[str, tup
   burst = plan.assignment()
   stages = {lp.extra.get("stage") for lp in plan.layers} - {None}
   local.update({
-      "devices_idle_in_some_layer": (idle_devices(burst, g), "predicted"),
       "model": (f"{graph.model} {'x'.join(map(str, graph.input_shape))}", "config"),
       "devices": (g, "config"), "global_batch": (b, "config"),
       "plan_stages": (len(stages) or None, "predicted"),
       "burst_devices_per_layer": ("/".join(str(c) for c in sorted(
-          {c for _, c in burst.values()}, reverse=True)), "predicted")})
+          {c for _, c in burst.values()}, reverse=True)), "predicted"),
+      "devices_idle_in_some_layer": (idle_devices(burst, g), "predicted")})
   predicted = {name: workflow.predicted_step(graph, profile, cluster, cfg, a, g)
                for name, a in (("burst", burst), ("data_parallel", dp))}
   _step("measure", f"burst and data parallelism, {lc.warmup} warm-up steps, then "
@@ -517,7 +517,7 @@ def story(cfg: PipelineConfig, paper: list[list[Any]],
       out.append(
           f"On the pinned processes the burst step alone took "
           f"{v['pinned_measured_step_ms']:.0f} ms (measured; {v['burst_measured_ms']:.0f} ms in "
-          f"one process): {_pinned_causes(v)} (the measured Gantt chart shows where), so the "
+          f"one process): {_pinned_causes(v)}. The measured Gantt chart shows where; the "
           "slowdown above is against that step, not the one predicted.")
   return out
 
@@ -529,8 +529,8 @@ def _pinned_causes(v: dict[str, Any]) -> str:
   if counts and max(counts) > 1 or (v.get("plan_stages") or 1) > 1:
     causes.append("their all-reduces and moves cross processes through gloo on localhost")
   if counts and min(counts) < v["devices"]:
-    causes.append("each has one core, where in one process a stage on fewer devices than "
-                  "cores also runs on the idle cores (docs/validation.md)")
+    causes.append("each has one core, while in one process a stage on fewer devices than "
+                  "cores also uses the idle cores (docs/validation.md, one device per core)")
   return "; ".join(causes) or "each is one process per core"
 
 
