@@ -16,16 +16,20 @@ largest G first because the first cell of the process fixes the number of XLA ho
 (later cells use a prefix of them).
 
 It should show: that burst plans run (several jitted stages with transfers between them) and
-what they cost here. The host devices share two cores, so the times reflect dispatch, transfers
-and oversubscription, not accelerator speed-ups: resnet50's burst plan (8-38 stages) beats data
-parallelism by 1.2-3.4x because its layers run on fewer host devices than 8 data-parallel
-shards fighting for 2 cores; tiny GPT-2's burst plan is data parallelism (one stage), so its
-differences are noise. With `background=same_family` appended to the command (the committed
-results/runtime/ ran without it) the orchestrator runs one copy of the model
-at batch 8 on every device the current stage leaves idle: `foreground_slowdown` compares the
-foreground's mean step time with the job against the same run's steps alone, and
-`background_samples_per_s` is what the job completed; on 2 shared cores both mostly measure
-oversubscription.
+what they cost here. Only where each device has a core of its own (G <= the cores, here G=2)
+is a step time a device's, and only there is a burst/data-parallel ratio given: with G=8 or 4
+host devices on 2 cores the devices time-share the cores (the table marks those cells "shared
+cores"), and a plan on fewer devices than G runs with fewer programs fighting for the cores,
+so its ratio to data parallelism would measure oversubscription, not burst parallelism. Even
+at G=2 in one process a one-device stage's program also uses the idle core (XLA:CPU's thread
+pool; docs/validation.md), which no GPU can do for another: the G=2 burst time is a lower
+bound of a one-core-per-device one. `python -m dp_jax.validate` (predicted vs measured, one
+device per core) and the main job's pinned processes are the honest local comparisons. With
+`background=same_family` appended to the command (the committed results/runtime/ ran
+without it) the orchestrator runs one copy of the model at batch 8 on every device the
+current stage leaves idle: `foreground_slowdown` compares the foreground's mean step time
+with the job against the same run's steps alone, and `background_samples_per_s` is what the
+job completed.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from experiments.fields import number, pick, pivot, ratio, times
 from experiments.report import Row, Study, main
 
 IDENTITY = ("model", "plan", "background", "num_devices", "global_batch", "steps", "cluster")
-RESULTS = ("stages", "final_step", "final_loss", "median_step_ms", "samples_per_s",
+RESULTS = ("processes", "cpu_cores", "stages", "final_step", "final_loss", "median_step_ms",
+           "samples_per_s",
            "measured_step_ms", "measured_step_ms_with_background", "foreground_slowdown",
            "background_samples_per_s", "background_failures")
 PREDICTED = ("predicted_iteration_ms", "predicted_data_parallel_iteration_ms")
@@ -65,14 +70,22 @@ def derive(row: Row) -> Row:
           **predicted(row.get("dir")), "speedup_vs_data_parallel": None}
 
 
+def shares_cores(row: Row) -> bool:
+  """More host devices than cores in one process: the devices time-share the cores, so a
+  step time measures oversubscription, not a device's work (unknown cores: not shared)."""
+  g, cores, procs = (number(row.get(k)) for k in ("num_devices", "cpu_cores", "processes"))
+  return bool(g and cores and (procs or 1) == 1 and g > cores)
+
+
 def add_speedup(rows: list[Row]) -> list[Row]:
-  """speedup_vs_data_parallel: the group's data-parallel median step over this cell's."""
+  """speedup_vs_data_parallel: the group's data-parallel median step over this cell's; none
+  where the cells' devices share cores (a ratio of oversubscribed steps is no speed-up)."""
   out = [dict(r) for r in rows]
   for r in out:
     dp = next((q for q in out if q["plan"] == "data_parallel" and q["status"] == "ok" and
                all(q[k] == r[k] for k in GROUP)), None)
-    r["speedup_vs_data_parallel"] = None if dp is None else ratio(dp["median_step_ms"],
-                                                                  r["median_step_ms"])
+    r["speedup_vs_data_parallel"] = None if dp is None or shares_cores(r) else ratio(
+        dp["median_step_ms"], r["median_step_ms"])
   return out
 
 
@@ -100,10 +113,15 @@ def headline(rows: list[Row]) -> str:
   gs = sorted({r["num_devices"] for r in rows}, reverse=True)
   cols = [(f"{p} G={g}", lambda r, p=p, g=g: (r["plan"], r["num_devices"]) == (p, g))
           for g in gs for p in ("data_parallel", "burst")]
-  return ("### Median step ms (measured; burst: speed-up over data parallelism)\n\n" + pivot(
-      rows, row_key="model", cols=cols, row_header="model",
-      value=lambda r: ms(r["median_step_ms"]) + (
-          f" ({times(r['speedup_vs_data_parallel'])})" if r["plan"] == "burst" else "")))
+  def value(r: Row) -> str:
+    if shares_cores(r):
+      return f"{ms(r['median_step_ms'])} (shared cores)"
+    return ms(r["median_step_ms"]) + (
+        f" ({times(r['speedup_vs_data_parallel'])})" if r["plan"] == "burst" else "")
+
+  return ("### Median step ms (measured; burst: speed-up over data parallelism where each "
+          "device has a core of its own)\n\n" + pivot(
+              rows, row_key="model", cols=cols, row_header="model", value=value))
 
 
 STUDY = Study(name="runtime", app="train", doc=__doc__,

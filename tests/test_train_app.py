@@ -64,6 +64,7 @@ def metrics(run_dir, key):
 def test_finished_run_writes_its_outputs(finished):
   status = json.loads((finished / "status.json").read_text())
   assert status["status"] == "ok" and status["final_step"] == 8 and status["stages"] == 4
+  assert status["processes"] == 1 and status["cpu_cores"] == len(os.sched_getaffinity(0))
   assert metrics(finished, "step") == list(range(1, 9))
   assert json.loads((finished / "timeline.json").read_text())["source"] == "measured"
   assert (finished / "gantt.png").stat().st_size > 0

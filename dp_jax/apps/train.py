@@ -272,11 +272,21 @@ def train_task(cfg: TrainConfig, run: Run) -> dict[str, Any]:
   if not summary.get("background_failures"):
     summary.pop("background_errors", None)
   summary = {"model": cfg.model.name, "plan": cfg.plan, "num_devices": g,
-             "processes": processes or 1, "global_batch": batch, **summary}
+             "processes": processes or 1, "cpu_cores": host_cores(processes, cfg),
+             "global_batch": batch, **summary}
   run.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
   print(f"trained {cfg.model.name} to step {summary['final_step']} in {summary['stages']} "
         f"stage(s); outputs: {out_dir}")
   return summary
+
+
+def host_cores(processes: int | None, cfg: TrainConfig) -> int | None:
+  """The cores the job's CPU devices ran on (None on accelerators): with more devices than
+  cores in one process the devices share cores and step times are not a device's."""
+  from dp_jax.runtime.local_devices import cpu_cores
+
+  on_cpu = processes is not None or job_devices(cfg.runtime.num_devices)[0].platform == "cpu"
+  return cpu_cores() if on_cpu else None
 
 
 def pinned_processes(cfg: TrainConfig) -> int | None:
