@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 
 from experiments import plots
-from experiments.fields import number, pick, pivot, ratio, times
+from experiments.fields import judge, judged, number, pick, pivot, ratio, verdict_columns
 from experiments.report import Row, Study, main
 
 IDENTITY = ("model", "plan", "background", "num_devices", "global_batch", "steps", "cluster")
@@ -86,6 +86,7 @@ def add_speedup(rows: list[Row]) -> list[Row]:
                all(q[k] == r[k] for k in GROUP)), None)
     r["speedup_vs_data_parallel"] = None if dp is None or shares_cores(r) else ratio(
         dp["median_step_ms"], r["median_step_ms"])
+    r.update(judge(r, ("speedup_vs_data_parallel",)))
   return out
 
 
@@ -117,15 +118,16 @@ def headline(rows: list[Row]) -> str:
     if shares_cores(r):
       return f"{ms(r['median_step_ms'])} (shared cores)"
     return ms(r["median_step_ms"]) + (
-        f" ({times(r['speedup_vs_data_parallel'])})" if r["plan"] == "burst" else "")
+        f" ({judged(r, 'speedup_vs_data_parallel')})" if r["plan"] == "burst" else "")
 
-  return ("### Median step ms (measured; burst: speed-up over data parallelism where each "
-          "device has a core of its own)\n\n" + pivot(
+  return ("### Median step ms (measured; burst: speed-up over data parallelism and its verdict "
+          "at the validated tolerance, where each device has a core of its own)\n\n" + pivot(
               rows, row_key="model", cols=cols, row_header="model", value=value))
 
 
 STUDY = Study(name="runtime", app="train", doc=__doc__,
-              columns=(*IDENTITY, *RESULTS, *PREDICTED, "speedup_vs_data_parallel"),
+              columns=(*IDENTITY, *RESULTS, *PREDICTED, "speedup_vs_data_parallel",
+                       *verdict_columns(("speedup_vs_data_parallel",))),
               timing=(), derive=derive, figures=figures, headline=headline,
               finish=add_speedup,
               kind="measured", fits=("median_step_ms",))

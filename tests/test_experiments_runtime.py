@@ -25,4 +25,6 @@ def test_no_speedup_is_given_for_cells_whose_devices_share_cores():
   assert by["burst", 2]["speedup_vs_data_parallel"] == 1.5
   table = headline(rows)
   assert "100.0 (shared cores)" in table and "200.0 (shared cores)" in table
-  assert "20.0 (1.50x)" in table and "2.00x" not in table
+  assert "20.0 (1.50x ahead)" in table and "2.00x" not in table
+  assert by["burst", 2]["speedup_vs_data_parallel_verdict"] == "ahead"
+  assert by["burst", 8]["speedup_vs_data_parallel_verdict"] is None
