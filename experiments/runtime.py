@@ -11,7 +11,10 @@ GPT-2 (2 layers, d_model 64, 32 tokens, vocabulary 512), B = 32, G = 8, 4, 2, pl
 data_parallel and burst (amplification limit 2), 10 steps each; the step time is the median
 over the steps after the first (compilation). `speedup_vs_data_parallel` divides the
 data-parallel cell's median step by the burst cell's of the same (model, G, B); `predicted_*`
-are the planner's numbers for the burst plan on the local_cpu cost model. Devices are listed
+are the planner's numbers for the burst plan on the local_cpu cost model with the analytic
+`cpu` profile, which is not calibrated to this machine (at G=2 it put resnet50's step at 324 ms
+against 1,273 ms measured, and tiny GPT-2's at 41 ms against 21 ms); the calibrated,
+validated predictions are `python -m dp_jax.validate`'s. Devices are listed
 largest G first because the first cell of the process fixes the number of XLA host devices
 (later cells use a prefix of them).
 
@@ -97,10 +100,13 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
     return [(f"{r['plan']} measured", r["median_step_ms"]),
             (f"{r['plan']} predicted", r["predicted_iteration_ms"])]
 
+  cores = sorted({int(c) for c in (number(r.get("cpu_cores")) for r in rows) if c})
+  shared = (f"\nG > {cores[0]} cores: the devices share the cores (oversubscribed)"
+            if len(cores) == 1 and any(shares_cores(r) for r in rows) else "")
   return [plots.grid(rows, out / "runtime_step_ms.png", panel_row="global_batch",
                      panel_col="model", x="num_devices", points=points, xlabel="devices G",
                      ylabel="step time (ms)", title="measured median step time on the local "
-                                                    "devices (predicted: the planner's)")]
+                     f"devices (predicted: the planner's){shared}")]
 
 
 def ms(x) -> str:
