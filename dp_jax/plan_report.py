@@ -44,13 +44,50 @@ def comparisons(graph, profile, cluster, plan, tolerance: float) -> dict[str, An
   from dp_jax.sim.metrics import fastest_data_parallel
 
   p = plan.predicted
-  d, ms = fastest_data_parallel(data_parallel_ms(cost_model_for(graph, profile, cluster, plan)))
+  model = cost_model_for(graph, profile, cluster, plan)
+  d, ms = fastest_data_parallel(data_parallel_ms(model))
   return {"comparison_tolerance": tolerance, "best_data_parallel_devices": d,
           "best_data_parallel_iteration_ms": ms,
+          **dominating_data_parallel(model, p["iteration_ms"], p["gpu_ms"], tolerance),
           **fields("speedup_vs_best_data_parallel",
                    compare(p["iteration_ms"], ms, tolerance, lower_is_better=True)),
           **fields("speedup", compare(p["iteration_ms"], p["data_parallel_iteration_ms"],
                                       tolerance, lower_is_better=True))}
+
+
+def dominating_data_parallel(model, iteration_ms: float, gpu_ms: float,
+                             tolerance: float) -> dict[str, Any]:
+  """Data parallelism on the d <= G devices that is faster than the plan and uses less GPU
+  time, both beyond the tolerance, and fits in memory (the fastest such d), or None: a plan the
+  amplification limit forced off data parallelism can lose on both (the limit is per layer)."""
+  from dp_jax.planner import memory
+  from dp_jax.planner.evaluate import data_parallel_assignment, evaluate
+
+  best = None
+  for c in model.counts:
+    a = data_parallel_assignment(model, int(c))
+    e = evaluate(model, a)
+    fits = not model.options.check_memory or (
+        memory.device_bytes(model, a).max() <= memory.capacity_bytes(model))
+    if (fits and e.iteration_ms * (1 + tolerance) < iteration_ms
+        and e.gpu_ms * (1 + tolerance) < gpu_ms and (best is None or e.iteration_ms < best[1])):
+      best = (int(c), float(e.iteration_ms), float(e.gpu_ms))
+  keys = ("dominated_by_data_parallel_devices", "dominated_by_data_parallel_iteration_ms",
+          "dominated_by_data_parallel_gpu_ms")
+  return dict(zip(keys, best or (None, None, None), strict=True))
+
+
+def dominated_note(plan, c: dict[str, Any]) -> str | None:
+  """One line when data parallelism on d <= G beats the plan in time and in GPU time."""
+  d = c.get("dominated_by_data_parallel_devices")
+  if d is None:
+    return None
+  return (f"note: data parallelism on {d} devices is faster "
+          f"({c['dominated_by_data_parallel_iteration_ms']:.3f} ms) and uses less GPU time "
+          f"({c['dominated_by_data_parallel_gpu_ms']:.3f} vs {plan.predicted['gpu_ms']:.3f} "
+          f"GPU-ms) than this plan (predicted); the amplification limit "
+          f"({plan.amplification_limit}) is per layer and some layer exceeds it there; raise "
+          "planner.amplification_limit or run data parallelism on those devices")
 
 
 def fair_comparison(plan, c: dict[str, Any]) -> str:
@@ -91,6 +128,9 @@ def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) 
     return
   console.print(fair_comparison(plan, fair))
   console.print(saving)
+  note = dominated_note(plan, fair)
+  if note:
+    console.print(note)
 
 
 def chart_title(plan, fair: dict[str, Any] | None = None) -> str:

@@ -132,7 +132,25 @@ def test_summary_leads_with_the_fastest_data_parallelism_and_its_verdict(tmp_pat
   assert s["speedup_vs_best_data_parallel_verdict"] == "tie"
   assert s["speedup"] > 10 and s["speedup_verdict"] == "ahead"
   assert s["comparison_tolerance"] == 0.083
+  assert s.get("dominated_by_data_parallel_devices") is None and "note: data" not in out
   assert (tmp_path / "run" / "devices_per_layer.pdf").stat().st_size > 0
+
+
+def test_a_plan_data_parallelism_beats_in_time_and_gpu_time_is_named(tmp_path):
+  # GPT-2 at one sample per GPU on 256: data parallelism has a layer amplifying beyond 2, so the
+  # A=2 plan keeps layers on fewer GPUs and pays moves: slower and more GPU time than DP
+  result = run_app("plan", "model=gpt2", "profile=analytic", "cluster=dgx_a100",
+                   "cluster.num_devices=256", "batch_size=256", "planner.amplification_limit=2",
+                   "logger=disabled", cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  s = json.loads((tmp_path / "run" / "status.json").read_text())
+  d = s["dominated_by_data_parallel_devices"]
+  assert d is not None and s["speedup_vs_best_data_parallel_verdict"] == "behind"
+  assert s["dominated_by_data_parallel_iteration_ms"] * 1.083 < s["iteration_ms"]
+  assert s["dominated_by_data_parallel_gpu_ms"] * 1.083 < s["gpu_ms"]
+  out = " ".join(result.stdout.split())
+  assert f"note: data parallelism on {d} devices is faster" in out
+  assert "amplification limit (2.0) is per layer" in out
 
 
 def test_comparison_strict_judges_every_margin(tmp_path):
