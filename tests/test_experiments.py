@@ -64,8 +64,8 @@ def sweeps(tmp_path_factory):
   return get
 
 
-# three studies in the default run (the suite's time), all five with -m slow
-SLOW_QUICK = ("strong_scaling", "amplification", "network")
+# two studies in the default run (the suite's time), all five with -m slow
+SLOW_QUICK = ("strong_scaling", "amplification", "network", "weight_sharding")
 
 
 @pytest.mark.parametrize("study", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_QUICK
@@ -97,6 +97,7 @@ def test_runtime_study_measures_both_plans(tmp_path):
   assert float(rows["burst"]["predicted_iteration_ms"]) > 0
 
 
+@pytest.mark.slow  # 16 s: a second sweep of a study
 def test_a_simulated_study_gives_the_same_csv_twice(sweeps, tmp_path):
   first = aggregate("cluster_throughput", sweeps("cluster_throughput"), tmp_path / "a")["csv"]
   again = sweep(tmp_path, "cluster_throughput")

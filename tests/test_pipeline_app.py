@@ -14,7 +14,7 @@ TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=
 # only if it runs 2x faster there, so some device idles whatever the noise.
 QUICK = ["logger=disabled", "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]",
          "local.timed_steps=3", "local.warmup=1", "local.profile_repeats=1",
-         "local.profile_passes=1", "local.profile_cuts=1", "train.alone_steps=5", "train.steps=8",
+         "local.profile_passes=1", "local.profile_cuts=1", "train.alone_steps=4", "train.steps=6",
          "planner.amplification_limit=1.0"]
 
 
@@ -25,7 +25,7 @@ def test_the_main_job_runs_its_background_job_and_compares_predicted_with_measur
   assert status["local/devices_idle_in_some_layer"] >= 1, result.stdout[-3000:]
   assert status["local/background_steps"] >= 1 and status["local/background_failures"] == 0
   assert status["local/background_pieces"] >= 1 and status["local/simulated_slowdown"] is not None
-  assert status["local/pinned_final_step"] == 13
+  assert status["local/pinned_final_step"] == 10
   for plan in ("burst", "data_parallel"):
     p, m = status[f"local/{plan}_predicted_ms"], status[f"local/{plan}_measured_ms"]
     assert p > 0 and m > 0 and status[f"local/{plan}_measured_over_predicted"] == m / p

@@ -15,6 +15,7 @@ def tiny():
   return m, structure_graph(m, "gpt2_small")
 
 
+@pytest.mark.slow  # 15 s; the older `loaded` profile (the in-context one is the default's)
 def test_loaded_profile_covers_each_count_and_reads_its_cache(tmp_path, monkeypatch):
   m, g = tiny()
   devices = jax.devices()[:2]
