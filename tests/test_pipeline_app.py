@@ -106,3 +106,19 @@ def test_the_pinned_step_is_explained_by_what_the_plan_has():
   assert "gloo" in dp and "one core" not in dp
   both = _pinned_causes({"devices": 2, "burst_devices_per_layer": "2/1", "plan_stages": 3})
   assert "gloo" in both and "one core" in both
+
+
+def test_a_measured_slowdown_above_the_cap_is_said_with_why():
+  from omegaconf import OmegaConf
+
+  from dp_jax.apps.pipeline import story
+
+  cfg = OmegaConf.create({"planner": {"amplification_limit": 1.5}, "comparison": {
+      "tolerance": 0.083}, "background": {"name": "same_family", "batch_per_device": 8,
+                                          "slowdown_cap": 0.1}})
+  local = {"devices": (2, "config"), "devices_idle_in_some_layer": (1, "predicted"),
+           "background_steps": (9, "measured"), "background_failures": (0, "measured"),
+           "foreground_slowdown": (0.169, "measured")}
+  assert any("above the 10% cap" in s for s in story(cfg, [], local))
+  local["foreground_slowdown"] = (0.047, "measured")
+  assert not any("above the" in s for s in story(cfg, [], local))

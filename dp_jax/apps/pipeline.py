@@ -513,6 +513,14 @@ def story(cfg: PipelineConfig, paper: list[list[Any]],
         f"({_fmt(v.get('background_samples_per_s'))} samples/s measured, "
         f"{_fmt(v.get('simulated_background_samples_per_s'))} simulated), "
         f"{v['background_failures']} failures.")
+    over = v.get("foreground_slowdown")
+    if over is not None and over > cfg.background.slowdown_cap:
+      out.append(
+          f"The measured slowdown is above the {cfg.background.slowdown_cap:.0%} cap: the policy "
+          "tightens only on an excess that the alone steps' own noise cannot explain (a "
+          "one-sided t test at 1%, dp_jax/multiplex.py), so on short, noisy pinned steps the "
+          "measured mean can pass the cap by that noise; `python -m dp_jax.train` on seconds-"
+          "long steps holds it (docs/orchestrator.md).")
     if v.get("pinned_measured_step_ms") and v.get("burst_measured_ms"):
       out.append(
           f"On the pinned processes the burst step alone took "
