@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +63,15 @@ class BackgroundJob:
   @property
   def step_ms(self) -> float:
     return float(self.pieces_ms.sum())
+
+
+def busy_in_every_layer(placed: Iterable[Iterable[int]], num_devices: int) -> set[int]:
+  """The devices of [0, num_devices) that every layer (or stage) in `placed` uses: never idle,
+  so no background job runs there."""
+  busy = set(range(num_devices))
+  for devices in placed:
+    busy &= set(devices)
+  return busy
 
 
 def check_cap(cap) -> float:

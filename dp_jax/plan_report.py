@@ -40,38 +40,37 @@ def comparisons(graph, profile, cluster, plan, tolerance: float) -> dict[str, An
   """Predicted: the burst plan against the fastest data parallelism on d <= G devices (the fair
   baseline) and against data parallelism on all G, each with its margin and verdict."""
   from dp_jax.compare import compare, fields
-  from dp_jax.sim.engine import cost_model_for, data_parallel_ms
+  from dp_jax.sim.engine import cost_model_for, data_parallel_evaluations
   from dp_jax.sim.metrics import fastest_data_parallel
 
   p = plan.predicted
   model = cost_model_for(graph, profile, cluster, plan)
-  d, ms = fastest_data_parallel(data_parallel_ms(model))
+  dp = data_parallel_evaluations(model)
+  d, ms = fastest_data_parallel({c: e.iteration_ms for c, e in dp.items()})
   return {"comparison_tolerance": tolerance, "best_data_parallel_devices": d,
           "best_data_parallel_iteration_ms": ms,
-          **dominating_data_parallel(model, p["iteration_ms"], p["gpu_ms"], tolerance),
+          **dominating_data_parallel(model, dp, p["iteration_ms"], p["gpu_ms"], tolerance),
           **fields("speedup_vs_best_data_parallel",
                    compare(p["iteration_ms"], ms, tolerance, lower_is_better=True)),
           **fields("speedup", compare(p["iteration_ms"], p["data_parallel_iteration_ms"],
                                       tolerance, lower_is_better=True))}
 
 
-def dominating_data_parallel(model, iteration_ms: float, gpu_ms: float,
-                             tolerance: float) -> dict[str, Any]:
+def dominating_data_parallel(model, data_parallel: dict[int, Any], iteration_ms: float,
+                             gpu_ms: float, tolerance: float) -> dict[str, Any]:
   """Data parallelism on the d <= G devices that is faster than the plan and uses less GPU
   time, both beyond the tolerance, and fits in memory (the fastest such d), or None: a plan the
-  amplification limit forced off data parallelism can lose on both (the limit is per layer)."""
+  amplification limit forced off data parallelism can lose on both (the limit is per layer).
+  data_parallel: d -> its evaluation (sim.engine.data_parallel_evaluations)."""
   from dp_jax.planner import memory
-  from dp_jax.planner.evaluate import data_parallel_assignment, evaluate
+  from dp_jax.planner.evaluate import data_parallel_assignment
 
   best = None
-  for c in model.counts:
-    a = data_parallel_assignment(model, int(c))
-    e = evaluate(model, a)
-    fits = not model.options.check_memory or (
-        memory.device_bytes(model, a).max() <= memory.capacity_bytes(model))
-    if (fits and e.iteration_ms * (1 + tolerance) < iteration_ms
-        and e.gpu_ms * (1 + tolerance) < gpu_ms and (best is None or e.iteration_ms < best[1])):
-      best = (int(c), float(e.iteration_ms), float(e.gpu_ms))
+  for c, e in sorted(data_parallel.items()):
+    if (e.iteration_ms * (1 + tolerance) < iteration_ms and e.gpu_ms * (1 + tolerance) < gpu_ms
+        and (best is None or e.iteration_ms < best[1])
+        and memory.fits(model, data_parallel_assignment(model, c))):
+      best = (c, float(e.iteration_ms), float(e.gpu_ms))
   keys = ("dominated_by_data_parallel_devices", "dominated_by_data_parallel_iteration_ms",
           "dominated_by_data_parallel_gpu_ms")
   return dict(zip(keys, best or (None, None, None), strict=True))

@@ -359,8 +359,10 @@ SIMULATED_KEYS = ("alone_iteration_ms", "iteration_ms", "alone_idle_fraction",
 def idle_devices(assignment: dict[str, tuple[int, int]], g: int) -> int:
   """Devices some layer of the plan leaves idle: where a background job can run (0 when every
   layer uses all g devices, i.e. the plan is data parallelism on all g)."""
-  return sum(1 for d in range(g) if any(not first <= d < first + count
-                                        for first, count in assignment.values()))
+  from dp_jax.multiplex import busy_in_every_layer
+
+  return g - len(busy_in_every_layer(
+      (range(first, first + count) for first, count in assignment.values()), g))
 
 
 def training_enabled(cfg: PipelineConfig) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from dp_jax.errors import UserError
-from dp_jax.multiplex import DEFAULT_PIECE_MS, check_cap
+from dp_jax.multiplex import DEFAULT_PIECE_MS, busy_in_every_layer, check_cap
 from dp_jax.orchestrator.background import (
   build_runners,
   check_batch,
@@ -96,7 +96,7 @@ def start_background(bg_cfg: Any, fg_model_cfg: Any, plan: Mapping[str, Any],
   # several processes: each dispatches only to the devices it owns; a device every layer uses
   # is never idle and gets no copy of the job (nor its compile time on that device's core)
   layers = plan["layers"]
-  busy = set.intersection(*(set(lp["devices"]) for lp in layers)) if layers else set()
+  busy = busy_in_every_layer((lp["devices"] for lp in layers), len(devices)) if layers else set()
   devs = {i: d for i, d in enumerate(devices)
           if d.process_index == jax.process_index() and i not in busy}
   if not devs:
@@ -137,9 +137,7 @@ def process_cap(cap: float, placed: Iterable[Iterable[int]],
   """This process's share of the cap: each process admits against its own budget, so with k
   processes owning devices that some layer (or stage) leaves idle, each gets cap / k (their
   added times add up). placed: each layer's (or stage's) device indices."""
-  everywhere = set(range(len(devices)))
-  for devs in placed:
-    everywhere &= set(devs)
+  everywhere = busy_in_every_layer(placed, len(devices))
   k = len({devices[i].process_index for i in range(len(devices)) if i not in everywhere})
   return cap / k if k > 1 else cap
 

@@ -108,7 +108,7 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
     if bound:
       floors.append(lower_bound(t) if result.heuristic_blocks else result.iteration_ms)
     tried = (assignment, shardings) if assignment else tried
-    if assignment and _fits(model, assignment, shardings):
+    if assignment and memory.fits(model, assignment, shardings):
       found.append((evaluate(model, assignment, shardings).iteration_ms, assignment, shardings))
   floor = {"lower_bound_ms": min(floors), "heuristic_blocks": heuristic} if floors else {}
   if found:
@@ -120,13 +120,13 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
     for rule in rules:
       candidate, shards = _search(tables(rule, lam * act_gb))
       tried = (candidate, shards) if candidate else tried
-      if candidate and _fits(model, candidate, shards):
+      if candidate and memory.fits(model, candidate, shards):
         found.append((evaluate(model, candidate, shards).iteration_ms, candidate, shards))
   if baseline is not None:
     count = baseline[0]
     column = int(np.searchsorted(model.counts, count))
     dp = {n: (0, count) for n in model.names}
-    if allowed[:, column].all() and _fits(model, dp):
+    if allowed[:, column].all() and memory.fits(model, dp):
       found.append((baseline[1].iteration_ms, dp, {}))
   if not found:
     if tried is None:
@@ -153,14 +153,6 @@ def _search(tables) -> tuple[dict[str, Placement], dict[str, Sharding]]:
   """The search's assignment and the weight shardings of its layers (empty: none exists)."""
   found = search(tables)
   return found.assignment, found.shardings
-
-
-def _fits(model: CostModel, assignment: Mapping[str, Placement],
-          shardings: Mapping[str, Sharding] | None = None) -> bool:
-  if not model.options.check_memory:
-    return True
-  used = memory.device_bytes(model, assignment, shardings)
-  return bool(used.max() <= memory.capacity_bytes(model))
 
 
 def _amplification(model: CostModel, amp: np.ndarray, name: str, count: int,

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
   from dp_jax.planner.plan import Plan
 
 __all__ = ["GB", "HEADS_WHOLE_OUTPUTS", "MOMENTUM_STATE_BYTES", "activation_bytes",
-           "capacity_bytes", "check_fits", "device_bytes", "fits_alone", "job_bytes",
+           "capacity_bytes", "check_fits", "device_bytes", "fits", "fits_alone", "job_bytes",
            "largest_layer_on", "layer_bytes", "layer_need", "layer_params", "placed_bytes",
            "saved_bytes_per_sample", "split_saved_per_sample", "state_bytes", "weight_fits",
            "weight_splits_that_fit"]
@@ -221,6 +221,14 @@ def largest_layer_on(model: CostModel, assignment: Mapping[str, Placement], devi
       if need > best_bytes:
         best, best_bytes = name, need
   return best
+
+
+def fits(model: CostModel, assignment: Mapping[str, Placement],
+         shardings: Mapping[str, Sharding] | None = None) -> bool:
+  """Every device of the plan within its memory (always, with planner.check_memory off)."""
+  if not model.options.check_memory:
+    return True
+  return bool(device_bytes(model, assignment, shardings).max() <= capacity_bytes(model))
 
 
 def check_fits(model: CostModel, assignment: Mapping[str, Placement], what: str = "plan",

@@ -104,7 +104,11 @@ def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, pla
                     data_parallel_ms(model), job, result)
 
 
+def data_parallel_evaluations(model: CostModel) -> dict[int, Evaluation]:
+  """Data parallelism's evaluation on each device count d <= G the planner considers."""
+  return {int(c): evaluate(model, data_parallel_assignment(model, int(c))) for c in model.counts}
+
+
 def data_parallel_ms(model: CostModel) -> dict[int, float]:
   """Data parallelism's iteration ms on each device count d <= G the planner considers."""
-  return {int(c): evaluate(model, data_parallel_assignment(model, int(c))).iteration_ms
-          for c in model.counts}
+  return {c: e.iteration_ms for c, e in data_parallel_evaluations(model).items()}
