@@ -103,8 +103,8 @@ def make_plan_from_config(planner_cfg: Any, graph, profile, cluster, *, num_devi
   The plan records what it was made for: the model config (made_for), the cluster and the
   profile, with the per-device batches the profile had to extrapolate to (warned once).
   """
-  from dp_jax.planner import data_parallel_plan, make_plan
-  from dp_jax.profile.sources import profile_batches
+  from dp_jax.planner import candidate_counts, data_parallel_plan, make_plan
+  from dp_jax.planner.options import PlanOptions
 
   if global_batch < 1:
     raise UserError(f"batch_size={global_batch} must be >= 1")
@@ -119,7 +119,10 @@ def make_plan_from_config(planner_cfg: Any, graph, profile, cluster, *, num_devi
       raise UserError(f"planner.amplification_limit must be >= 1 (or inf), got {limit}")
     plan = make_plan(graph, profile, cluster, amplification_limit=limit,
                      mode=enum_value(planner_cfg.mode), **common)
-  extrapolated = extrapolated_batches(profile, graph, profile_batches(global_batch))
+  # the per-device batches this search priced: B / d for its device counts d <= G
+  counts = candidate_counts(PlanOptions(**common))
+  extrapolated = extrapolated_batches(profile, graph, sorted(global_batch // int(d)
+                                                             for d in counts))
   if extrapolated:
     log.warning("profile of %s (%s) has no measurement at per-device batch(es) %s for some "
                 "layers: extrapolated on a log-log line (recorded in the plan)", graph.model,

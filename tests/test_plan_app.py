@@ -88,6 +88,21 @@ def test_a_profile_extrapolated_beyond_its_batches_is_warned_and_recorded(tmp_pa
   assert plan["cluster_config"]["name"] == "a100_nvlink_8"
 
 
+def test_batches_only_more_devices_would_use_are_not_called_extrapolated(tmp_path):
+  # B=8 on G=2: the search prices per-device batches 8 and 4, both measured; 1 and 2 (G >= 4)
+  # are outside the profile but no plan on 2 devices uses them
+  gpath, _ = write_graph_and_profile(tmp_path)
+  layers = {n: {4: (0.4, 0.8), 8: (0.8, 1.6)} for n in "abcd"}
+  ppath = ProfileTable("toy", "A100-SXM4-40GB", "bfloat16", "analytic", layers).save(
+      tmp_path / "batch48.json")
+  result = run_app("plan", f"graph={gpath}", f"profile={ppath}", "cluster=a100_nvlink_8",
+                   "cluster.num_devices=2", "batch_size=8", "logger=disabled", cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert "extrapolated" not in result.stdout + result.stderr
+  plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+  assert plan["profile"]["extrapolated_batches"] == [] and plan["num_devices"] == 2
+
+
 def test_a_known_graph_plans_without_jax_matplotlib_or_wandb(tmp_path):
   """With the graph given as JSON, chart=false and W&B off the app imports none of JAX,
   matplotlib and wandb (it still writes the plan and its table)."""
