@@ -114,6 +114,7 @@ class PlannerConfig:
 
 
 class ProfileSource(str, Enum):
+  calibrated = "calibrated"
   measure = "measure"
   analytic = "analytic"
   deeppool_a100 = "deeppool_a100"

@@ -132,7 +132,8 @@ def make_plan_from_config(planner_cfg: Any, graph, profile, cluster, *, num_devi
               "profile": {"source": profile.source, "device": profile.device,
                           "dtype": profile.dtype, "extrapolated_batches": extrapolated,
                           "estimated_layers": sorted(profile.meta.get("estimated_layers", {})),
-                          "other_device": profile.meta.get("other_device")}}
+                          "other_device": profile.meta.get("other_device"),
+                          "calibration": profile.meta.get("calibration")}}
   return dataclasses.replace(plan, extra={**plan.extra, **made_for})
 
 

@@ -5,7 +5,8 @@
     python -m dp_jax.plan -m +experiment=amplification hydra.sweep.dir=multirun/amplification/S
     python -m experiments.amplification multirun/amplification/S --out results/amplification
 
-Plan app, analytic roofline profiles (bfloat16), dgx_a100 (8 A100 per NVLink node, one 25 GB/s
+Plan app, the calibrated GPU profile (mixed bf16; scripts/validate_published.py), dgx_a100
+(8 A100 per NVLink node, one 25 GB/s
 InfiniBand NIC per GPU): the five models at G=8 B=32 (one node), G=32 B=32 (four nodes) and
 G=256 B=256, with A in {1, 1.5, 2, 2.5, 5, inf}. A bounds how much more GPU-time a layer may
 use on more devices (DeepPool's amplification limit: A = 1 takes extra devices only when they

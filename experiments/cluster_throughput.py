@@ -7,7 +7,8 @@
     python -m experiments.cluster_throughput multirun/cluster_throughput/S \\
         --out results/cluster_throughput
 
-Simulate app, analytic roofline profiles (bfloat16): the five models on dgx_a100 and dgx_h100
+Simulate app, the calibrated GPU profile (mixed bf16; scripts/validate_published.py): the five
+models on dgx_a100 and dgx_h100
 at G = 8, 16, 32 with B = 32 and G = B = 64..1024; burst planner with amplification limit 2 (the
 headline) and inf; background `same_family` (the foreground's model at batch 8 per device, one
 copy per device) in the idle windows under a 10% foreground slowdown cap, policy `fit`

@@ -5,7 +5,8 @@
     python -m dp_jax.simulate -m +experiment=network hydra.sweep.dir=multirun/network/S
     python -m experiments.network multirun/network/S --out results/network
 
-Simulate app, analytic roofline profiles (bfloat16), dgx_a100 (8 A100 per node on NVLink at
+Simulate app, the calibrated GPU profile (mixed bf16; scripts/validate_published.py), dgx_a100
+(8 A100 per node on NVLink at
 300 GB/s) with the per-GPU inter-node bandwidth overridden: 300 GB/s (NVLink-class, a flat
 network as DeepPool's planner assumed), 100, 50 (InfiniBand NDR), 25 (HDR, the dgx_a100
 default), 12.5 (100 GbE) and 1.25 GB/s (10 GbE); inter-node latency stays at the spec's

@@ -5,7 +5,8 @@
     python -m dp_jax.plan -m +experiment=strong_scaling hydra.sweep.dir=multirun/strong_scaling/S
     python -m experiments.strong_scaling multirun/strong_scaling/S --out results/strong_scaling
 
-Plan app, analytic roofline profiles (bfloat16) of each cluster's device: vgg16, resnet50,
+Plan app, the calibrated GPU profile of each cluster's device (mixed bf16, fitted on published
+single-GPU rows, judged on held-out ones: scripts/validate_published.py): vgg16, resnet50,
 inception_v3, wide_resnet101_2 and gpt2 (GPT-2 small, B sequences of 1024 tokens: B = 32 is
 32,768 tokens; on one 40 GB A100 that needs 53 GB in the memory model, which counts the attention
 probabilities XLA saves for backward, so the two G=1, B=32 gpt2 cells on dgx_a100 fail with that

@@ -13,8 +13,8 @@ on i.i.d. minibatches, trained until test accuracy 0.97; the best learning rate 
 one with the fewest median steps over the seeds (Shallue et al. 2019). Per model, McCandlish
 et al.'s S(B) = S_min (1 + B_noise / B) is fitted to the median steps in log space; the simple
 noise scale B_simple = tr(Sigma) / |G|^2 is measured directly from per-example gradients over
-the training set where the best runs reached the target. Predicted (planner, analytic A100
-roofline, dgx_a100): ms per step of data parallelism and of the fastest burst plan (A = inf) at
+the training set where the best runs reached the target. Predicted (planner, calibrated A100
+profile, dgx_a100): ms per step of data parallelism and of the fastest burst plan (A = inf) at
 each (B, G <= B), G = 1 .. 64; time to accuracy = measured median steps x predicted ms per step,
 and the best B for each G. Hypothetical, and labelled so: the same steps x the predicted step of
 vgg16 and resnet50 at 224x224 (accuracy.step_time_models). Weight sharding is not a strategy

@@ -5,7 +5,7 @@
     python -m dp_jax.plan -m +experiment=weight_sharding hydra.sweep.dir=multirun/weight_sharding/S
     python -m experiments.weight_sharding multirun/weight_sharding/S --out results/weight_sharding
 
-Plan app, analytic roofline profile (bfloat16, A100) as every planned study: vgg16, gpt2 (GPT-2
+Plan app, the calibrated GPU profile (mixed bf16, A100) as every planned study: vgg16, gpt2 (GPT-2
 small, B sequences of 1024 tokens) and gpt2_medium on a100_nvlink_8 (G = 2..8, one NVLink node)
 and dgx_a100 (G = 2..32, 8 GPUs per node, one InfiniBand NIC per GPU), B = 32, fastest plan
 (A = inf; G = 1 has no model axis). gpt2_medium at G = 2 fits 40 GB in neither plan: those

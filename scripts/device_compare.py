@@ -1,13 +1,15 @@
-"""Per-layer times measured on this backend against the analytic model and the A100 tables.
+"""Per-layer times measured on this backend against the calibrated, analytic and A100 tables.
 
     .venv/bin/python scripts/device_compare.py --out results/device/<name>/layers \
         [--models vgg16,resnet50,...] [--max-batch 64] [--dtype bfloat16] [--tiny]
 
 For each model: measure every layer at per-device batches 1, 2, 4, ... --max-batch on
-jax.devices()[0] (dp_jax.profile.measure, cached), then compare with (a) the analytic roofline of
-the matching device in dp_jax/profile/devices.py and (b) DeepPool's measured A100 tables where
-they cover the model. Writes <model>_measured.json (a profile JSON), compare.csv (one row per
-model and reference) and compare.md. --tiny uses CPU-sized models (32x32 images, a 2-layer GPT-2).
+jax.devices()[0] (dp_jax.profile.measure, cached), then compare with (a) the calibrated profile
+of the matching GPU (the default on GPU clusters, fitted on published rows; not on a CPU), (b)
+the analytic roofline of the matching device in dp_jax/profile/devices.py and (c) DeepPool's
+measured A100 tables where they cover the model. Writes <model>_measured.json (a profile JSON),
+compare.csv (one row per model and reference) and compare.md. --tiny uses CPU-sized models
+(32x32 images, a 2-layer GPT-2).
 """
 
 from __future__ import annotations
@@ -60,9 +62,13 @@ def compare_model(name: str, args, out: Path) -> list[dict]:
   measured = measure_profile(model, graph, batches, cache_dir=args.cache_dir, progress=False)
   measured.save(out / f"{name}_measured.json")
   dev = jax.devices()[0]
-  refs = [("analytic", analytic_profile(graph, analytic_device(dev.device_kind,
-                                                               jax.default_backend()),
-                                        args.dtype, batches))]
+  device = analytic_device(dev.device_kind, jax.default_backend())
+  refs = [("analytic", analytic_profile(graph, device, args.dtype, batches))]
+  if device != "cpu":
+    from dp_jax.profile.calibrated import calibrated_profile
+
+    mixed = "mixed bf16" if args.dtype in ("bfloat16", "float32") else args.dtype
+    refs.insert(0, ("calibrated", calibrated_profile(graph, device, mixed, batches)))
   try:
     table, report = import_deeppool_a100(graph)
     if len(report.unmatched) < len(graph.names) // 2:

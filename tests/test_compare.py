@@ -9,11 +9,14 @@ import yaml
 from sim_helpers import cluster, graph, plan, profile
 
 from dp_jax.compare import (
+  GPU_VALIDATED_TOLERANCE,
   VALIDATED_TOLERANCE,
   ComparisonConfig,
   check_tolerance,
   compare,
   describe,
+  tolerance_of,
+  validated_tolerance,
   verdict,
 )
 from dp_jax.errors import UserError
@@ -61,9 +64,14 @@ def test_default_tolerance_is_the_committed_validation_median_error():
     for row in csv.DictReader(path.open()):
       errors.append(abs(float(row["predicted_ms"]) / float(row["measured_ms"]) - 1))
   assert round(statistics.median(errors), 3) == VALIDATED_TOLERANCE
-  assert ComparisonConfig().tolerance == VALIDATED_TOLERANCE
+  # the default (null) is the validated tolerance of the cluster's device
+  assert ComparisonConfig().tolerance is None
   group = yaml.safe_load((ROOT / "conf" / "comparison" / "validated.yaml").read_text())
-  assert group["tolerance"] == VALIDATED_TOLERANCE
+  assert group["tolerance"] is None
+  assert validated_tolerance("cpu") == VALIDATED_TOLERANCE
+  assert validated_tolerance("A100-SXM4-40GB") == GPU_VALIDATED_TOLERANCE
+  assert tolerance_of({"comparison": {"tolerance": None}}, "cpu") == VALIDATED_TOLERANCE
+  assert tolerance_of({"comparison": {"tolerance": 0.0}}, "H100-SXM5-80GB") == 0.0
 
 
 def test_simulate_metrics_carry_margins_and_verdicts():

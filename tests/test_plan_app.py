@@ -5,6 +5,7 @@ import json
 import pytest
 from apps import assert_one_line_error, run_app
 
+from dp_jax.compare import GPU_VALIDATED_TOLERANCE
 from dp_jax.graph import LayerNode
 from dp_jax.planner import Plan
 from dp_jax.profile.table import ProfileTable
@@ -140,13 +141,13 @@ def test_summary_leads_with_the_fastest_data_parallelism_and_its_verdict(tmp_pat
   assert result.returncode == 0, result.stderr
   out = " ".join(result.stdout.split())
   fair = out.index("vs fastest data parallelism on <= 32 devices (8 devices")
-  assert out.index("tie within 8.3%") > fair
+  assert out.index(f"tie within {GPU_VALIDATED_TOLERANCE:.1%}") > fair
   assert fair < out.index("vs data parallelism on all 32")
   s = json.loads((tmp_path / "run" / "status.json").read_text())
   assert s["best_data_parallel_devices"] == 8
   assert s["speedup_vs_best_data_parallel_verdict"] == "tie"
   assert s["speedup"] > 10 and s["speedup_verdict"] == "ahead"
-  assert s["comparison_tolerance"] == 0.083
+  assert s["comparison_tolerance"] == GPU_VALIDATED_TOLERANCE
   assert s.get("dominated_by_data_parallel_devices") is None and "note: data" not in out
   assert (tmp_path / "run" / "devices_per_layer.pdf").stat().st_size > 0
 

@@ -3,7 +3,7 @@
     ./scripts/run.sh                       # = python -m dp_jax.pipeline (default config)
     ./scripts/run.sh train.steps=30 paper.amplification_limit=inf
 
-1. The paper's setting, on DeepPool's measured A100 tables (predicted by the planner's cost
+1. The paper's setting, on the calibrated A100 profile (predicted by the planner's cost
    model, simulated by the simulator): VGG16 at B=32 on one 8-GPU NVLink server and on DGX A100
    nodes (G = 8, 16, 32): burst vs data parallelism, GPU time saved, and cluster throughput with
    a background job in the idle devices.
@@ -84,7 +84,7 @@ class PaperSetting:
 
 @dataclass
 class PaperConfig:
-  """The paper's setting on DeepPool's A100 tables (predicted and simulated, no JAX run)."""
+  """The paper's setting on the calibrated A100 profile (predicted and simulated, no JAX run)."""
 
   enabled: bool = True
   model: str = "vgg16"
@@ -185,7 +185,7 @@ def check_local(cfg: PipelineConfig) -> None:
 
 
 def paper_rows(cfg: PipelineConfig, out_dir: Path) -> tuple[list[list[Any]], list[str]]:
-  """Burst vs data parallelism per paper setting, on the A100 tables (one row each), and each
+  """Burst vs data parallelism per paper setting, on the calibrated profile (one row each), and each
   setting's simulated fair comparison in words (the matched baseline first)."""
   from omegaconf import OmegaConf
 
@@ -197,12 +197,12 @@ def paper_rows(cfg: PipelineConfig, out_dir: Path) -> tuple[list[list[Any]], lis
   model_cfg = OmegaConf.create({"name": paper.model})
   graph = zoo.graph_of(model_cfg, seed=cfg.seed)
   b = int(paper.batch_size)
-  profile = load_profile({"source": "deeppool_a100"}, graph, "A100-SXM4-40GB",
+  profile = load_profile({"source": "calibrated"}, graph, "A100-SXM4-40GB",
                          profile_batches(b, cfg.background.batch_per_device))
   planner = OmegaConf.merge(cfg.planner, {"name": "burst",
                                            "amplification_limit": paper.amplification_limit})
   sim_cfg = OmegaConf.merge(cfg, {"batch_size": b, "background": {"model": None}})
-  _step("A100", f"{paper.model} B={b} on DeepPool's A100 tables, amplification limit "
+  _step("A100", f"{paper.model} B={b} on the calibrated A100 profile, amplification limit "
                 f"{paper.amplification_limit} (predicted / simulated)")
   rows, fair = [], []
   for setting in paper.settings:
@@ -294,7 +294,7 @@ def local_run(cfg: PipelineConfig, out_dir: Path, run: Run, local: dict[str, tup
                                         cluster_cfg=cluster_cfg)
   plan.save(out_dir / "plan.json")
   rows = layer_rows(plan)
-  fair = comparisons(graph, profile, cluster, plan, tolerance_of(cfg))
+  fair = comparisons(graph, profile, cluster, plan, tolerance_of(cfg, cluster.device))
   print_plan(plan, rows, fair)
   run.log_table("plan_layers", COLUMNS, rows)
   plots["devices_per_layer"] = str(plot_devices_per_layer(plan, out_dir / "devices_per_layer.png",
@@ -432,7 +432,7 @@ def print_summary(cfg: PipelineConfig, paper: list[list[Any]], fair: list[str],
 
   console = Console(width=150)
   if paper:
-    t = Table(title=f"{cfg.paper.model}, B={cfg.paper.batch_size}, on DeepPool's A100 tables: "
+    t = Table(title=f"{cfg.paper.model}, B={cfg.paper.batch_size}, on the calibrated A100 profile: "
                     "burst vs data parallelism (DP)",
               caption="P: predicted by the cost model; S: simulated. Matched: the best DP on d "
                       "devices + background on the rest, over every d whose foreground is "
@@ -473,7 +473,7 @@ def story(cfg: PipelineConfig, paper: list[list[Any]],
                "job on the GPUs it leaves)" if r[8] and not str(r[8]).startswith("no DP") else
                "no data parallelism on fewer GPUs is as fast (no matched baseline)")
     out.append(
-        f"On A100s ({r[0]}, G={r[1]}; predicted from DeepPool's tables): {cfg.paper.model} "
+        f"On A100s ({r[0]}, G={r[1]}; predicted on the calibrated profile): {cfg.paper.model} "
         f"B={cfg.paper.batch_size} takes {r[2]:.1f} ms per iteration as a burst plan and "
         f"{r[3]:.1f} ms as data parallelism on all {r[1]} GPUs ({r[4]:.2f}x), using "
         f"{r[5]:.0%} less GPU time; with a background job in the idle GPUs the cluster does "
@@ -490,7 +490,7 @@ def story(cfg: PipelineConfig, paper: list[list[Any]],
         f"{ratios['burst']:.2f}); data parallelism {v['data_parallel_predicted_ms']:.1f} ms "
         f"predicted, {v['data_parallel_measured_ms']:.1f} ms measured "
         f"({ratios['data_parallel']:.2f}). Measured, the burst plan against data "
-        f"parallelism: {describe(v['burst_vs_data_parallel_measured'], tolerance_of(cfg))}.")
+        f"parallelism: {describe(v['burst_vs_data_parallel_measured'], tolerance_of(cfg, "cpu"))}.")
     out.append("Prediction and measurement agree within "
                f"{AGREE[0]:.2f}-{AGREE[1]:.2f}x for both plans." if not off else
                f"Prediction and measurement disagree (outside {AGREE[0]:.2f}-{AGREE[1]:.2f}x) "

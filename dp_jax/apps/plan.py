@@ -52,9 +52,9 @@ def plan_task(cfg: PlanConfig, run: Run) -> dict[str, Any]:
   from dp_jax import workflow
   from dp_jax.compare import tolerance_of
 
-  tolerance = tolerance_of(cfg)
   out_dir = Path(HydraConfig.get().runtime.output_dir)
   cluster = workflow.cluster_spec(cfg.cluster)
+  tolerance = tolerance_of(cfg, cluster.device)
   num_devices = workflow.job_devices(cfg.cluster, cluster)
   graph = workflow.load_graph(cfg)
   profile = workflow.load_profile_for(cfg, graph, cluster, cfg.batch_size)

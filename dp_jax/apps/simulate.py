@@ -75,9 +75,9 @@ def simulate_task(cfg: SimulateConfig, run: Run) -> dict[str, Any]:
   from dp_jax.sim.report import interference, simulate_and_write
 
   interference(cfg)  # bad cap or policy: fail before any planning
-  tolerance_of(cfg)
   out_dir = Path(HydraConfig.get().runtime.output_dir)
   cluster = workflow.cluster_spec(cfg.cluster)
+  tolerance_of(cfg, cluster.device)
   loaded = Plan.load(cfg.plan) if cfg.plan else None
   batch = loaded.global_batch if loaded else cfg.batch_size
   graph = workflow.load_graph(cfg)

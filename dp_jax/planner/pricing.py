@@ -209,7 +209,8 @@ def _whole_times(model: CostModel, name: str, batch: int):
   hit = memos.get(key)
   if hit is None:
     hit = memos[key] = whole_times(model.graph, model.graph.node(name), batch,
-                                   model.profile.device, model.profile.dtype)
+                                   model.profile.device, model.profile.dtype,
+                                   model.profile.source)
   return hit
 
 
@@ -257,7 +258,7 @@ def sharded_layer_ms(model: CostModel, name: str, p: Placement, sharding: Shardi
       part = memos[key] = sharded_cost(model.graph, node, sharding, whole[0],
                                        model.profile.dtype)
   rf, rb = compute_ratios(model.graph, node, sharding, model.batch // d, model.profile.device,
-                          model.profile.dtype, whole, part)
+                          model.profile.dtype, whole, part, model.profile.source)
   af, ab = activation_ms(model, name, p, sharding)
   fwd, bwd = t.fwd_ms * rf + af, t.bwd_ms * rb + ab
   share = param_share(node, sharding)

@@ -124,9 +124,11 @@ def _device(name: str):
     return None
 
 
-def whole_times(graph: LayerGraph, node: LayerNode, batch: int, device: str, dtype: str):
-  """(the whole layer's roofline LayerCost, its forward ms, backward ms at per-device `batch`),
-  or None when the roofline does not know the device or dtype (compute_ratios' 1/m)."""
+def whole_times(graph: LayerGraph, node: LayerNode, batch: int, device: str, dtype: str,
+                source: str = "analytic"):
+  """(the whole layer's roofline LayerCost, its knobs, forward ms, backward ms at per-device
+  `batch`) under the roofline of profile `source` (calibrated: its own; else the analytic
+  one), or None when the roofline does not know the device or dtype (compute_ratios' 1/m)."""
   dev = _device(device)
   try:
     DTYPE_BYTES[canonical_dtype(dtype)]
@@ -134,8 +136,13 @@ def whole_times(graph: LayerGraph, node: LayerNode, batch: int, device: str, dty
     dev = None
   if dev is None:
     return None
-  whole = layer_cost(graph, node, dtype)
-  return (whole, *layer_times_ms(whole, dev, dtype, batch, default_params(dev)))
+  if source == "calibrated" and dev.name != "cpu":
+    from dp_jax.profile.calibrated import layer_model
+
+    whole, params = layer_model(graph, node, dtype)
+  else:
+    whole, params = layer_cost(graph, node, dtype), default_params(dev)
+  return (whole, params, *layer_times_ms(whole, dev, dtype, batch, params))
 
 
 def sharded_cost(graph: LayerGraph, node: LayerNode, sharding: Sharding, whole, dtype: str):
@@ -157,20 +164,21 @@ def sharded_cost(graph: LayerGraph, node: LayerNode, sharding: Sharding, whole, 
 
 
 def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch: int,
-                   device: str, dtype: str, whole=False, part=None) -> tuple[float, float]:
+                   device: str, dtype: str, whole=False, part=None,
+                   source: str = "analytic") -> tuple[float, float]:
   """(forward, backward) time of the sharded shape / the whole layer at per-device `batch`,
-  from the analytic roofline (device unknown to it: the FLOPs ratio 1/m). `whole`: the
-  layer's whole_times at that batch and `part` its sharded_cost, when the caller has them."""
+  from the roofline of profile `source` (device unknown to it: the FLOPs ratio 1/m). `whole`:
+  the layer's whole_times at that batch and `part` its sharded_cost, when the caller has
+  them."""
   m = sharding[0]
   if whole is False:
-    whole = whole_times(graph, node, batch, device, dtype)
+    whole = whole_times(graph, node, batch, device, dtype, source)
   if whole is None:
     return 1.0 / m, 1.0 / m
-  whole, f0, b0 = whole
+  whole, params, f0, b0 = whole
   if part is None:
     part = sharded_cost(graph, node, sharding, whole, dtype)
-  dev = _device(device)
-  f1, b1 = layer_times_ms(part, dev, dtype, batch, default_params(dev))
+  f1, b1 = layer_times_ms(part, _device(device), dtype, batch, params)
   return (f1 / f0 if f0 > 0 else 1.0 / m), (b1 / b0 if b0 > 0 else 1.0 / m)
 
 

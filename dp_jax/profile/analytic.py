@@ -148,23 +148,31 @@ def layer_times_ms(cost: LayerCost, device: DeviceSpec, dtype: str, batch: int,
   return one(1.0, cost.kernels), one(bwd_factor, 2 * cost.kernels)
 
 
+def times_table(graph: LayerGraph, times, batches: Iterable[int]
+                ) -> dict[str, dict[int, tuple[float, float]]]:
+  """layer -> batch -> (forward ms, backward ms) from `times(node, batch)`, checked finite."""
+  batches = sorted(set(int(b) for b in batches))
+  if not batches or batches[0] < 1:
+    raise UserError(f"batches must be a non-empty list of integers >= 1, got {batches}")
+  layers = {}
+  for node in graph.nodes:
+    rows = {b: times(node, b) for b in batches}
+    for b, (f, w) in rows.items():
+      if not (math.isfinite(f) and math.isfinite(w)):
+        raise UserError(f"analytic time of layer '{node.name}' at batch {b} is not finite; "
+                        "check its flops and bytes in the graph")
+    layers[node.name] = rows
+  return layers
+
+
 def analytic_profile(graph: LayerGraph, device: str | DeviceSpec, dtype: str,
                      batches: Iterable[int], params: AnalyticParams | None = None) -> ProfileTable:
   """Roofline timings of every layer of `graph` at each per-device batch (params: see above)."""
   dev = get_device(device) if isinstance(device, str) else device
   params = default_params(dev) if params is None else params
   dev.peak(dtype)  # unknown or unsupported dtype -> UserError before any work
-  batches = sorted(set(int(b) for b in batches))
-  if not batches or batches[0] < 1:
-    raise UserError(f"batches must be a non-empty list of integers >= 1, got {batches}")
-  layers = {}
-  for node in graph.nodes:
-    cost = layer_cost(graph, node, dtype)
-    rows = {b: layer_times_ms(cost, dev, dtype, b, params) for b in batches}
-    for b, (f, w) in rows.items():
-      if not (math.isfinite(f) and math.isfinite(w)):
-        raise UserError(f"analytic time of layer '{node.name}' at batch {b} is not finite; "
-                        "check its flops and bytes in the graph")
-    layers[node.name] = rows
+  costs = {n.name: layer_cost(graph, n, dtype) for n in graph.nodes}
+  layers = times_table(graph, lambda node, b: layer_times_ms(costs[node.name], dev, dtype, b,
+                                                              params), batches)
   return ProfileTable(model=graph.model, device=dev.name, dtype=dtype, source="analytic",
                       layers=layers, meta={"params": asdict(params)})

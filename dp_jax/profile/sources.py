@@ -79,6 +79,11 @@ def _load(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
 
     return analytic_profile(graph, cfg.get("device") or device, cfg.get("dtype", "bfloat16"),
                             cfg.get("batches") or batches)
+  if source == "calibrated":
+    from dp_jax.profile.calibrated import DEFAULT_DTYPE, calibrated_profile
+
+    return calibrated_profile(graph, cfg.get("device") or device,
+                              cfg.get("dtype") or DEFAULT_DTYPE, cfg.get("batches") or batches)
   if source == "deeppool_a100":
     from dp_jax.profile.deeppool_import import import_deeppool_a100
 
@@ -104,5 +109,5 @@ def _load(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
     return measure_profile(zoo.build(model_cfg), graph, cfg.get("batches") or batches,
                            cache_dir=cfg.get("cache_dir", ".cache/dp_jax/profiles"),
                            repeats=cfg.get("repeats", 5), warmup=cfg.get("warmup", 2))
-  raise UserError(f"profile source '{source}' is unknown (valid: analytic, deeppool_a100, "
-                  "measure, file)")
+  raise UserError(f"profile source '{source}' is unknown (valid: calibrated, analytic, "
+                  "deeppool_a100, measure, file)")

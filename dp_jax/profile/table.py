@@ -14,7 +14,7 @@ from dp_jax.errors import UserError
 from dp_jax.jsonfile import read_json, write_json
 
 PROFILE_SCHEMA = "dp_jax.profile/1"
-SOURCES = ("measured", "analytic", "imported")
+SOURCES = ("measured", "analytic", "calibrated", "imported")
 log = logging.getLogger(__name__)
 
 

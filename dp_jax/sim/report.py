@@ -104,7 +104,7 @@ def simulate_and_write(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -
   from dp_jax.sim.engine import simulate
   from dp_jax.sim.metrics import metrics as compute_metrics
 
-  tolerance = tolerance_of(cfg)
+  tolerance = tolerance_of(cfg, cluster.device)
   policy, switch_ms = interference(cfg)
   job = background_for(cfg, graph, profile, cluster, plan)
   t0 = time.perf_counter()

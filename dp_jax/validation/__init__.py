@@ -1,0 +1,1 @@
+"""Validation of the cost model: predictions against published measurements."""
