@@ -1,6 +1,74 @@
-"""python -m dp_jax.inspect: the inspect app (dp_jax/apps/inspect.py)."""
+"""python -m dp_jax.inspect model=resnet50 out=graph.json: the planner's view of a model."""
 
-from dp_jax.apps.inspect import main
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.schema import LoggerConfig, ModelConfig
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.tracking.run import Run
+
+
+@dataclass
+class InspectConfig:
+  """python -m dp_jax.inspect: the layer table of a model, and its graph JSON."""
+
+  model: ModelConfig = MISSING
+  logger: LoggerConfig = field(default_factory=LoggerConfig)
+  out: str | None = None
+  seed: int = 0
+
+
+COLUMNS = ["name", "kind", "params", "output shape", "GFLOPs/sample"]
+
+
+def layer_rows(graph: LayerGraph) -> list[list[Any]]:
+  """One row per layer, in topological order."""
+  return [[n.name, n.kind, n.params, "x".join(map(str, n.out_shape)),
+           round(n.flops_per_sample / 1e9, 4)] for n in graph.nodes]
+
+
+def print_layer_table(graph: LayerGraph) -> None:
+  from rich.console import Console
+  from rich.table import Table
+
+  table = Table(title=f"{graph.model}: {len(graph.nodes)} layers, "
+                      f"{len(graph.fork_join_blocks())} fork/join blocks")
+  for c in COLUMNS:
+    table.add_column(c, justify="left" if c in ("name", "kind", "output shape") else "right")
+  for name, kind, params, shape, gflops in layer_rows(graph):
+    table.add_row(name, kind, f"{params:,}", shape, f"{gflops:.4f}")
+  table.add_section()
+  table.add_row("total", "", f"{graph.total_params:,}", "",
+                f"{graph.total_flops_per_sample / 1e9:.4f}")
+  Console(width=120).print(table)
+
+
+def inspect(cfg: InspectConfig, run: Run) -> dict[str, Any]:
+  """Trace the model, print its layer table, write the graph JSON, log the table."""
+  from hydra.core.hydra_config import HydraConfig
+
+  from dp_jax.models import zoo
+
+  graph = zoo.graph_of(cfg.model, seed=cfg.seed)
+  print_layer_table(graph)
+  out_dir = Path(HydraConfig.get().runtime.output_dir)
+  out = Path(cfg.out) if cfg.out else out_dir / "graph.json"
+  graph.save(out)
+  run.log_table("layers", COLUMNS, layer_rows(graph))
+  print(f"graph: {out}")
+  return {"model": graph.model, "layers": len(graph.nodes), "params": graph.total_params,
+          "gflops_per_sample": graph.total_flops_per_sample / 1e9,
+          "fork_join_blocks": len(graph.fork_join_blocks()), "graph": str(out)}
+
+
+main = hydra_app("inspect", InspectConfig)(inspect)
+
 
 if __name__ == "__main__":
   main()

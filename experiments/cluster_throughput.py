@@ -20,7 +20,7 @@ G - d ("none within tolerance": no data parallelism on d <= G is that fast); the
 BG" (data parallelism on its fastest d <= G plus the background job on the G - d it leaves
 free) and "DP alone" (data parallelism running the foreground alone on all G). Each ratio comes
 with its verdict: a margin within +-tolerance (`comparison.tolerance`, default the validated
-median error, dp_jax/compare.py) is a tie. The frontier figures draw, per cell, data
+median error, dp_jax/report/compare.py) is a tie. The frontier figures draw, per cell, data
 parallelism on every d <= G with the background job on the rest, beside the burst plans over A,
 and shade the tolerance band of the headline burst plan's foreground.
 """

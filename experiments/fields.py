@@ -78,15 +78,16 @@ def pivot(rows: Sequence[Row], *, row_key: str, cols: Sequence[tuple[str, Callab
 
 def tolerance(row: Row) -> float:
   """The cell's comparison tolerance (its summary's), else the validated default."""
-  from dp_jax.compare import VALIDATED_TOLERANCE
+  from dp_jax.report.compare import VALIDATED_TOLERANCE
 
   t = number(row.get("comparison_tolerance"))
   return VALIDATED_TOLERANCE if t is None else t
 
 
 def judge(row: Row, names: Sequence[str]) -> Row:
-  """name_margin and name_verdict of each ratio column (dp_jax/compare.py; None if missing)."""
-  from dp_jax.compare import verdict
+  """name_margin and name_verdict of each ratio column (dp_jax/report/compare.py; None if
+  missing)."""
+  from dp_jax.report.compare import verdict
 
   t, out = tolerance(row), {}
   for name in names:
@@ -108,7 +109,7 @@ def judged(row: Row, name: str) -> str:
 
 def ratio_verdict(x: Any, tol: float) -> str:
   """A ratio and its verdict at tolerance tol: '1.07x tie' ('-' when missing)."""
-  from dp_jax.compare import verdict
+  from dp_jax.report.compare import verdict
 
   v = number(x)
   return "-" if v is None else f"{v:.2f}x {verdict(v, tol)}"
@@ -116,7 +117,7 @@ def ratio_verdict(x: Any, tol: float) -> str:
 
 def tally(rows: Sequence[Row], name: str) -> str:
   """'3 ahead, 5 tie, 2 behind' over the rows with that ratio (verdicts of `judge`)."""
-  from dp_jax.compare import VERDICTS, verdict
+  from dp_jax.report.compare import VERDICTS, verdict
 
   counts = {k: 0 for k in VERDICTS}
   for r in rows:

@@ -19,7 +19,7 @@ matched baseline (the best data parallelism plus background over every d <= G wh
 is within the comparison tolerance of the burst foreground; "none within tolerance": no d is),
 then the foreground gain over data parallelism on its fastest d <= G devices and on all G, as
 the NICs slow down, each with its verdict (a margin within +-tolerance is a tie;
-dp_jax/compare.py). inter_node_bandwidth_GBps is per NIC, 8 NICs per node, rail-aligned
+dp_jax/report/compare.py). inter_node_bandwidth_GBps is per NIC, 8 NICs per node, rail-aligned
 collectives (docs/cost_model.md). All numbers are simulated.
 """
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dp_jax import aggregate
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
+from dp_jax.tracking import aggregate
 
 HEAD = ("job", "cell", "status")
 OVERLAYS = Path(__file__).resolve().parents[1] / "conf" / "experiment"
@@ -122,7 +122,7 @@ def markdown(study: Study, rows: Sequence[Row], prov: dict[str, Any],
              figures: Sequence[Path] = ()) -> str:
   """The study's README: what it is and how to rerun it (its docstring), what its numbers are,
   how comparisons are judged, headline tables, figures, missing and failed cells."""
-  from dp_jax.compare import VALIDATED_TOLERANCE
+  from dp_jax.report.compare import VALIDATED_TOLERANCE
 
   title, _, rest = study.doc.strip().partition("\n")
   tols = sorted({float(r["comparison_tolerance"]) for r in rows
@@ -131,7 +131,7 @@ def markdown(study: Study, rows: Sequence[Row], prov: dict[str, Any],
   judged = ("" if not judges else
             f"Comparisons: a margin within +-{', '.join(f'{t:.1%}' for t in tols)} "
             "(`comparison.tolerance`, default the validated median error) is a tie, not a win "
-            "(dp_jax/compare.py).\n\n" if tols else
+            "(dp_jax/report/compare.py).\n\n" if tols else
             f"Comparisons: verdicts use +-{VALIDATED_TOLERANCE:.1%} (the validated median "
             "error; these cells did not record a tolerance).\n\n")
   if prov.get("from_csv"):

@@ -32,7 +32,8 @@ RESULTS = ("alone_iteration_ms", "iteration_ms", "data_parallel_iteration_ms",
            "cluster_throughput_vs_matched_data_parallel", "max_slowdown", "timeline_vs_planner",
            "foreground_memory_peak_gb", "background_memory_gb")
 DERIVED = ("speedup_vs_best_data_parallel",)
-# Every ratio the simulated studies report, judged with the cell's tolerance (dp_jax/compare.py).
+# Every ratio the simulated studies report, judged with the cell's tolerance
+# (dp_jax/report/compare.py).
 COMPARED = ("cluster_throughput_vs_matched_data_parallel", "speedup_vs_best_data_parallel",
             "cluster_throughput_vs_best_data_parallel", "speedup_vs_data_parallel",
             "cluster_throughput_vs_data_parallel")

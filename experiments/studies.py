@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from experiments.report import Study
 
 NAMES = ("strong_scaling", "amplification", "cluster_throughput", "network", "runtime",

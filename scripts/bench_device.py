@@ -2,7 +2,7 @@
 
 python scripts/bench_device.py [--size 2048] [--mbytes 256] [--repeats 20]
 
-The numbers it prints are what dp_jax/profile/devices.py records for the "cpu" device.
+The numbers it prints are what dp_jax/hardware/devices.py records for the "cpu" device.
 """
 
 from __future__ import annotations

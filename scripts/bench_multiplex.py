@@ -29,7 +29,7 @@ then `alone - 2` alone steps again. Measured: slowdown = mean
 step with / mean of the alone steps before and after - 1 (process 0's clock; 0.15: 1.15x as
 long); background samples/s = completed steps x batch / time, summed over processes (steps
 finished after the foreground's last step do not count). Simulated: the same policy
-(dp_jax/multiplex.py) replayed by the simulator on each dispatching process's measured alone
+(dp_jax/multiplex/policy.py) replayed by the simulator on each dispatching process's measured alone
 stage calls (devices without its job count as busy; after a held call, its probed move
 occupies every device) with its measured piece times, over the same number of steps, each
 step's foreground scaled by a factor drawn (seeded) from the same process's alone steps over
@@ -74,11 +74,10 @@ def foreground(devices, n: int):
   """The foreground program over all processes' devices, and a step(hook) -> ms function."""
   import optax
 
-  from dp_jax.models.registry import build_model
+  from dp_jax.models.zoo import build_model
+  from dp_jax.planner.plan import check_plan, layout_plan
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime.functional import split_layers
-  from dp_jax.runtime.plan_check import check_plan
-  from dp_jax.runtime.plans import layout_plan
   from dp_jax.runtime.stages import structure_graph
   from dp_jax.runtime.step import build_program, init_state, train_step
 
@@ -140,9 +139,9 @@ def call_ms(calls: list[tuple[str, float]], first: int, last: int) -> dict[str, 
 
 
 def sim_calls(hook, n: int, job_devices: set[int], own: set[int]) -> list:
-  """The alone calls as the simulator's chain (dp_jax.orchestrator.replay.chain_of, the one
+  """The alone calls as the simulator's chain (dp_jax.multiplex.replay.chain_of, the one
   the train app's replay uses)."""
-  from dp_jax.orchestrator.replay import chain_of
+  from dp_jax.multiplex.replay import chain_of
 
   return chain_of(hook, n, job_devices, own)
 
@@ -153,7 +152,7 @@ def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int
   and, where this process dispatches, simulated."""
   from jax.experimental import multihost_utils
 
-  from dp_jax.orchestrator import BackgroundScheduler
+  from dp_jax.multiplex.scheduler import BackgroundScheduler
   from dp_jax.sim.measured import fill_measured
 
   mine = cap * share if math.isfinite(cap) else math.inf
@@ -228,10 +227,10 @@ def worker(args) -> None:
   import jax
   import optax
 
-  from dp_jax.models.registry import build_model
-  from dp_jax.orchestrator import build_runners, job_of_runner
-  from dp_jax.orchestrator.background import measured_pieces, piece_gap_ms
-  from dp_jax.orchestrator.launch import process_cap
+  from dp_jax.models.zoo import build_model
+  from dp_jax.multiplex.runners import build_runners, job_of_runner
+  from dp_jax.multiplex.launch import process_cap
+  from dp_jax.multiplex.runners import measured_pieces, piece_gap_ms
 
   wall0, cpu0 = time.perf_counter(), time.process_time()
   n, me = jax.process_count(), jax.process_index()
@@ -326,7 +325,7 @@ def table(rows: list[dict]) -> str:
 
 
 def launch(args) -> int:
-  from dp_jax.errors import UserError
+  from dp_jax.base.errors import UserError
   from dp_jax.runtime import pinned
 
   try:
@@ -383,7 +382,7 @@ def launch(args) -> int:
     for o in out:
       o["details"]["processes"] = [{k: v for k, v in p.items() if k != "rows"} for p in results]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    from dp_jax.jsonfile import dumps
+    from dp_jax.base.jsonfile import dumps
 
     args.out.write_text(dumps(out))
     print(f"wrote {args.out}")

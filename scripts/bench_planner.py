@@ -1,7 +1,7 @@
 """Planner wall time per model and job size: python scripts/bench_planner.py [--quick].
 
-Graphs come from the model zoo (dp_jax.models.registry.build_model + dp_jax.trace.trace_graph)
-and timings from the analytic roofline profile (dp_jax.profile.analytic); where those are not
+Graphs come from the model zoo (dp_jax.models.zoo.build_model + dp_jax.graph.trace.trace_graph)
+and timings from the analytic roofline profile (dp_jax.profiling.analytic); where those are not
 importable, synthetic graphs of the same size (dp_jax.planner.synthetic) stand in. Prints, per
 model, make_plan's wall and CPU seconds with samples only and with the joint (count x
 sharding) search (planner.sharding=[samples,weights]) side by side: G = 8 ... 1024 with
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from dp_jax.cluster import load_cluster
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
+from dp_jax.hardware.cluster import load_cluster
 from dp_jax.planner import make_plan
 from dp_jax.planner.options import PlanOptions, candidate_counts
 
@@ -45,9 +45,9 @@ def load_graph(name: str, synthetic_only: bool = False):
   try:
     if synthetic_only:
       raise ImportError("--synthetic", name="the zoo (--synthetic)")
-    from dp_jax.models.registry import MODEL_NAMES, build_model
-    from dp_jax.profile.analytic import analytic_profile
-    from dp_jax.trace import trace_graph
+    from dp_jax.graph.trace import trace_graph
+    from dp_jax.models.zoo import MODEL_NAMES, build_model
+    from dp_jax.profiling.analytic import analytic_profile
 
     zoo = name if name in MODEL_NAMES else f"{name}_small"
     graph = trace_graph(build_model(zoo, abstract=True), zoo)

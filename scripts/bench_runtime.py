@@ -55,12 +55,12 @@ def main() -> None:
   import jax
   import optax
 
-  from dp_jax.models.registry import build_model
+  from dp_jax.models.zoo import build_model
+  from dp_jax.planner.plan import staged_data_parallel_plan
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime import mesh as meshlib
   from dp_jax.runtime.fused import fused_step
   from dp_jax.runtime.plan_timing import stepper, timed, turns
-  from dp_jax.runtime.plans import staged_data_parallel_plan
   from dp_jax.runtime.stages import structure_graph
 
   def fresh():

@@ -3,7 +3,8 @@
     .venv/bin/python scripts/bench_simulator.py [--model resnet50] [--devices 1024]
                                                 [--batch 1024] [--repeats 5]
 
-Graph: dp_jax.zoo (traced once, not timed); profile: analytic A100 roofline; cluster: dgx_a100.
+Graph: dp_jax.models.zoo (traced once, not timed); profile: analytic A100 roofline; cluster:
+dgx_a100.
 Prints planning time and simulation time separately; the target is simulation < 1 s.
 """
 
@@ -29,11 +30,11 @@ def main() -> None:
   ap.add_argument("--amplification-limit", type=float, default=2.0)
   args = ap.parse_args()
 
-  from dp_jax import zoo
-  from dp_jax.cluster import load_cluster
+  from dp_jax.hardware.cluster import load_cluster
+  from dp_jax.models import zoo
   from dp_jax.planner import make_plan
-  from dp_jax.profile.analytic import analytic_profile
-  from dp_jax.profile.sources import profile_batches
+  from dp_jax.profiling.analytic import analytic_profile
+  from dp_jax.profiling.sources import profile_batches
   from dp_jax.sim.background import background_job
   from dp_jax.sim.engine import simulate
   from dp_jax.sim.metrics import metrics

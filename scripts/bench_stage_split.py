@@ -62,7 +62,7 @@ def main() -> None:
   from jax.sharding import Mesh, NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from dp_jax.models.registry import build_model
+  from dp_jax.models.zoo import build_model
   from dp_jax.runtime import residuals
   from dp_jax.runtime.functional import apply_layer, split_layers
   from dp_jax.runtime.plan_timing import timed, turns

@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from dp_jax.graph import LayerGraph, LayerNode  # noqa: E402
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode  # noqa: E402
+from dp_jax.hardware.devices import get_device  # noqa: E402
 from dp_jax.planner.sharded import compute_ratios  # noqa: E402
-from dp_jax.profile.analytic import default_params, layer_cost, layer_times_ms  # noqa: E402
-from dp_jax.profile.devices import get_device  # noqa: E402
+from dp_jax.profiling.analytic import default_params, layer_cost, layer_times_ms  # noqa: E402
 
 CPU = get_device("cpu")
 MS = (1, 2, 4)

@@ -31,15 +31,17 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from dp_jax.graph.trace import trace_graph  # noqa: E402
 from dp_jax.models import digits, gpt2, vgg  # noqa: E402
 from dp_jax.planner import memory  # noqa: E402
+from dp_jax.planner.plan import (
+  check_plan,  # noqa: E402
+  layout_plan,  # noqa: E402
+)
 from dp_jax.runtime.functional import split_layers  # noqa: E402
-from dp_jax.runtime.plan_check import check_plan  # noqa: E402
-from dp_jax.runtime.plans import layout_plan  # noqa: E402
 from dp_jax.runtime.residuals import stage_residuals  # noqa: E402
 from dp_jax.runtime.stages import structure_graph  # noqa: E402
 from dp_jax.runtime.step import build_program, init_state  # noqa: E402
-from dp_jax.trace import trace_graph  # noqa: E402
 
 GPT2_A = dict(n_layer=2, d_model=32, n_head=2, seq_len=16, vocab_size=64)
 GPT2_B = dict(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab_size=64)

@@ -38,7 +38,7 @@ else
   name="$("$PY" -c 'import jax; d = jax.devices()[0]; print(d.device_kind if d.platform != "cpu" else "cpu")' | tr ' /' '__')"
   [ "$name" != "cpu" ] || echo "warning: no GPU found; the check runs on the CPU" >&2
   out="${out:-results/device/$name}"
-  models="$("$PY" -c 'from dp_jax.models.registry import MODEL_NAMES; print(",".join(MODEL_NAMES))')"
+  models="$("$PY" -c 'from dp_jax.models.zoo import MODEL_NAMES; print(",".join(MODEL_NAMES))')"
   compare_args=(--max-batch 64 --dtype bfloat16)
   vgg=(model=vgg16 batch_size=64 model.dtype=bfloat16 cluster=dgx_h200)
   gpt=(model=gpt2 batch_size=32 model.dtype=bfloat16 cluster=dgx_h200)

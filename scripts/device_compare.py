@@ -4,9 +4,9 @@
         [--models vgg16,resnet50,...] [--max-batch 64] [--dtype bfloat16] [--tiny]
 
 For each model: measure every layer at per-device batches 1, 2, 4, ... --max-batch on
-jax.devices()[0] (dp_jax.profile.measure, cached), then compare with (a) the calibrated profile
+jax.devices()[0] (dp_jax.profiling.measure, cached), then compare with (a) the calibrated profile
 of the matching GPU (the default on GPU clusters, fitted on published rows; not on a CPU), (b)
-the analytic roofline of the matching device in dp_jax/profile/devices.py and (c) DeepPool's
+the analytic roofline of the matching device in dp_jax/hardware/devices.py and (c) DeepPool's
 measured A100 tables where they cover the model. Writes <model>_measured.json (a profile JSON),
 compare.csv (one row per model and reference) and compare.md. --tiny uses CPU-sized models
 (32x32 images, a 2-layer GPT-2).
@@ -39,7 +39,7 @@ def analytic_device(device_kind: str, backend: str) -> str:
 
 
 def build(name: str, tiny: bool, dtype: str):
-  from dp_jax.models.registry import build_model
+  from dp_jax.models.zoo import build_model
 
   if name.startswith("gpt2"):
     return build_model(name, dtype=dtype, **(TINY_GPT2 if tiny else {}))
@@ -50,11 +50,11 @@ def compare_model(name: str, args, out: Path) -> list[dict]:
   """Measure one model and compare it with the analytic model and the A100 tables."""
   import jax
 
-  from dp_jax.profile import validate
-  from dp_jax.profile.analytic import analytic_profile
-  from dp_jax.profile.deeppool_import import import_deeppool_a100
-  from dp_jax.profile.measure import measure_profile, pow2_batches
-  from dp_jax.trace import trace_graph
+  from dp_jax.graph.trace import trace_graph
+  from dp_jax.profiling import validate
+  from dp_jax.profiling.analytic import analytic_profile
+  from dp_jax.profiling.deeppool_import import import_deeppool_a100
+  from dp_jax.profiling.measure import measure_profile, pow2_batches
 
   model = build(name, args.tiny, args.dtype)
   graph = trace_graph(model, name)
@@ -65,7 +65,7 @@ def compare_model(name: str, args, out: Path) -> list[dict]:
   device = analytic_device(dev.device_kind, jax.default_backend())
   refs = [("analytic", analytic_profile(graph, device, args.dtype, batches))]
   if device != "cpu":
-    from dp_jax.profile.calibrated import calibrated_profile
+    from dp_jax.profiling.calibrated import calibrated_profile
 
     mixed = "mixed bf16" if args.dtype in ("bfloat16", "float32") else args.dtype
     refs.insert(0, ("calibrated", calibrated_profile(graph, device, mixed, batches)))
@@ -87,7 +87,7 @@ def compare_model(name: str, args, out: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-  from dp_jax.models.registry import MODEL_NAMES
+  from dp_jax.models.zoo import MODEL_NAMES
 
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True)

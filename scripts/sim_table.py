@@ -32,7 +32,7 @@ def _cfg(group: str, name: str) -> dict:
 
 def run_one(graph, profile, model: str, g: int, b: int, *, cap=0.1, switch_us=None,
             policy="fit", amp=2.0, flat=False, precision="fp32"):
-  from dp_jax.cluster import load_cluster
+  from dp_jax.hardware.cluster import load_cluster
   from dp_jax.planner import make_plan
   from dp_jax.sim.background import background_job
   from dp_jax.sim.engine import simulate
@@ -40,7 +40,7 @@ def run_one(graph, profile, model: str, g: int, b: int, *, cap=0.1, switch_us=No
 
   name = "a100_nvlink_8" if g <= 8 else "dgx_a100"
   spec = _cfg("cluster", name)
-  if flat:  # the old pricing: one ring through one NIC at line rate (dp_jax/cluster.py)
+  if flat:  # the old pricing: one ring through one NIC at line rate (dp_jax/hardware/cluster.py)
     spec.update(collectives="flat")
     name += " (flat)"
   cluster = load_cluster(spec)
@@ -72,7 +72,7 @@ def matched(m: dict) -> str:
 
 
 def judged(m: dict, ratio: str) -> str:
-  """'1.18x ahead': a ratio with its verdict (dp_jax/compare.py)."""
+  """'1.18x ahead': a ratio with its verdict (dp_jax/report/compare.py)."""
   return f"{m[ratio]:.2f}x {m[ratio + '_verdict']}"
 
 
@@ -98,8 +98,8 @@ def main() -> None:
   ap.add_argument("--out", default="outputs/sim_table")
   args = ap.parse_args()
 
-  from dp_jax import zoo
-  from dp_jax.profile.deeppool_import import import_deeppool_a100
+  from dp_jax.models import zoo
+  from dp_jax.profiling.deeppool_import import import_deeppool_a100
 
   rows, notes, sens = [], [], []
   for model in args.models:

@@ -1,4 +1,4 @@
-"""The collective model (dp_jax/cluster.py) against published all-reduce measurements.
+"""The collective model (dp_jax/hardware/cluster.py) against published all-reduce measurements.
 
     python scripts/validate_collectives.py
 
@@ -21,7 +21,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dp_jax.cluster import ClusterSpec, allreduce_ms, bus_bandwidth_GBps, load_cluster  # noqa: E402
+from dp_jax.hardware.cluster import ClusterSpec, allreduce_ms, bus_bandwidth_GBps, load_cluster  # noqa: E402
 
 TOLERANCE = 0.15
 

@@ -3,12 +3,12 @@
     python scripts/validate_published.py [--markdown]
 
 Runs the model (the calibrated profile, the cluster files' links, the planner's evaluation;
-dp_jax/validation/published.py) on every row of dp_jax/profile/data/published_anchors.yaml and
+dp_jax/validation/published.py) on every row of dp_jax/profiling/data/published_anchors.yaml and
 prints one line per row: predicted, published, predicted / published. Fit rows come first (their
 error is zero by construction: they show the fit holds), then the held-out rows, then the rows
 the model cannot represent and why. The last lines: the held-out error over the training rows
 (step throughput, what every burst-vs-data-parallelism verdict compares: the GPU comparison
-tolerance, dp_jax/compare.py), then over every held-out row. Why each miss misses:
+tolerance, dp_jax/report/compare.py), then over every held-out row. Why each miss misses:
 docs/validation.md, "GPU: published measurements".
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dp_jax.compare import GPU_VALIDATED_TOLERANCE  # noqa: E402
+from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE  # noqa: E402
 from dp_jax.validation.published import held_out, results  # noqa: E402
 
 TARGET_MEDIAN, TARGET_WORST = 0.15, 0.30
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
       print(line(r, args.markdown) + ("" if role != "not_modelled" or args.markdown
                                       else f"  ({r.anchor.why})"))
   h = held_out(rows)
-  print(f"\nGPU comparison tolerance (dp_jax.compare.GPU_VALIDATED_TOLERANCE "
+  print(f"\nGPU comparison tolerance (dp_jax.report.compare.GPU_VALIDATED_TOLERANCE "
         f"{GPU_VALIDATED_TOLERANCE:.1%}): held-out median |error| over the training rows "
         f"{h.training_median:.1%} ({h.training_rows} rows)")
   print(f"held-out median |error| {h.median:.1%} ({h.rows} rows), worst {h.worst:.1%}")

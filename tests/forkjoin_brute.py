@@ -14,8 +14,8 @@ import itertools
 
 import numpy as np
 
-from dp_jax.cluster import ClusterSpec
-from dp_jax.graph import LayerGraph, LayerNode, Parallel
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode, Parallel
+from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions

@@ -48,7 +48,7 @@ def agreement_case() -> dict[str, np.ndarray]:
 
   import jax
 
-  from dp_jax.apps.train import same_plan_everywhere
+  from dp_jax.train import same_plan_everywhere
 
   rank = jax.process_index()
   warnings = []
@@ -73,9 +73,8 @@ def train_case() -> dict[str, np.ndarray]:
   from mp_layouts import train_multiprocess_layout
   from runtime_helpers import batches, make_model, sgd
 
+  from dp_jax.planner.plan import check_plan, layout_plan
   from dp_jax.runtime.functional import split_layers
-  from dp_jax.runtime.plan_check import check_plan
-  from dp_jax.runtime.plans import layout_plan
   from dp_jax.runtime.stages import structure_graph
   from dp_jax.runtime.step import build_program, init_state, train_step
 
@@ -117,7 +116,7 @@ def loop_case() -> None:
     while True:
       total(x).block_until_ready()
       time.sleep(0.05)
-  except Exception as e:  # noqa: BLE001 - as dp_jax.cli does
+  except Exception as e:  # noqa: BLE001 - as dp_jax.config.hydra_app does
     print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
     sys.exit(2)
 

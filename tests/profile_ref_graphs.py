@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dp_jax.graph import LayerGraph, LayerNode
-from dp_jax.profile.formulas import forward_flops
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.profiling.formulas import forward_flops
 
 F32 = 4
 

@@ -11,12 +11,11 @@ import optax
 from flax import nnx
 
 from dp_jax.models import digits, gpt2, inception, resnet, vgg
+from dp_jax.planner.plan import check_plan, layout_plan
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.batch_norm import set_statistics_groups
 from dp_jax.runtime.functional import split_layers, write_back
 from dp_jax.runtime.fused import fused_step
-from dp_jax.runtime.plan_check import check_plan
-from dp_jax.runtime.plans import layout_plan
 from dp_jax.runtime.stages import structure_graph
 from dp_jax.runtime.step import build_program, init_state, train_step
 

@@ -7,7 +7,7 @@ block of linear layers joined by an add (`forkjoin`), priced by the
 analytic A100 roofline (so the sharded compute follows the roofline ratio) on a random cluster
 (1, 2 or 4 devices per node, random bandwidths and latencies), G = 4, B = 4 or 8, overlapped
 all-reduce on or off. Every layer may sit on any prefix [0, c) with c dividing B and take any
-sharding dp_jax.sharding allows there (samples, or an out / in / heads split over m | c);
+sharding dp_jax.planner.sharding allows there (samples, or an out / in / heads split over m | c);
 `brute_force` scores every combination with evaluate(). On prefixes a block's branches share
 device 0, so the brute force covers merged and serialized blocks; the planner may also run
 them concurrently on disjoint lanes (samples only), which the brute force does not see.
@@ -21,15 +21,15 @@ import math
 import numpy as np
 from forkjoin_brute import branch_mask, with_stage_terms
 
-from dp_jax.cluster import ClusterSpec
-from dp_jax.graph import LayerGraph, LayerNode
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.make import plan_for_limit
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.sharded import candidates
 from dp_jax.planner.structure import flat_layers, sharing_groups
-from dp_jax.profile.analytic import analytic_profile
+from dp_jax.profiling.analytic import analytic_profile
 
 WIDTHS = (6, 10, 64, 256, 1024, 2048, 4096, 8192)
 WEIGHTS = ("samples", "weights")

@@ -1,11 +1,11 @@
-"""dp_jax/apps/accuracy.py: the accuracy app's sweep settings, its planner call and its errors."""
+"""dp_jax/accuracy.py: the accuracy app's sweep settings, its planner call and its errors."""
 
 import pytest
 from apps import REPO, assert_one_line_error, run_app
 from omegaconf import OmegaConf
 
-from dp_jax.apps.accuracy import AccuracySettings, sweep_of
-from dp_jax.errors import UserError
+from dp_jax.accuracy import AccuracySettings, sweep_of
+from dp_jax.base.errors import UserError
 
 
 def settings(**kw):
@@ -42,7 +42,7 @@ def test_the_app_rejects_a_model_that_is_not_a_digits_model(tmp_path):
 def test_the_planner_prices_the_digits_models_like_any_zoo_model(model):
   from omegaconf import OmegaConf
 
-  from dp_jax.apps.accuracy import predicted_steps_ms
+  from dp_jax.accuracy import predicted_steps_ms
 
   conf = REPO / "conf"
   cfg = OmegaConf.create({
@@ -60,7 +60,7 @@ def test_the_planner_prices_the_digits_models_like_any_zoo_model(model):
 
 
 def test_a_device_count_without_a_plan_is_recorded_not_raised():
-  from dp_jax.apps.accuracy import predicted_steps_ms
+  from dp_jax.accuracy import predicted_steps_ms
 
   conf = REPO / "conf"
   cfg = OmegaConf.create({
@@ -74,7 +74,7 @@ def test_a_device_count_without_a_plan_is_recorded_not_raised():
 
 
 def test_what_if_step_times_price_the_named_zoo_model_not_the_trained_one():
-  from dp_jax.apps.accuracy import predicted_steps_ms, zoo_model
+  from dp_jax.accuracy import predicted_steps_ms, zoo_model
 
   conf = REPO / "conf"
   cfg = OmegaConf.create({

@@ -2,8 +2,8 @@
 
 import pytest
 
-from dp_jax import agreement
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
+from dp_jax.validation import agreement
 
 
 def test_ranks_share_ties():

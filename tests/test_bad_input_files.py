@@ -7,11 +7,11 @@ import pytest
 from apps import assert_one_line_error, run_app
 from test_plan_app import write_graph_and_profile
 
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph
+from dp_jax.base.errors import UserError
+from dp_jax.config.workflow import cluster_config, cluster_spec
+from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.planner import Plan, make_plan
-from dp_jax.profile.table import ProfileTable
-from dp_jax.workflow import cluster_config, cluster_spec
+from dp_jax.profiling.table import ProfileTable
 
 COMMON = ["cluster=a100_nvlink_8", "cluster.num_devices=4", "batch_size=8", "logger=disabled"]
 

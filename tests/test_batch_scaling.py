@@ -1,12 +1,18 @@
-"""dp_jax/batch_scaling.py: McCandlish's steps(B) fit and time to accuracy."""
+"""dp_jax/studies/batch_scaling.py: McCandlish's steps(B) fit and time to accuracy."""
 
 import math
 
 import numpy as np
 import pytest
 
-from dp_jax.batch_scaling import StepsFit, best_batch, fit_steps, leave_one_out, time_to_accuracy_s
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
+from dp_jax.studies.batch_scaling import (
+  StepsFit,
+  best_batch,
+  fit_steps,
+  leave_one_out,
+  time_to_accuracy_s,
+)
 
 BATCHES = [8, 16, 32, 64, 128, 256, 512]
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import yaml
 
-from dp_jax.cluster import (
+from dp_jax.base.errors import UserError
+from dp_jax.hardware.cluster import (
   ClusterSpec,
   allgather_ms,
   allreduce_ms,
@@ -17,7 +18,6 @@ from dp_jax.cluster import (
   load_cluster,
   p2p_link,
 )
-from dp_jax.errors import UserError
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "cluster"
 FIELDS = {f.name for f in fields(ClusterSpec)}

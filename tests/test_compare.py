@@ -1,4 +1,5 @@
-"""Comparisons carry margins; a margin inside the validated error is a tie (dp_jax/compare.py)."""
+"""Comparisons carry margins; a margin inside the validated error is a tie
+(dp_jax/report/compare.py)."""
 
 import csv
 import statistics
@@ -8,7 +9,8 @@ import pytest
 import yaml
 from sim_helpers import cluster, graph, plan, profile
 
-from dp_jax.compare import (
+from dp_jax.base.errors import UserError
+from dp_jax.report.compare import (
   GPU_VALIDATED_TOLERANCE,
   VALIDATED_TOLERANCE,
   ComparisonConfig,
@@ -19,7 +21,6 @@ from dp_jax.compare import (
   validated_tolerance,
   verdict,
 )
-from dp_jax.errors import UserError
 from dp_jax.sim.background import background_job
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.metrics import data_parallel_frontier, matched_data_parallel, metrics

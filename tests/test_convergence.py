@@ -1,12 +1,13 @@
-"""dp_jax/convergence.py: every (lr, seed) of a batch size trained to a target in one jit."""
+"""dp_jax/studies/convergence.py: every (lr, seed) of a batch size trained to a target in one
+jit."""
 
 import numpy as np
 import pytest
 
-from dp_jax import convergence, digits
-from dp_jax.convergence import Sweep
-from dp_jax.errors import UserError
-from dp_jax.models import build_model
+from dp_jax.base.errors import UserError
+from dp_jax.models.zoo import build_model
+from dp_jax.studies import convergence, digits
+from dp_jax.studies.convergence import Sweep
 
 
 def build(seed):

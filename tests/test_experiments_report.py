@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from experiments import report
 from experiments.strong_scaling import STUDY
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from experiments import studies
 
 

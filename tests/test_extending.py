@@ -10,9 +10,9 @@ from apps import REPO, assert_one_line_error, run_app
 from omegaconf import OmegaConf
 from wandb_files import records, run_file
 
-from dp_jax import zoo
-from dp_jax.errors import UserError
-from dp_jax.profile.deeppool_import import import_deeppool_a100
+from dp_jax.base.errors import UserError
+from dp_jax.models import zoo
+from dp_jax.profiling.deeppool_import import import_deeppool_a100
 
 EXAMPLES = REPO / "examples"
 VIT, MIXER = (EXAMPLES / "conf" / "model" / f"{n}.yaml" for n in ("tiny_vit", "tiny_mixer"))
@@ -89,7 +89,7 @@ def test_sequential_model_gets_layer_specs_and_forward():
     ("no_such_pkg.Model", {}, "cannot import _target_ 'no_such_pkg.Model'.*PYTHONPATH"),
     ("dp_jax.models.vit.ViT", {"depth": 2}, r"option\(s\) depth do not apply to model m "
                                              r"\(dp_jax.models.vit.ViT takes: .*patch_size"),
-    ("dp_jax.zoo.SIZE_KEYS", {}, "is not a class or function"),
+    ("dp_jax.models.zoo.SIZE_KEYS", {}, "is not a class or function"),
     ("dp_jax.models.vit.ClassToken", {}, "must take a keyword argument 'rngs'"),
 ])
 def test_bad_targets_are_one_line_errors(target, kwargs, match):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dp_jax.errors import UserError
-from dp_jax.graph import Chain, LayerGraph, LayerNode, Parallel
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import Chain, LayerGraph, LayerNode, Parallel
 
 
 def N(name, *inputs, kind="conv2d", **kw):

@@ -2,7 +2,7 @@
 
 from omegaconf import OmegaConf
 
-from dp_jax import zoo
+from dp_jax.models import zoo
 
 
 def test_a_cached_graph_is_the_traced_one(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import json
 import pytest
 from apps import assert_one_line_error, run_app
 
-from dp_jax.graph import LayerGraph
+from dp_jax.graph.layer_graph import LayerGraph
 
 
 def test_multirun_writes_graphs_and_offline_wandb_runs(tmp_path):

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from dp_jax.errors import UserError
-from dp_jax.jsonfile import dumps, read_json, write_json
+from dp_jax.base.errors import UserError
+from dp_jax.base.jsonfile import dumps, read_json, write_json
 
 
 def test_non_finite_floats_become_null_and_the_text_is_strict_json(tmp_path):

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dp_jax.errors import UserError
-from dp_jax.models import MODEL_NAMES, GraphModel, build_model, run_layers
+from dp_jax.base.errors import UserError
+from dp_jax.models.base import GraphModel, run_layers
+from dp_jax.models.zoo import MODEL_NAMES, build_model
 
 SMALL = {  # the smallest sizes each family supports, so the tests stay fast
     "vgg16": dict(image_size=32, num_classes=10),

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dp_jax.errors import UserError
-from dp_jax.multiplex import (
+from dp_jax.base.errors import UserError
+from dp_jax.multiplex.policy import (
   RATIO_FLOOR,
   STALE,
   T99,

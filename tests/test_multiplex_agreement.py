@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dp_jax.multiplex import STALE, BackgroundJob
-from dp_jax.orchestrator.scheduler import BackgroundScheduler
+from dp_jax.multiplex.policy import STALE, BackgroundJob
+from dp_jax.multiplex.scheduler import BackgroundScheduler
 from dp_jax.sim.measured import fill_measured
 
 CALLS = [((0, 1), 20.0, "0:fwd"), ((0,), 150.0, "1:fwd_bwd"), ((0, 1), 50.0, "0:bwd")]

@@ -1,14 +1,14 @@
-"""dp_jax/noise_scale.py: B_simple = tr(Sigma) / |G|^2 from per-example gradients."""
+"""dp_jax/studies/noise_scale.py: B_simple = tr(Sigma) / |G|^2 from per-example gradients."""
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from dp_jax import digits
-from dp_jax.convergence import cross_entropy
-from dp_jax.models import build_model
-from dp_jax.noise_scale import noise_scale_fn
+from dp_jax.models.zoo import build_model
+from dp_jax.studies import digits
+from dp_jax.studies.convergence import cross_entropy
+from dp_jax.studies.noise_scale import noise_scale_fn
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from dp_jax.errors import UserError
-from dp_jax.options import check_options
+from dp_jax.base.errors import UserError
+from dp_jax.config.rules import check_options
 
 
 def cfg(**values):

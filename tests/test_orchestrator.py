@@ -11,23 +11,21 @@ import pytest
 from omegaconf import OmegaConf
 from runtime_helpers import batches, make_model, sgd
 
-from dp_jax import multiplex
-from dp_jax.config import BackgroundConfig, ModelConfig
-from dp_jax.errors import UserError
-from dp_jax.models.registry import build_model
-from dp_jax.orchestrator import (
-  build_runners,
+from dp_jax.base.errors import UserError
+from dp_jax.config.schema import BackgroundConfig, ModelConfig
+from dp_jax.models.zoo import build_model
+from dp_jax.multiplex import policy as multiplex
+from dp_jax.multiplex.launch import start_background
+from dp_jax.multiplex.runners import build_runners, job_of_runner, measured_pieces
+from dp_jax.multiplex.scheduler import (
+  PROBES,
   idle_by_stage,
-  job_of_runner,
   load_checkpoint,
   make_background_hook,
-  start_background,
+  window_ms,
 )
-from dp_jax.orchestrator.background import measured_pieces
-from dp_jax.orchestrator.scheduler import PROBES, window_ms
+from dp_jax.planner.plan import check_plan, layout_plan
 from dp_jax.runtime.functional import split_layers
-from dp_jax.runtime.plan_check import check_plan
-from dp_jax.runtime.plans import layout_plan
 from dp_jax.runtime.stages import structure_graph
 from dp_jax.runtime.step import build_program, init_state, train_step
 
@@ -164,7 +162,7 @@ def test_failing_background_job_is_stopped_and_reported(tiny, caplog):
 
     r.step = flaky
   hook = make_background_hook(job, broken, start_after=ALONE, slowdown_cap=math.inf)
-  with caplog.at_level(logging.WARNING, logger="dp_jax.orchestrator"):
+  with caplog.at_level(logging.WARNING, logger="dp_jax.multiplex"):
     fake_steps(hook, ALONE + 3)
     stats = hook.drain()
   assert stats.failures >= 1 and not hook.alive and calls and stats.steps == 0
@@ -236,7 +234,7 @@ PLAN = {"num_devices": 8, "predicted": {"memory_peak_gb": 0.5}, "layers": []}
 
 
 def test_build_failure_gives_a_stopped_hook(monkeypatch):
-  from dp_jax import zoo
+  from dp_jax.models import zoo
 
   def broken(*a, **k):
     raise RuntimeError("cannot build")
@@ -270,7 +268,8 @@ def test_background_none_is_no_hook():
 
 
 def test_measure_compares_means_after_warmup():
-  from dp_jax.orchestrator import BackgroundScheduler, alone_steps, measure
+  from dp_jax.multiplex.launch import alone_steps, measure
+  from dp_jax.multiplex.scheduler import BackgroundScheduler
 
   hook = BackgroundScheduler(None, start_after=4)
   out = measure([100.0, 50.0, 10.0, 12.0, 30.0, 14.0], hook)

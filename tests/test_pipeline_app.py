@@ -72,7 +72,7 @@ def test_an_unknown_paper_cluster_is_one_line(tmp_path):
 
 
 def test_idle_devices_counts_the_devices_some_layer_leaves_idle():
-  from dp_jax.apps.pipeline import idle_devices
+  from dp_jax.pipeline import idle_devices
 
   assert idle_devices({"a": (0, 2), "b": (0, 2)}, 2) == 0  # data parallelism
   assert idle_devices({"a": (0, 2), "b": (0, 1)}, 2) == 1
@@ -83,7 +83,7 @@ def test_idle_devices_counts_the_devices_some_layer_leaves_idle():
 def test_a_plan_with_no_idle_device_is_said_in_the_story_not_left_as_a_zero():
   from omegaconf import OmegaConf
 
-  from dp_jax.apps.pipeline import story
+  from dp_jax.pipeline import story
 
   cfg = OmegaConf.create({"planner": {"amplification_limit": 1.5}, "comparison": {
       "tolerance": 0.083}, "background": {"name": "same_family", "batch_per_device": 8,
@@ -98,7 +98,7 @@ def test_a_plan_with_no_idle_device_is_said_in_the_story_not_left_as_a_zero():
 
 
 def test_the_pinned_step_is_explained_by_what_the_plan_has():
-  from dp_jax.apps.pipeline import _pinned_causes
+  from dp_jax.pipeline import _pinned_causes
 
   one_device = _pinned_causes({"devices": 2, "burst_devices_per_layer": "1", "plan_stages": 1})
   assert "one core" in one_device and "gloo" not in one_device
@@ -111,7 +111,7 @@ def test_the_pinned_step_is_explained_by_what_the_plan_has():
 def test_a_measured_slowdown_above_the_cap_is_said_with_why():
   from omegaconf import OmegaConf
 
-  from dp_jax.apps.pipeline import story
+  from dp_jax.pipeline import story
 
   cfg = OmegaConf.create({"planner": {"amplification_limit": 1.5}, "comparison": {
       "tolerance": 0.083}, "background": {"name": "same_family", "batch_per_device": 8,

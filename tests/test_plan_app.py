@@ -5,10 +5,10 @@ import json
 import pytest
 from apps import assert_one_line_error, run_app
 
-from dp_jax.compare import GPU_VALIDATED_TOLERANCE
-from dp_jax.graph import LayerNode
+from dp_jax.graph.layer_graph import LayerNode
 from dp_jax.planner import Plan
-from dp_jax.profile.table import ProfileTable
+from dp_jax.profiling.table import ProfileTable
+from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE
 
 
 def write_graph_and_profile(tmp_path, cycle=False, drop=None):

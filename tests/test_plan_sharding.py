@@ -5,12 +5,10 @@ import copy
 
 import pytest
 
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph, LayerNode
-from dp_jax.planner.plan import PLAN_SCHEMA, Plan, as_plan
-from dp_jax.runtime.plan_check import check_plan
-from dp_jax.runtime.plans import layout_plan
-from dp_jax.sharding import LayerSharding, default_sharding
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.planner.plan import PLAN_SCHEMA, Plan, as_plan, check_plan, layout_plan
+from dp_jax.planner.sharding import LayerSharding, default_sharding
 
 
 def mlp() -> LayerGraph:

@@ -7,15 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph, LayerNode
+from dp_jax.base.errors import UserError
+from dp_jax.config.workflow import check_made_for, cluster_config, cluster_spec
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.planner import make_plan
-from dp_jax.planner.plan import PLAN_SCHEMA, Plan, as_plan
+from dp_jax.planner.plan import PLAN_SCHEMA, Plan, as_plan, check_plan, layout_plan
 from dp_jax.planner.synthetic import analytic_profile, resnet_like
 from dp_jax.runtime.batch_norm import batch_norm_mode
-from dp_jax.runtime.plan_check import check_plan
-from dp_jax.runtime.plans import layout_plan
-from dp_jax.workflow import check_made_for, cluster_config, cluster_spec
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dp_jax"
 

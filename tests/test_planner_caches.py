@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dp_jax.cluster import load_cluster
+from dp_jax.hardware.cluster import load_cluster
 from dp_jax.planner import memory, pricing, sharded, synthetic
 from dp_jax.planner.amplification import allowed_counts, offers
 from dp_jax.planner.costs import build_cost_model

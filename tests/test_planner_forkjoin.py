@@ -20,8 +20,8 @@ from forkjoin_brute import (
   restrictions,
 )
 
-from dp_jax.cluster import ClusterSpec
-from dp_jax.graph import LayerGraph, LayerNode
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.planner import make_plan
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate

@@ -9,8 +9,8 @@ from forkjoin_brute import with_stage_terms
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dp_jax.cluster import ClusterSpec
-from dp_jax.graph import LayerGraph, LayerNode
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions

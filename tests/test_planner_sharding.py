@@ -9,7 +9,9 @@ import pytest
 from apps import assert_one_line_error, run_app
 from test_planner_zoo import a100_profile, cluster, graph
 
-from dp_jax.cluster import (
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.hardware.cluster import (
   allgather_ms,
   allreduce_ms,
   class_bus_GBps,
@@ -18,15 +20,13 @@ from dp_jax.cluster import (
   strided_link_class,
   volume_ms,
 )
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph, LayerNode
-from dp_jax.models.registry import MODEL_NAMES
+from dp_jax.models.zoo import MODEL_NAMES
 from dp_jax.planner import Plan, make_plan, memory, pricing, sharded
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.search import build_tables, search
-from dp_jax.profile.analytic import analytic_profile
+from dp_jax.profiling.analytic import analytic_profile
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.metrics import metrics
 

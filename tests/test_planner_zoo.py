@@ -9,15 +9,15 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from dp_jax import zoo
-from dp_jax.cluster import load_cluster
-from dp_jax.models.registry import MODEL_NAMES
+from dp_jax.hardware.cluster import load_cluster
+from dp_jax.models import zoo
+from dp_jax.models.zoo import MODEL_NAMES
 from dp_jax.planner import make_plan
 from dp_jax.planner.search import ELEMENTWISE_KINDS
-from dp_jax.profile.analytic import analytic_profile
-from dp_jax.profile.deeppool_import import import_deeppool_a100
-from dp_jax.profile.sources import profile_batches
-from dp_jax.profile.table import ProfileTable
+from dp_jax.profiling.analytic import analytic_profile
+from dp_jax.profiling.deeppool_import import import_deeppool_a100
+from dp_jax.profiling.sources import profile_batches
+from dp_jax.profiling.table import ProfileTable
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.metrics import metrics
 

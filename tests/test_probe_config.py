@@ -10,14 +10,14 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 
-from dp_jax.config import CONF_DIR, check_known_keys, check_required
-from dp_jax.errors import UserError
-from dp_jax.options import check_options
+from dp_jax.base.errors import UserError
+from dp_jax.config.rules import check_options
+from dp_jax.config.schema import CONF_DIR, check_known_keys, check_required
 
-APPS = {"inspect": "dp_jax.apps.inspect", "profile": "dp_jax.apps.profile",
-        "plan": "dp_jax.apps.plan", "simulate": "dp_jax.apps.simulate",
-        "train": "dp_jax.apps.train", "accuracy": "dp_jax.apps.accuracy",
-        "pipeline": "dp_jax.apps.pipeline", "validate": "dp_jax.apps.validate"}
+APPS = {"inspect": "dp_jax.inspect", "profile": "dp_jax.profile",
+        "plan": "dp_jax.plan", "simulate": "dp_jax.simulate",
+        "train": "dp_jax.train", "accuracy": "dp_jax.accuracy",
+        "pipeline": "dp_jax.pipeline", "validate": "dp_jax.validate"}
 
 
 def schema_of(app: str) -> type:
@@ -110,7 +110,7 @@ def test_a_cluster_file_without_memory_or_efficiency_is_refused(tmp_path):
     ("inter_node_latency_us", 2e7, "microseconds"),
 ])
 def test_physically_implausible_cluster_numbers_are_refused_with_a_unit_hint(key, value, unit):
-  from dp_jax import workflow
+  from dp_jax.config import workflow
 
   cfg = composed("plan", f"cluster.{key}={value}")
   with pytest.raises(UserError) as e:
@@ -119,14 +119,14 @@ def test_physically_implausible_cluster_numbers_are_refused_with_a_unit_hint(key
 
 
 def test_an_nvlink_class_link_between_nodes_is_a_valid_what_if():
-  from dp_jax import workflow
+  from dp_jax.config import workflow
 
   cfg = composed("simulate", "cluster=dgx_a100", "cluster.inter_node_bandwidth_GBps=300")
   assert workflow.cluster_spec(cfg.cluster).inter_node_bandwidth_GBps == 300
 
 
 def test_every_shipped_cluster_is_plausible():
-  from dp_jax import workflow
+  from dp_jax.config import workflow
 
   for path in Path(CONF_DIR, "cluster").glob("*.yaml"):
     workflow.cluster_spec(workflow.cluster_config(path.stem))

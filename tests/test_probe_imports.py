@@ -20,7 +20,8 @@ def imports_of(module: str) -> set[str]:
 
 
 def test_cli_options_workflow_form_no_circle():
-  for module in ("dp_jax.options", "dp_jax.workflow", "dp_jax.config", "dp_jax.run_folder"):
-    assert "dp_jax.cli" not in imports_of(module), module
-  for module in imports_of("dp_jax.cli"):
-    assert "dp_jax.cli" not in imports_of(module), module
+  for module in ("dp_jax.config.rules", "dp_jax.config.workflow", "dp_jax.config.schema",
+                 "dp_jax.tracking.run_folder"):
+    assert "dp_jax.config.hydra_app" not in imports_of(module), module
+  for module in imports_of("dp_jax.config.hydra_app"):
+    assert "dp_jax.config.hydra_app" not in imports_of(module), module

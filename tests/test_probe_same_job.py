@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.runtime.train_loop import check_same_job, repair_metrics
 
 CONFIG = {"model": {"name": "gpt2", "d_model": 32}, "optimizer": {"name": "adam", "lr": 0.01},

@@ -7,9 +7,9 @@ import pathlib
 
 import pytest
 
-from dp_jax.cli import one_line
-from dp_jax.errors import UserError
-from dp_jax.jsonfile import write_json
+from dp_jax.base.errors import UserError
+from dp_jax.base.jsonfile import write_json
+from dp_jax.config.hydra_app import one_line
 
 
 def full_disk(*_, **__):

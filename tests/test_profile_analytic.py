@@ -3,9 +3,10 @@
 import pytest
 from profile_ref_graphs import vgg16
 
-from dp_jax.errors import UserError
-from dp_jax.profile import analytic
-from dp_jax.profile.analytic import (
+from dp_jax.base.errors import UserError
+from dp_jax.hardware.devices import get_device
+from dp_jax.profiling import analytic
+from dp_jax.profiling.analytic import (
   PLAIN,
   AnalyticParams,
   LayerCost,
@@ -13,7 +14,6 @@ from dp_jax.profile.analytic import (
   layer_times_ms,
   wave_utilization,
 )
-from dp_jax.profile.devices import get_device
 
 A100 = get_device("A100-SXM4-40GB")
 

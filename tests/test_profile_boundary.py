@@ -2,7 +2,7 @@
 
 import pytest
 
-from dp_jax.profile import boundary
+from dp_jax.profiling import boundary
 
 
 def test_cut_points_spread_evenly_and_cover_small_models():
@@ -38,7 +38,7 @@ def test_leveling_puts_the_whole_model_at_the_median_of_its_measurements():
 
 
 def test_a_cut_and_its_uncut_reference_are_each_timed_after_a_step_of_their_own(monkeypatch):
-  from dp_jax.models.registry import build_model
+  from dp_jax.models.zoo import build_model
   from dp_jax.runtime.stages import structure_graph
 
   graph = structure_graph(build_model("digits_mlp"), "digits_mlp")

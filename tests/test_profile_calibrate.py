@@ -2,9 +2,9 @@
 
 from profile_ref_graphs import vgg16
 
-from dp_jax.profile import calibrate
-from dp_jax.profile.analytic import AnalyticParams, analytic_profile
-from dp_jax.profile.devices import get_device
+from dp_jax.hardware.devices import get_device
+from dp_jax.profiling import calibrate
+from dp_jax.profiling.analytic import AnalyticParams, analytic_profile
 
 
 def test_fit_recovers_generating_params(monkeypatch):

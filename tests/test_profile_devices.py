@@ -2,8 +2,8 @@
 
 import pytest
 
-from dp_jax.errors import UserError
-from dp_jax.profile.devices import DEVICES, DeviceSpec, canonical_dtype, get_device, is_mixed
+from dp_jax.base.errors import UserError
+from dp_jax.hardware.devices import DEVICES, DeviceSpec, canonical_dtype, get_device, is_mixed
 
 
 def test_every_device_has_positive_numbers():

@@ -3,9 +3,9 @@
 import pytest
 from profile_ref_graphs import inception_v3, resnet, vgg16
 
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerNode
-from dp_jax.profile.formulas import activation_elems, forward_flops, gemm_shape
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerNode
+from dp_jax.profiling.formulas import activation_elems, forward_flops, gemm_shape
 
 
 def test_model_totals_match_published_counts():

@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
+from dp_jax.graph.trace import trace_graph
 from dp_jax.models.base import ImageModel, LayerSpec, chain
 from dp_jax.models.layers import Conv2d, Flatten, Linear, ReLU
-from dp_jax.profile import measure
-from dp_jax.trace import trace_graph
+from dp_jax.profiling import measure
 
 
 class Tiny(ImageModel):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dp_jax.errors import UserError
-from dp_jax.profile.table import MissingProfileError, ProfileTable
+from dp_jax.base.errors import UserError
+from dp_jax.profiling.table import MissingProfileError, ProfileTable
 
 
 def _table():

@@ -2,9 +2,9 @@
 
 import pytest
 
-from dp_jax.errors import UserError
-from dp_jax.profile.table import ProfileTable
-from dp_jax.profile.validate import compare, layer_groups, summarize
+from dp_jax.base.errors import UserError
+from dp_jax.profiling.table import ProfileTable
+from dp_jax.profiling.validate import compare, layer_groups, summarize
 
 
 def _t(rows, source="imported"):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dp_jax.compare import GPU_VALIDATED_TOLERANCE
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph, LayerNode
-from dp_jax.profile.calibrated import CALIBRATION, calibrated_profile
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.profiling.calibrated import CALIBRATION, calibrated_profile
+from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE
 from dp_jax.validation.published import (
   fit_calibration,
   held_out,

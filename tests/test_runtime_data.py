@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from runtime_helpers import TINY_GPT2
 
-from dp_jax.errors import UserError
-from dp_jax.models.registry import build_model
+from dp_jax.base.errors import UserError
+from dp_jax.models.zoo import build_model
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime import mesh as meshlib
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mp_launch import REPO, free_port, start, wait, wait_for_output
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.runtime import distributed, fatal_filter
 
 ENV_NAMES = ("DP_JAX_COORDINATOR_ADDRESS", "DP_JAX_NUM_PROCESSES", "DP_JAX_PROCESS_ID")

@@ -6,7 +6,7 @@ import numpy as np
 from flax import nnx
 from runtime_helpers import TINY_GPT2
 
-from dp_jax.models.registry import build_model
+from dp_jax.models.zoo import build_model
 from dp_jax.runtime.functional import (
   PARAM,
   STAT,

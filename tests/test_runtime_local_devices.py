@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.runtime import local_devices as ld
 
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.runtime import pinned
 from dp_jax.runtime.local_devices import HOST_DEVICES_FLAG
 

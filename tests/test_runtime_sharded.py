@@ -19,11 +19,10 @@ from runtime_helpers import (
 )
 
 from dp_jax.models.digits import DigitsMLP
-from dp_jax.models.registry import build_model
+from dp_jax.models.zoo import build_model
+from dp_jax.planner.plan import check_plan, layout_plan
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime.functional import split_layers
-from dp_jax.runtime.plan_check import check_plan
-from dp_jax.runtime.plans import layout_plan
 from dp_jax.runtime.stages import structure_graph
 from dp_jax.runtime.step import build_program, init_state
 from dp_jax.runtime.train_loop import train

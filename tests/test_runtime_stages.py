@@ -2,11 +2,15 @@
 
 import pytest
 
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph, LayerNode
-from dp_jax.models.registry import build_model
-from dp_jax.runtime.plan_check import check_plan
-from dp_jax.runtime.plans import data_parallel_layout_plan, layout_plan, staged_data_parallel_plan
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.models.zoo import build_model
+from dp_jax.planner.plan import (
+  check_plan,
+  data_parallel_layout_plan,
+  layout_plan,
+  staged_data_parallel_plan,
+)
 from dp_jax.runtime.stages import INPUT, group_stages, series_parallel_order, structure_graph
 
 

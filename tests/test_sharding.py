@@ -3,11 +3,11 @@
 import pytest
 from runtime_helpers import TINY_GPT2
 
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerNode
-from dp_jax.models.registry import build_model
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerNode
+from dp_jax.models.zoo import build_model
+from dp_jax.planner.sharding import SPLITS, default_sharding, layer_sharding, splits_for
 from dp_jax.runtime.functional import split_layers
-from dp_jax.sharding import SPLITS, default_sharding, layer_sharding, splits_for
 
 
 def linear(i=4096, o=1000):

@@ -6,8 +6,8 @@ import pytest
 from apps import assert_one_line_error, run_app
 from sim_helpers import graph, profile
 
-from dp_jax.compare import GPU_VALIDATED_TOLERANCE
 from dp_jax.planner import Plan
+from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sim_helpers import cluster, graph, profile
 
-from dp_jax.errors import UserError
-from dp_jax.graph import flat_layers
-from dp_jax.multiplex import layer_groups
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import flat_layers
+from dp_jax.multiplex.policy import layer_groups
 from dp_jax.planner import memory
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.options import PlanOptions

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 from sim_helpers import cluster, graph, plan, profile
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.sim.engine import cost_model_for, default_switch_ms, plan_options, simulate
 
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sim_helpers import cluster, graph, plan, profile
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.planner import make_plan
 from dp_jax.planner.baseline import data_parallel
 from dp_jax.planner.costs import build_cost_model
@@ -16,7 +16,7 @@ from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.make import build_plan, data_parallel_plan
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.synthetic import linear_profile
-from dp_jax.profile.sources import profile_batches
+from dp_jax.profiling.sources import profile_batches
 from dp_jax.sim.background import background_job
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.fill import fill

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sim_helpers import INF, cluster, graph, plan, profile
 
-from dp_jax.cluster import collective_latency_ms
+from dp_jax.hardware.cluster import collective_latency_ms
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import allreduce_volume_ms, move_ms, stage_sync_ms
 from dp_jax.planner.evaluate import data_parallel_assignment, evaluate

@@ -2,7 +2,7 @@
 
 import subprocess
 
-from dp_jax.tracking import git_state
+from dp_jax.tracking.run import git_state
 
 
 def _git(repo, *args):

@@ -39,8 +39,8 @@ def finished(tmp_path_factory, compile_cache):
 
 
 def burst_plan_file(folder) -> str:
-  from dp_jax.graph import LayerGraph, LayerNode
-  from dp_jax.runtime.plans import layout_plan
+  from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+  from dp_jax.planner.plan import layout_plan
 
   names = ["embed", "h.0", "h.1", "ln_f", "lm_head"]
   graph = LayerGraph("gpt2_small", (16,), "int32", tuple(
@@ -177,7 +177,7 @@ def test_importing_the_app_leaves_jax_unloaded():
 
 
 def test_host_device_count_flag_is_replaced_not_duplicated(monkeypatch):
-  from dp_jax.apps.train import set_host_device_count
+  from dp_jax.train import set_host_device_count
 
   monkeypatch.setenv("XLA_FLAGS", "--foo=1 --xla_force_host_platform_device_count=2")
   set_host_device_count(8)

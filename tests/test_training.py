@@ -6,12 +6,12 @@ import jax
 import pytest
 from omegaconf import OmegaConf
 
-from dp_jax import training
-from dp_jax.errors import UserError
-from dp_jax.orchestrator.background import DeviceRunner
-from dp_jax.runtime.plans import layout_plan
+from dp_jax.base.errors import UserError
+from dp_jax.models.zoo import build
+from dp_jax.multiplex.runners import DeviceRunner
+from dp_jax.planner.plan import layout_plan
+from dp_jax.runtime import training
 from dp_jax.runtime.stages import structure_graph
-from dp_jax.zoo import build
 
 TINY = {"name": "gpt2_small", "n_layer": 1, "d_model": 16, "n_head": 2, "seq_len": 8,
         "vocab_size": 32}

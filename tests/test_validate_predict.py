@@ -1,4 +1,5 @@
-"""validate predicts with the planner's own evaluation (dp_jax.workflow.predicted_step): a plan's
+"""validate predicts with the planner's own evaluation (dp_jax.config.workflow.predicted_step): a
+plan's
 predicted time is validate's."""
 
 import dataclasses
@@ -8,12 +9,12 @@ import pytest
 from omegaconf import OmegaConf
 from test_planner_stage_terms import mlp
 
-from dp_jax.cluster import load_cluster
-from dp_jax.config import PlannerConfig
+from dp_jax.config.schema import PlannerConfig
+from dp_jax.config.workflow import cluster_config, plan_options, predicted_step
+from dp_jax.hardware.cluster import load_cluster
 from dp_jax.planner import data_parallel_plan, make_plan
 from dp_jax.planner.synthetic import linear_profile
-from dp_jax.profile.local_links import LocalCalibration
-from dp_jax.workflow import cluster_config, plan_options, predicted_step
+from dp_jax.profiling.local_links import LocalCalibration
 
 
 def calibration(g: int) -> LocalCalibration:

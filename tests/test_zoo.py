@@ -1,8 +1,9 @@
-"""dp_jax/zoo.py: a model config's graph is traced once per process (multirun cells share it)."""
+"""dp_jax/models/zoo.py: a model config's graph is traced once per process (multirun cells share
+it)."""
 
 from omegaconf import OmegaConf
 
-from dp_jax import zoo
+from dp_jax.models import zoo
 
 
 def tiny(**more):

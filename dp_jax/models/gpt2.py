@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.models import init, ops
 from dp_jax.models.base import GraphModel, LayerSpec, chain
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.models import init, ops
 from dp_jax.models.base import ImageModel, LayerSpec, chain
 from dp_jax.models.layers import Linear

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dp_jax.cluster import (
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import (
   ClusterSpec,
   bus_bandwidth_GBps,
   class_bus_GBps,
@@ -23,19 +25,18 @@ from dp_jax.cluster import (
   p2p_link,
   volume_ms,
 )
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph
+from dp_jax.hardware.devices import DTYPE_BYTES, canonical_dtype
 from dp_jax.planner import footprint, stage_terms
 from dp_jax.planner.options import PlanOptions, candidate_counts
 from dp_jax.planner.segments import Placement  # noqa: F401 (re-exported: first device, count)
-from dp_jax.profile.devices import DTYPE_BYTES, canonical_dtype
-from dp_jax.profile.table import MissingProfileError, ProfileTable
+from dp_jax.profiling.table import MissingProfileError, ProfileTable
 
 # --- collectives ------------------------------------------------------------------------------
 
 
 def allreduce_volume_ms(cluster: ClusterSpec, nbytes, start, count):
-  """Bandwidth part of an all-reduce over devices [start, start + count) (dp_jax/cluster.py)."""
+  """Bandwidth part of an all-reduce over devices [start, start + count)
+  (dp_jax/hardware/cluster.py)."""
   return volume_ms(nbytes, count, bus_bandwidth_GBps(cluster, start, count))
 
 
@@ -252,7 +253,7 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
   comp += update[:, None]
   stage_ms, enter_ms, leave_ms = stage_terms.stage_terms(graph, profile, cluster, options, counts)
   # a profile timed on the stage's devices has the gradient all-reduce inside its programs
-  # (dp_jax.profile.in_context): the cluster's all-reduce is not priced again
+  # (dp_jax.profiling.in_context): the cluster's all-reduce is not priced again
   grads = 0.0 if profile.meta.get("includes_allreduce") else options.grad_bytes_per_param
   scales = element_scales(graph, profile)
   model = CostModel(

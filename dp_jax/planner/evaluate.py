@@ -42,15 +42,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dp_jax.cluster import ClusterSpec
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.segments import Block, Move, Segment, Stage, segments
 from dp_jax.planner.sharded import Sharding, check_sharding, is_samples, param_share
-from dp_jax.profile.table import ProfileTable
+from dp_jax.profiling.table import ProfileTable
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ memory, which reads a CostModel. Pure Python: no JAX.
 
 from __future__ import annotations
 
-from dp_jax.graph import LayerNode
+from dp_jax.graph.layer_graph import LayerNode
 
 MOMENTUM_STATE_BYTES = 4  # the default optimizer's state (PlanOptions.optimizer: momentum)
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from dp_jax.cluster import ClusterSpec
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.planner import memory, pricing, sharded
 from dp_jax.planner.amplification import (
   allowed_counts,
@@ -29,8 +29,8 @@ from dp_jax.planner.options import MODES, PlanOptions
 from dp_jax.planner.plan import LayerPlan, Plan
 from dp_jax.planner.search import SHARDING_RULES, build_tables, lower_bound, search
 from dp_jax.planner.sharded import Sharding
-from dp_jax.profile.table import ProfileTable
-from dp_jax.sharding import layer_sharding, sample_ranges
+from dp_jax.planner.sharding import layer_sharding, sample_ranges
+from dp_jax.profiling.table import ProfileTable
 
 # Lagrange multipliers (ms per GB of saved activations) tried when the fastest plan overflows
 # device memory; the fastest plan that fits wins.
@@ -168,7 +168,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
                extra: Mapping[str, Any] | None = None,
                shardings: Mapping[str, Sharding] | None = None) -> Plan:
   """A Plan with per-layer and per-stage costs and the data-parallel comparison; layers with a
-  weight sharding carry its "sharding" entry (dp_jax.sharding.layer_sharding)."""
+  weight sharding carry its "sharding" entry (dp_jax.planner.sharding.layer_sharding)."""
   opts, g = model.options, model.options.num_devices
   shardings = shardings or {}
   dp_count, dp = baseline

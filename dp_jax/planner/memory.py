@@ -7,7 +7,7 @@ A device holding a layer on g devices at global batch B keeps:
   (sharded.param_share; the runtime's optimizer state follows its parameter, runtime/layout.py);
 - the activations the layer saves for its backward pass for its B / g samples: the bytes of
   the residuals of the layer's forward-with-residuals program, per sample, as traced by XLA
-  (LayerNode.saved_bytes_per_sample, dp_jax/trace.py); graphs without them (hand-written
+  (LayerNode.saved_bytes_per_sample, dp_jax/graph/trace.py); graphs without them (hand-written
   files) fall back to the layer's output. Saved bytes are rescaled from the traced dtype to the
   profile's (mixed fp16 saves 2-byte activations). A weight-sharded layer keeps them for its
   B / d samples: what its split keeps whole over the model group in full, the rest / m
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.planner import pricing, sharded
 from dp_jax.planner.costs import CostModel
 from dp_jax.planner.footprint import (  # the per-layer part, re-exported

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 
 DEVICE_COUNT_MODES = ("divisors", "powers_of_two")
 BATCH_NORM_MODES = ("sync", "local")  # statistics over a stage's whole batch / per device

@@ -1,22 +1,25 @@
-"""Plan: which devices and samples every layer gets, what it is predicted to cost; JSON in/out.
+"""The plan contract: which devices and samples every layer gets, what it is predicted to cost.
 
-The one plan type and parser of the planner, the simulator and the runtime (which adds the
-checks against a model's graph and the local devices: dp_jax/runtime/plan_check.py). No JAX.
+The one plan type of the planner, the simulator and the runtime, in one place: created (by the
+planner, or from a layer -> devices layout: `layout_plan`), parsed and checked
+(`Plan.from_json`; against a model's graph and the devices: `check_plan`), saved and loaded
+(JSON schema `dp_jax.plan/2`). No JAX.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dp_jax.errors import UserError
-from dp_jax.jsonfile import read_json, write_json
-from dp_jax.sharding import LayerSharding, sample_ranges
+from dp_jax.base.errors import UserError
+from dp_jax.base.jsonfile import read_json, write_json
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.planner.sharding import LayerSharding, layer_sharding, sample_ranges, splits_for
 
 if TYPE_CHECKING:
   from dp_jax.planner.costs import Placement
@@ -70,7 +73,7 @@ class LayerPlan:
 @dataclass(frozen=True)
 class Plan:
   """A burst-parallel (or data-parallel) plan, as python -m dp_jax.plan writes it; a runtime
-  layout (dp_jax/runtime/plans.py) has only the placement: no cluster, predictions or time."""
+  layout (dp_jax/planner/plan.py) has only the placement: no cluster, predictions or time."""
 
   model: str
   global_batch: int
@@ -286,3 +289,101 @@ def _ranges(samples: Any, count: int, where: str) -> list[tuple[int, int]]:
       raise UserError(f"{where}: each sample range must be [start, end], two integers >= 0")
     out.append((s[0], s[1]))
   return out
+
+
+# --- checked against a model and its devices ---------------------------------------------
+
+
+def plan_dict(plan: Any) -> dict[str, Any]:
+  """The plan as a JSON dict (accepts a dict or a Plan), for writing and sending."""
+  if isinstance(plan, Mapping):
+    return dict(plan)
+  return as_plan(plan).to_json()
+
+
+def check_plan(plan: Any, graph: LayerGraph, *, available_devices: int,
+               global_batch: int | None = None) -> Plan:
+  """`plan` (a Plan or plan JSON) checked for `graph` on `available_devices`, its layers in
+  graph order; raise UserError on the first problem."""
+  p = as_plan(plan)
+  if p.model != graph.model:
+    raise UserError(f"plan is for model '{p.model}' but the model is '{graph.model}'; "
+                    f"make a plan for {graph.model}")
+  batch, g = p.global_batch, p.num_devices
+  if global_batch is not None and global_batch != batch:
+    raise UserError(f"plan was made for global batch {batch} but the batch size is "
+                    f"{global_batch}; set batch_size={batch} or make a plan for {global_batch}")
+  if g > available_devices:
+    raise UserError(f"plan needs {g} devices but only {available_devices} are available; "
+                    f"make a plan for {available_devices} devices or add devices")
+  _check_names([lp.name for lp in p.layers], graph)
+  for lp in p.layers:
+    node = graph.node(lp.name)
+    m = lp.mesh[1]
+    if lp.split not in splits_for(node, m):
+      raise UserError(f"plan layer '{lp.name}' ({node.kind}) cannot use split '{lp.split}' on "
+                      f"a model axis of {m}")
+  return p.in_order(graph.names)
+
+
+def _check_names(names: list[str], graph: LayerGraph) -> None:
+  seen = set(names)
+  missing = [n for n in graph.names if n not in seen]
+  unknown = [n for n in names if n not in set(graph.names)]
+  if missing or unknown:
+    parts = []
+    for label, items in (("missing", missing), ("unknown", unknown)):
+      if items:
+        more = f" (+{len(items) - 3} more)" if len(items) > 3 else ""
+        parts.append(f"{label}: {', '.join(map(str, items[:3]))}{more}")
+    raise UserError(f"plan layers do not match model {graph.model} ({'; '.join(parts)}); "
+                    f"make the plan for this model and size")
+
+
+# --- plans from a layout (tests, benchmarks, baselines) ---------------------------------
+
+Layout = Mapping[str, Sequence[int]] | Callable[[str], Sequence[int]]
+Shardings = Mapping[str, tuple[tuple[int, int], str]]  # layer -> ((d, m), split)
+
+
+def layout_plan(graph: LayerGraph, layout: Layout, *, global_batch: int,
+                num_devices: int, shardings: Shardings | None = None) -> dict[str, Any]:
+  """A plan placing each layer on its listed devices; a layer in `shardings` runs on its
+  (d, m) mesh with its split (samples: device k gets range k // m of d equal ranges), the
+  others split samples in equal contiguous ranges."""
+  devices_of = layout if callable(layout) else layout.__getitem__
+  shardings = shardings or {}
+  layers = []
+  for name in graph.names:
+    devs = [int(d) for d in devices_of(name)]
+    layer: dict[str, Any] = {"name": name, "devices": devs}
+    mesh, split = shardings.get(name, ((len(devs), 1), "samples"))
+    ranges = sample_ranges(global_batch, *mesh)
+    layer["samples"] = [list(r) for r in ranges]
+    if split != "samples":
+      layer["sharding"] = layer_sharding(graph.node(name), mesh, split)
+    layers.append(layer)
+  return {"schema": PLAN_SCHEMA, "model": graph.model, "global_batch": global_batch,
+          "num_devices": num_devices, "layers": layers, "predicted": {}}
+
+
+def data_parallel_layout_plan(graph: LayerGraph, *, global_batch: int,
+                              num_devices: int) -> dict[str, Any]:
+  """Every layer on every device: plain data parallelism (one stage)."""
+  return layout_plan(graph, lambda _: range(num_devices), global_batch=global_batch,
+                     num_devices=num_devices)
+
+
+def staged_data_parallel_plan(graph: LayerGraph, stages: int, width: int, *, global_batch: int,
+                              alternate: bool = False) -> dict[str, Any]:
+  """Data parallelism cut into `stages` runs of consecutive layers (0 or more than the layers:
+  one per layer), stage j on plan devices j*width .. j*width + width - 1 (with `alternate`,
+  odd stages on j*width only). Run on devices * stages (plan device i is device i mod width),
+  every stage uses the same devices, or alternates between all and the first."""
+  names = graph.names
+  k = len(names) if stages <= 0 else min(stages, len(names))
+  stage = {n: i * k // len(names) for i, n in enumerate(names)}
+  used = {n: 1 if alternate and stage[n] % 2 else width for n in names}
+  return layout_plan(graph, {n: range(stage[n] * width, stage[n] * width + used[n])
+                             for n in names},
+                     global_batch=global_batch, num_devices=k * width)

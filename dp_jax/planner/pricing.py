@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from dp_jax.cluster import (
+from dp_jax.hardware.cluster import (
   allgather_ms,
   allreduce_ms,
   collective_latency_ms,

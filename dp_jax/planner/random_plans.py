@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dp_jax.graph import LayerGraph
+from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.planner.costs import Placement
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dp_jax.graph import Chain, LayerGraph, Parallel
+from dp_jax.graph.layer_graph import Chain, LayerGraph, Parallel
 from dp_jax.planner.structure import first_layer, flat_layers, last_layer, sharing_groups
 
 Placement = tuple[int, int]  # (first device, number of devices) of the job

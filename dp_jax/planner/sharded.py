@@ -10,10 +10,10 @@ B/d input samples within its model group (m consecutive devices). Per split:
 - heads: forward 2 all-reduces of the output, backward 2 all-reduces of the input gradient.
 The layer reading the model input computes no input gradient: no backward collective.
 Compute: the profile's time at per-device batch B/d times the analytic roofline's ratio of
-the sharded shape to the whole layer at that batch (dp_jax/profile/analytic.py), so measured
+the sharded shape to the whole layer at that batch (dp_jax/profiling/analytic.py), so measured
 and imported tables both work. Weight gradients: each device holds 1/m of the split
 parameters (replicated ones whole) and all-reduces them over its data group (d devices,
-stride m); none when d = 1. Collectives: dp_jax/cluster.py (the d model groups, or m data
+stride m); none when d = 1. Collectives: dp_jax/hardware/cluster.py (the d model groups, or m data
 groups, side by side: the slowest counts). A layer's prices under a cost model:
 dp_jax/planner/pricing.py (activation_ms, sharded_layer_ms, sharded_band_ms). Which sharding
 each layer of a stage takes is chosen exactly by dp_jax/planner/stage_choice.py. Pure Python
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dp_jax.cluster import link_class, strided_link_classes
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph, LayerNode
-from dp_jax.profile.analytic import default_params, layer_cost, layer_times_ms
-from dp_jax.profile.devices import DTYPE_BYTES, canonical_dtype, get_device
-from dp_jax.sharding import SPLITS, splits_for
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.hardware.cluster import link_class, strided_link_classes
+from dp_jax.hardware.devices import DTYPE_BYTES, canonical_dtype, get_device
+from dp_jax.planner.sharding import SPLITS, splits_for
+from dp_jax.profiling.analytic import default_params, layer_cost, layer_times_ms
 
 if TYPE_CHECKING:
   from dp_jax.planner.plan import Plan
@@ -137,7 +137,7 @@ def whole_times(graph: LayerGraph, node: LayerNode, batch: int, device: str, dty
   if dev is None:
     return None
   if source == "calibrated" and dev.name != "cpu":
-    from dp_jax.profile.calibrated import layer_model
+    from dp_jax.profiling.calibrated import layer_model
 
     whole, params = layer_model(graph, node, dtype)
   else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dp_jax.graph import Chain, flat_layers
+from dp_jax.graph.layer_graph import Chain, flat_layers
 
 __all__ = ["first_layer", "flat_layers", "last_layer", "plan_order", "sharing_groups"]
 

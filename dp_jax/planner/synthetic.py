@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dp_jax.graph import LayerGraph, LayerNode
-from dp_jax.profile.table import ProfileTable
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.profiling.table import ProfileTable
 
 
 class _Builder:

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.runtime import distributed, transfer
 
 META_FILE = "dp_jax_checkpoint.json"

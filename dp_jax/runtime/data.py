@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 
 SOURCES = ("synthetic", "npz", "folder")
 IMAGE_SUFFIXES = (".png", ".npy")

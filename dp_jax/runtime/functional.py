@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 
 PARAM, STAT, TIED = "param", "stat", "tied"
 Arrays = dict[str, jax.Array]

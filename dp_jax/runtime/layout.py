@@ -1,6 +1,7 @@
 """Where a stage's parameters, statistics and optimizer state live on its (data, model) mesh.
 
-The plan gives each weight-sharded layer a PartitionSpec per parameter path (dp_jax/sharding.py);
+The plan gives each weight-sharded layer a PartitionSpec per parameter path
+(dp_jax/planner/sharding.py);
 every other array is replicated. Optimizer state follows its parameter: a leaf of a layer's
 optimizer state whose path ends in a parameter's key and has that parameter's shape gets the
 parameter's sharding (momentum, Adam moments); scalars (step counts) are replicated.
@@ -15,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.functional import LayerDef
 

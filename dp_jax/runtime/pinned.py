@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
 from dp_jax.runtime.local_devices import HOST_DEVICES_FLAG, xla_thread_ticks
 
 PIN_CORE_ENV = "DP_JAX_PIN_CORE"  # the core a started process pins itself to (check_pinned)

@@ -8,7 +8,7 @@ step after step, so a step is timed right after a step of the same plan (caches,
 threads warm for it), while the rounds still spread every plan's samples over the same time
 (load drift hits all alike). A plan's time is the median (or min) of its timed steps.
 
-`turns` is the rule itself, shared with the profile (dp_jax.profile.in_context, boundary,
+`turns` is the rule itself, shared with the profile (dp_jax.profiling.in_context, boundary,
 local_links): a call's turn runs it until it has run `runs_per_turn` times in a row (counting
 runs just before the turn, so a call alone in its rounds runs once per round after the first).
 """
@@ -24,11 +24,11 @@ from typing import Any
 import jax
 import optax
 
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.planner.plan import check_plan
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime.functional import split_layers
-from dp_jax.runtime.plan_check import check_plan
 from dp_jax.runtime.step import build_program, init_state, train_step
 
 STATISTICS = {"median": statistics.median, "min": min}

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from dp_jax.graph import LayerGraph, LayerNode, flat_layers
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode, flat_layers
 from dp_jax.planner import segments as seg
 
 INPUT = "<input>"  # producer name of the model input

@@ -40,8 +40,8 @@ import jax
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.planner.plan import Plan
 from dp_jax.runtime import layout, residuals, transfer
 from dp_jax.runtime import mesh as meshlib

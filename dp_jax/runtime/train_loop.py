@@ -25,8 +25,9 @@ from typing import Any
 import jax
 import optax
 
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.planner.plan import check_plan
 from dp_jax.runtime import checkpoint as ckpt
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime import distributed
@@ -34,7 +35,6 @@ from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime import timeline as tl
 from dp_jax.runtime.batch_norm import set_statistics_groups
 from dp_jax.runtime.functional import split_layers
-from dp_jax.runtime.plan_check import check_plan
 from dp_jax.runtime.step import Program, TrainState, build_program, init_state, train_step
 
 log = logging.getLogger(__name__)
@@ -245,7 +245,7 @@ def _write_text(path: Path, text: str) -> None:
 # --- a resume is the same job ------------------------------------------------------------------
 
 JOB_KEYS = ("model", "optimizer", "plan", "seed", "data")  # what a resume must keep
-CONFIG_FILE = "config.json"  # the run's recorded config (dp_jax/tracking.py)
+CONFIG_FILE = "config.json"  # the run's recorded config (dp_jax/tracking/run.py)
 PLAN_FILE = "plan.json"
 
 
@@ -257,7 +257,7 @@ def check_same_job(output_dir: str | Path, config: Any, plan: dict[str, Any],
   batch must match; only `steps` may grow. A folder without a checkpoint or a metrics line (or
   without config.json) holds no job yet.
   """
-  from dp_jax.jsonfile import dumps
+  from dp_jax.base.jsonfile import dumps
 
   out = Path(output_dir)
   if not _trained(out):

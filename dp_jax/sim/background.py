@@ -2,7 +2,7 @@
 
 A background job trains its own copy of a model on each device, independently (no gradient
 sync), as DeepPool's background tasks do (one model per GPU). Its step is the runtime's own
-sequence of programs for that model alone on one device (dp_jax/multiplex.py, step_pieces):
+sequence of programs for that model alone on one device (dp_jax/multiplex/policy.py, step_pieces):
 consecutive layers (series-parallel order) grouped while a group's forward and backward each
 stay within piece_ms (DeepPool: be_graph_split_ms, about 0.5 ms; a longer layer stands alone),
 then each group's forward, the last group's forward+backward, each group's backward with its
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from dp_jax.cluster import ClusterSpec
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph, flat_layers
-from dp_jax.multiplex import DEFAULT_PIECE_MS, BackgroundJob, layer_groups, step_pieces
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph, flat_layers
+from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.multiplex.policy import DEFAULT_PIECE_MS, BackgroundJob, layer_groups, step_pieces
 from dp_jax.planner import memory, pricing
 from dp_jax.planner.costs import CostModel, build_cost_model
 from dp_jax.planner.options import PlanOptions
-from dp_jax.profile.table import ProfileTable
+from dp_jax.profiling.table import ProfileTable
 
 __all__ = ["DEFAULT_PIECE_MS", "BackgroundJob", "background_job", "check_memory", "job_bytes"]
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from dp_jax.cluster import ClusterSpec
-from dp_jax.errors import UserError
-from dp_jax.graph import LayerGraph
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.devices import get_device
 from dp_jax.planner import memory
 from dp_jax.planner.baseline import data_parallel
 from dp_jax.planner.costs import CostModel, build_cost_model
@@ -17,8 +18,7 @@ from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evalua
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.plan import Plan
 from dp_jax.planner.sharded import plan_shardings
-from dp_jax.profile.devices import get_device
-from dp_jax.profile.table import ProfileTable
+from dp_jax.profiling.table import ProfileTable
 from dp_jax.sim.background import BackgroundJob, check_memory
 from dp_jax.sim.fill import Fill, fill, validate
 from dp_jax.sim.timeline import Timeline, build_timeline
@@ -77,7 +77,7 @@ def cost_model_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpe
 
 
 def default_switch_ms(cluster: ClusterSpec) -> float:
-  """One kernel's fixed overhead on the cluster's device (dp_jax/profile/devices.py)."""
+  """One kernel's fixed overhead on the cluster's device (dp_jax/hardware/devices.py)."""
   return get_device(cluster.device).kernel_overhead_us / 1e3
 
 

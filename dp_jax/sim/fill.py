@@ -1,4 +1,4 @@
-"""Background fill: the multiplexing policy (dp_jax/multiplex.py) replayed on the foreground.
+"""Background fill: the multiplexing policy (dp_jax/multiplex/policy.py) replayed on the foreground.
 
 Interference model (docs/simulator.md, "Background fill"):
 - Background pieces run only in windows where a device has no foreground work on either stream:
@@ -9,7 +9,7 @@ Interference model (docs/simulator.md, "Background fill"):
   alone steps) minus the time already used. An admitted piece runs for its true time (the
   profile unless `actual_ms` says otherwise), is never preempted, and its measured time corrects
   the policy's next predictions. Handing the device back costs switch_ms after each piece
-  (default: the device's per-kernel overhead, dp_jax/profile/devices.py).
+  (default: the device's per-kernel overhead, dp_jax/hardware/devices.py).
 - Every foreground task on a device waits for the background piece running there; a piece that
   outlasts the window delays the foreground. The policy charges that predicted overrun to one
   budget per iteration (cap x alone iteration) shared by all devices, so the cap holds at
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dp_jax.errors import UserError
-from dp_jax.multiplex import Admission, BackgroundJob, Decision, check_cap
+from dp_jax.base.errors import UserError
+from dp_jax.multiplex.policy import Admission, BackgroundJob, Decision, check_cap
 from dp_jax.sim.timeline import Event, Timeline
 from dp_jax.sim.windows import DeviceClasses, Window
 

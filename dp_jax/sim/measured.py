@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dp_jax.multiplex import BackgroundJob
+from dp_jax.multiplex.policy import BackgroundJob
 from dp_jax.sim.fill import Fill, fill
 from dp_jax.sim.timeline import Task, Timeline, schedule
 from dp_jax.sim.windows import device_classes, idle_windows

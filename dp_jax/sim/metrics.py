@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from dp_jax.compare import VALIDATED_TOLERANCE, compare, describe, fields, none_fields
 from dp_jax.planner.memory import GB
+from dp_jax.report.compare import VALIDATED_TOLERANCE, compare, describe, fields, none_fields
 from dp_jax.sim.engine import Simulation
 from dp_jax.sim.windows import busy_ms
 
@@ -19,7 +19,8 @@ def gpu_ms(sim: Simulation) -> float:
 
 def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str, Any]:
   """Foreground alone and with background, background, cluster throughput vs data parallelism;
-  every comparison with its margin and verdict (dp_jax/compare.py: within +-tolerance a tie)."""
+  every comparison with its margin and verdict (dp_jax/report/compare.py: within +-tolerance a
+  tie)."""
   g, b = sim.plan.num_devices, sim.plan.global_batch
   alone = sim.timeline.iteration_ms
   busy = gpu_ms(sim)

@@ -7,13 +7,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dp_jax.jsonfile import write_json
+from dp_jax.base.jsonfile import write_json
 from dp_jax.sim.timeline import TIMELINE_SCHEMA
 
 
 def background_for(cfg: Any, graph, profile, cluster, plan):
   """The background job the config names (None for background=none)."""
-  from dp_jax.profile.sources import load_profile, profile_batches
+  from dp_jax.profiling.sources import load_profile, profile_batches
   from dp_jax.sim.background import background_job
   from dp_jax.sim.engine import plan_options
 
@@ -21,7 +21,7 @@ def background_for(cfg: Any, graph, profile, cluster, plan):
   if bg.name == "none":
     return None
   if bg.model is not None:  # another model than the foreground's: trace and profile it
-    from dp_jax import zoo
+    from dp_jax.models import zoo
 
     graph = zoo.graph_of(bg.model, seed=cfg.seed)
     profile = load_profile(cfg.profile, graph, cluster.device,
@@ -52,7 +52,7 @@ def timeline_json(sim, metrics: dict[str, Any]) -> dict[str, Any]:
 def gantt_title(m: dict[str, Any], with_background: bool) -> str:
   """The Gantt headline: simulated, the fair baseline first (matched DP + background, the
   fastest DP on <= G devices), data parallelism on all G last, each with its margin."""
-  from dp_jax.compare import describe
+  from dp_jax.report.compare import describe
 
   t, g = m["comparison_tolerance"], m["num_devices"]
   head = (f"simulated: {m['model']}, G={g}, B={m['global_batch']}, {m['cluster']} | burst alone "
@@ -89,7 +89,7 @@ def gantt(sim, metrics: dict[str, Any], path: Path) -> Path:
 
 def interference(cfg: Any) -> tuple[str, float | None]:
   """(fill policy, switch ms) of the config, after checking the cap, policy and iterations."""
-  from dp_jax import workflow
+  from dp_jax.config import workflow
   from dp_jax.sim.fill import validate
 
   policy = workflow.enum_value(cfg.interference.policy)
@@ -100,7 +100,7 @@ def interference(cfg: Any) -> tuple[str, float | None]:
 
 def simulate_and_write(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -> dict[str, Any]:
   """Simulate `plan` alone and with cfg.background; write metrics, timeline and Gantt chart."""
-  from dp_jax.compare import tolerance_of
+  from dp_jax.report.compare import tolerance_of
   from dp_jax.sim.engine import simulate
   from dp_jax.sim.metrics import metrics as compute_metrics
 

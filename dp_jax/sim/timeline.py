@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dp_jax.cluster import collective_latency_ms
-from dp_jax.errors import UserError
+from dp_jax.base.errors import UserError
+from dp_jax.hardware.cluster import collective_latency_ms
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, Placement, move_ms
 from dp_jax.planner.segments import Block, Move, Segment, Stage, segments

@@ -4,8 +4,9 @@ held-out error and the fit of the calibrated profile.
 A training row is predicted by the planner's own evaluation (dp_jax/planner/evaluate.py) of the
 row's model on its cluster, every layer on all its GPUs (data parallelism; with tensor
 parallelism m, the transformer blocks split by heads and the logits by vocabulary on a (G/m, m)
-mesh), under the calibrated profile (dp_jax/profile/calibrated.py) and the row's setup; an
-all-reduce row by the cluster's collective model (dp_jax/cluster.py). The figure is converted to
+mesh), under the calibrated profile (dp_jax/profiling/calibrated.py) and the row's setup; an
+all-reduce row by the cluster's collective model (dp_jax/hardware/cluster.py). The figure is
+converted to
 the row's unit. Nothing here is fitted to a held-out row: fit_calibration reads the fit rows only.
 """
 
@@ -22,10 +23,10 @@ from typing import Any
 
 import yaml
 
-from dp_jax.errors import UserError
-from dp_jax.profile.calibrated import CALIBRATION, Calibration, calibrated_profile
+from dp_jax.base.errors import UserError
+from dp_jax.profiling.calibrated import CALIBRATION, Calibration, calibrated_profile
 
-ANCHORS_FILE = Path(__file__).resolve().parents[1] / "profile" / "data" / "published_anchors.yaml"
+ANCHORS_FILE = Path(__file__).resolve().parents[1] / "profiling" / "data" / "published_anchors.yaml"
 SCHEMA = "dp_jax.anchors/1"
 ROLES = ("fit", "held_out", "not_modelled")
 UNITS = ("images/s", "sequences/s", "tflops_per_device", "ms_per_iteration", "busbw_GBps")
@@ -158,17 +159,17 @@ def row_profile(anchor: Anchor, graph, source: str = "calibrated",
                 calibration: Calibration = CALIBRATION):
   """The row's per-layer times from profile `source` (DeepPool's tables: A100-SXM4-40GB's,
   whatever the row's A100)."""
-  from dp_jax.profile.sources import profile_batches
+  from dp_jax.profiling.sources import profile_batches
 
   device, batches = anchor.device or _cluster(anchor).device, profile_batches(anchor.batch)
   if source == "calibrated":
     return calibrated_profile(graph, device, anchor.precision, batches, calibration)
   if source == "analytic":
-    from dp_jax.profile.analytic import analytic_profile
+    from dp_jax.profiling.analytic import analytic_profile
 
     return analytic_profile(graph, device, anchor.precision, batches)
   if source == "deeppool_a100":
-    from dp_jax.profile.deeppool_import import import_deeppool_a100
+    from dp_jax.profiling.deeppool_import import import_deeppool_a100
 
     return import_deeppool_a100(graph)[0]
   raise UserError(f"profile source '{source}' is not one of {', '.join(PROFILE_SOURCES)}")
@@ -195,7 +196,7 @@ def model_flops(anchor: Anchor) -> float:
 
 def _busbw(anchor: Anchor) -> float:
   """nccl-tests' bus bandwidth of the modelled all-reduce of size_bytes (latency included)."""
-  from dp_jax.cluster import allreduce_ms
+  from dp_jax.hardware.cluster import allreduce_ms
 
   base = _cluster_spec(anchor.cluster)
   spec = dataclasses.replace(base, num_nodes=anchor.nodes, devices_per_node=anchor.gpus_per_node,
@@ -207,7 +208,7 @@ def _busbw(anchor: Anchor) -> float:
 
 def _cluster(anchor: Anchor):
   """The row's cluster with its device (memory from the datasheet) and enough nodes."""
-  from dp_jax.profile.devices import get_device
+  from dp_jax.hardware.devices import get_device
 
   base = _cluster_spec(anchor.cluster)
   device = anchor.device or base.device
@@ -218,8 +219,8 @@ def _cluster(anchor: Anchor):
 
 @cache
 def _cluster_spec(name: str):
-  from dp_jax.cluster import load_cluster
-  from dp_jax.workflow import cluster_config
+  from dp_jax.config.workflow import cluster_config
+  from dp_jax.hardware.cluster import load_cluster
 
   return load_cluster(cluster_config(name))
 
@@ -227,7 +228,7 @@ def _cluster_spec(name: str):
 def _graph(anchor: Anchor):
   from omegaconf import OmegaConf
 
-  from dp_jax import zoo
+  from dp_jax.models import zoo
 
   return zoo.graph_of(OmegaConf.create(dict(anchor.model or {})))
 
@@ -284,7 +285,7 @@ def fit_calibration(anchors: Iterable[Anchor] | None = None, rounds: int = 2) ->
   """The calibrated profile's efficiencies solved on the fit rows alone: per precision, the
   convolution efficiency on the convolution row, then the matrix efficiency on the matrix row,
   `rounds` times (each row barely depends on the other class)."""
-  from dp_jax.profile.calibrated import precision_class
+  from dp_jax.profiling.calibrated import precision_class
 
   fit = [a for a in (load_anchors() if anchors is None else anchors)
          if a.role == "fit" and a.kind == "training"]

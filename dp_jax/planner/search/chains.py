@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dp_jax.graph import Chain, Parallel
+from dp_jax.graph.layer_graph import Chain, Parallel
 from dp_jax.planner import stage_choice
 from dp_jax.planner.search.lanes import _lane_dp, _lane_plan, _LanePlan, concurrent_floor
 from dp_jax.planner.search.tables import INF, _elementwise, _Lane, _run_sync, _Tables

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dp_jax.cluster import link_class
+from dp_jax.hardware.cluster import link_class
 from dp_jax.planner.costs import move_from_parts
 from dp_jax.planner.search.layouts import _options
 from dp_jax.planner.search.tables import INF, _Tables, fork_pin

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dp_jax.cluster import link_class
+from dp_jax.hardware.cluster import link_class
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import move_from_parts, move_parts
 from dp_jax.planner.search.tables import ELEMENTWISE_KINDS, INF, _Lane, _run_sync, _Tables

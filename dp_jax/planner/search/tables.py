@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dp_jax.cluster import class_bus_GBps, class_latency_ms, link_class, volume_ms
+from dp_jax.hardware.cluster import class_bus_GBps, class_latency_ms, link_class, volume_ms
 from dp_jax.planner import pricing, stage_choice
 from dp_jax.planner.costs import CostModel, batch_norm_ms, move_from_parts, move_parts
 

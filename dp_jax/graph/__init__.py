@@ -1,0 +1,1 @@
+"""Models as graphs of planner-visible layers: the LayerGraph (no JAX) and the tracer (JAX)."""

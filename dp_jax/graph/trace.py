@@ -1,0 +1,122 @@
+"""trace_graph: a GraphModel's layers as a LayerGraph, with shapes, params and XLA costs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.models.base import GraphModel, LayerSpec
+
+# Costs are per-sample marginals: cost(batch 2) - cost(batch 1) of the layer's forward,
+# from XLA's cost analysis of the lowered (unoptimized, unfused) HLO. Fixed per-step
+# traffic such as reading the weights is thereby excluded; it is in param_bytes. Saved
+# activations likewise: residual bytes of the forward-with-residuals at batch 2 minus batch 1
+# (the weights a backward also keeps do not grow with the batch).
+COST_BATCHES = (1, 2)
+_IN_SHAPE_KINDS = frozenset({"conv2d", "maxpool", "avgpool", "relu", "flatten", "add", "concat"})
+
+
+def trace_graph(model: GraphModel, model_name: str) -> LayerGraph:
+  """Trace every layer of `model` abstractly (works on nnx.eval_shape models too)."""
+  specs = model.layer_specs()
+  b1, b2 = COST_BATCHES
+  x1, x2 = model.input_spec(b1), model.input_spec(b2)
+  outs: dict[int, dict[str, jax.ShapeDtypeStruct]] = {b1: {}, b2: {}}
+  counted: set[int] = set()  # ids of Params already owned by an earlier layer (ties)
+  cache: dict[Any, tuple] = {}
+  nodes = []
+  for s in specs:
+    ins = {b: [outs[b][p] for p in s.inputs] if s.inputs else [x] for b, x in ((b1, x1), (b2, x2))}
+    (o1, c1), (o2, c2) = _lower_layer(s.module, ins[b1], ins[b2], cache)
+    saved = max(0, c2["saved"] - c1["saved"]) // (b2 - b1)
+    outs[b1][s.name], outs[b2][s.name] = o1, o2
+    params, param_bytes = _own_params(s.module, counted)
+    in_shape = ins[b1][0].shape[1:]
+    nodes.append(LayerNode(
+        name=s.name, kind=s.kind, inputs=s.inputs, params=params, param_bytes=param_bytes,
+        out_shape=tuple(o1.shape[1:]),
+        out_bytes_per_sample=int(np.prod(o1.shape[1:], dtype=np.int64)) * o1.dtype.itemsize,
+        flops_per_sample=max(0.0, c2["flops"] - c1["flops"]) / (b2 - b1),
+        bytes_accessed_per_sample=max(0.0, c2["bytes"] - c1["bytes"]) / (b2 - b1),
+        attrs=node_attrs(s, in_shape), saved_bytes_per_sample=int(saved)))
+  return LayerGraph(
+      model=model_name, input_shape=tuple(x1.shape[1:]), input_dtype=str(x1.dtype),
+      nodes=tuple(nodes),
+      meta={"config": dict(getattr(model, "config", {})),
+            "cost_source": "xla_cost_analysis(lowered)", "cost_batches": list(COST_BATCHES),
+            "saved_source": "residuals of jax.vjp (the forward-with-residuals outputs)"})
+
+
+def node_attrs(s: LayerSpec, in_shape: tuple[int, ...]) -> dict[str, Any]:
+  """The spec's attrs plus what needs shapes: in_shape, a global pool's kernel size."""
+  attrs = dict(s.attrs)
+  if s.kind in _IN_SHAPE_KINDS:
+    attrs["in_shape"] = [int(d) for d in in_shape]
+  if s.kind in ("maxpool", "avgpool") and attrs.get("global"):
+    attrs["kernel_size"] = [int(d) for d in in_shape[:2]]
+  return attrs
+
+
+def _lower_layer(module: nnx.Module, ins1: list, ins2: list, cache: dict):
+  """(out ShapeDtypeStruct, {flops, bytes}) of the layer's forward at both cost batches."""
+  graphdef, state = nnx.split(module)
+  state_sds = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+  key = (graphdef, _avals(state_sds), _avals(ins1), _avals(ins2))
+  if key not in cache:
+    fn = jax.jit(lambda st, *xs: nnx.merge(graphdef, st)(*xs))
+    pairs = []
+    for ins in (ins1, ins2):
+      out, cost = _lowered_cost(fn.lower(state_sds, *ins))
+      pairs.append((out, {**cost, "saved": residual_bytes(graphdef, state_sds, ins)}))
+    cache[key] = tuple(pairs)
+  return cache[key]
+
+
+def forward_with_residuals(graphdef):
+  """(state, *inputs) -> the residuals jax.vjp keeps for the layer's backward (a pytree)."""
+  def fwd(st, *xs):
+    return jax.vjp(lambda st, *xs: nnx.merge(graphdef, st)(*xs), st, *xs)[1]
+
+  return fwd
+
+
+def residual_bytes(graphdef, state_sds, ins: list) -> int:
+  """Bytes of the residuals the layer's forward-with-residuals program outputs (abstract: the
+  same as that program's compiled output size, which tests/test_trace.py checks)."""
+  leaves = jax.tree.leaves(jax.eval_shape(forward_with_residuals(graphdef), state_sds, *ins))
+  return int(sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+                 for x in leaves))
+
+
+def _lowered_cost(lowered) -> tuple[jax.ShapeDtypeStruct, dict[str, float]]:
+  out = lowered.out_info
+  if not isinstance(out, jax.ShapeDtypeStruct):
+    raise TypeError(f"a layer must return one array, got {jax.tree.structure(out)}")
+  cost = lowered.cost_analysis()
+  if not cost:  # some backends only analyse compiled executables
+    cost = lowered.compile().cost_analysis()
+  if isinstance(cost, list | tuple):
+    cost = cost[0]
+  return out, {"flops": float(cost.get("flops", 0.0)),
+               "bytes": float(cost.get("bytes accessed", 0.0))}
+
+
+def _avals(tree) -> tuple:
+  leaves, treedef = jax.tree.flatten(tree)
+  return (treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves))
+
+
+def _own_params(module: nnx.Module, counted: set[int]) -> tuple[int, int]:
+  """Count and bytes of the layer's nnx.Params not already owned by an earlier layer."""
+  n = nbytes = 0
+  for _, node in nnx.iter_graph(module):
+    if isinstance(node, nnx.Param) and id(node) not in counted:
+      counted.add(id(node))
+      size = int(np.prod(node.shape, dtype=np.int64))
+      n += size
+      nbytes += size * np.dtype(node.dtype).itemsize
+  return n, nbytes

@@ -1,0 +1,1 @@
+"""Hardware: devices (datasheets) and clusters (nodes, links, what collectives cost)."""

@@ -1,0 +1,119 @@
+"""python -m dp_jax.profile: per-layer forward/backward times of a model, as profile JSON.
+
+    python -m dp_jax.profile model=vgg16 model.image_size=32 profile=measure out=p.json
+    python -m dp_jax.profile model=vgg16 profile=deeppool_a100 batch_size=32
+    python -m dp_jax.profile model=resnet50 profile=analytic cluster=dgx_h100 batch_size=64
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.schema import ClusterConfig, LoggerConfig, ModelConfig, ProfileConfig
+from dp_jax.tracking.run import Run
+
+
+@dataclass
+class ProfileAppConfig:
+  """python -m dp_jax.profile: measure, model or import a model's per-layer costs."""
+
+  model: ModelConfig = MISSING
+  cluster: ClusterConfig = MISSING  # the analytic source models the cluster's device
+  profile: ProfileConfig = field(default_factory=ProfileConfig)
+  logger: LoggerConfig = field(default_factory=LoggerConfig)
+  batch_size: int = 32  # per-device batches 1, 2, 4, ... up to this (profile.batches overrides)
+  out: str | None = None  # default <output dir>/profile.json
+  seed: int = 0
+
+
+def profile_batches(cfg: ProfileAppConfig) -> list[int]:
+  """profile.batches if given, else powers of two up to batch_size (and batch_size itself)."""
+  from dp_jax.base.errors import UserError
+
+  if cfg.profile.batches:
+    return sorted({int(b) for b in cfg.profile.batches})
+  if cfg.batch_size < 1:
+    raise UserError(f"batch_size must be >= 1, got {cfg.batch_size}")
+  out, b = [], 1
+  while b < cfg.batch_size:
+    out.append(b)
+    b *= 2
+  return out + [cfg.batch_size]
+
+
+def summary_rows(table, layers: list[str], batches: list[int]) -> list[list[Any]]:
+  """Per layer: fwd+bwd ms at each batch (interpolated cells marked with *)."""
+  rows = []
+  for name in layers:
+    row: list[Any] = [name]
+    for b in batches:
+      t = table.lookup(name, b)
+      row.append(f"{t.total_ms:.4f}{'*' if t.interpolated else ''}")
+    rows.append(row)
+  return rows
+
+
+def profile_task(cfg: ProfileAppConfig, run: Run) -> dict[str, Any]:
+  """Build the profile the config names, print it, write its JSON, log it."""
+  from hydra.core.hydra_config import HydraConfig
+  from rich.console import Console
+  from rich.table import Table
+
+  from dp_jax.config import workflow
+  from dp_jax.models import zoo
+  from dp_jax.profiling import sources
+
+  out_dir = Path(HydraConfig.get().runtime.output_dir)
+  cluster = workflow.cluster_spec(cfg.cluster)
+  graph = zoo.graph_of(cfg.model, seed=cfg.seed)
+  batches = profile_batches(cfg)
+  source = workflow.enum_value(cfg.profile.source)
+  start = time.perf_counter()
+  report = None
+  if source == "deeppool_a100":
+    from dp_jax.profiling.deeppool_import import import_deeppool_a100
+
+    table, report = import_deeppool_a100(graph, sources.data_dir(cfg.profile.get("data_dir")))
+    sources.warn_filled(graph.model, report.filled)
+  else:
+    table = sources.load_profile(cfg.profile, graph, cluster.device, batches, cfg.model)
+  seconds = time.perf_counter() - start
+  out = Path(cfg.out) if cfg.out else out_dir / "profile.json"
+  table.save(out)
+  present = [n for n in graph.names if n not in table.missing(list(graph.names))]
+  columns = ["layer"] + [f"b={b} ms" for b in batches]
+  rows = summary_rows(table, present, batches)
+  totals = ["total"] + [f"{table.iteration_ms(b, present):.3f}" for b in batches]
+  rich_table = Table(title=f"{graph.model} on {table.device} ({table.source}, {table.dtype}): "
+                           "forward+backward ms per layer (* interpolated)")
+  for c in columns:
+    rich_table.add_column(c, justify="left" if c == "layer" else "right")
+  for row in rows:
+    rich_table.add_row(*row)
+  rich_table.add_section()
+  rich_table.add_row(*totals)
+  Console(width=160).print(rich_table)
+  run.log_table("profile", columns, rows + [totals])
+  missing = table.missing(list(graph.names))
+  if report is not None:
+    print(f"matched {len(report.matched)} of {len(graph.names)} layers to DeepPool A100 rows; "
+          f"unmatched: {', '.join(report.unmatched) or 'none'}"
+          + (" (estimated from the calibrated analytic model)" if report.unmatched else ""))
+  print(f"profile: {out} ({seconds:.1f} s)")
+  return {"model": graph.model, "device": table.device, "source": table.source,
+          "dtype": table.dtype, "layers": len(graph.names), "missing_layers": missing,
+          "batches": batches, "seconds": seconds, "profile": str(out),
+          **{f"iteration_ms_b{b}": float(totals[i + 1]) for i, b in enumerate(batches)}}
+
+
+main = hydra_app("profile", ProfileAppConfig)(profile_task)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,1 +1,0 @@
-"""Per-layer costs: measured on this backend, analytic device models, imported A100 tables."""

@@ -1,0 +1,1 @@
+"""Reporting: comparisons with margins and verdicts, a plan presented (no JAX)."""

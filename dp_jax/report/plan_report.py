@@ -1,0 +1,176 @@
+"""A plan presented: its per-layer table, the predicted fair comparison (the fastest data
+parallelism on <= G devices first, then data parallelism on all G), the devices-per-layer chart
+(no JAX; rich and matplotlib imported when used)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+COLUMNS = ["layer", "kind", "devices", "first device", "per-device batch", "compute ms",
+           "sync ms", "move-in ms", "amplification", "stage", "split"]
+
+
+def layer_rows(plan) -> list[list[Any]]:
+  """One row per layer of the plan."""
+  rows = []
+  for lp in plan.layers:
+    x = dict(lp.extra)
+    rows.append([lp.name, x.get("kind", ""), len(lp.devices), lp.devices[0],
+                 x.get("per_device_batch", ""), _r(x.get("compute_ms")), _r(x.get("sync_ms")),
+                 _r(x.get("move_in_ms")), _r(x.get("amplification")), x.get("stage", ""),
+                 _split(lp.sharding)])
+  return rows
+
+
+def _split(sharding) -> str:
+  """'samples', or a weight split with its mesh: 'out 2x4' (d x m)."""
+  if sharding.split == "samples":
+    return "samples"
+  d, m = sharding.mesh
+  return f"{sharding.split} {d}x{m}"
+
+
+def _r(v: Any) -> Any:
+  return round(v, 4) if isinstance(v, float) and math.isfinite(v) else v
+
+
+def comparisons(graph, profile, cluster, plan, tolerance: float) -> dict[str, Any]:
+  """Predicted: the burst plan against the fastest data parallelism on d <= G devices (the fair
+  baseline) and against data parallelism on all G, each with its margin and verdict."""
+  from dp_jax.report.compare import compare, fields
+  from dp_jax.sim.engine import cost_model_for, data_parallel_evaluations
+  from dp_jax.sim.metrics import fastest_data_parallel
+
+  p = plan.predicted
+  model = cost_model_for(graph, profile, cluster, plan)
+  dp = data_parallel_evaluations(model)
+  d, ms = fastest_data_parallel({c: e.iteration_ms for c, e in dp.items()})
+  return {"comparison_tolerance": tolerance, "best_data_parallel_devices": d,
+          "best_data_parallel_iteration_ms": ms,
+          **dominating_data_parallel(model, dp, p["iteration_ms"], p["gpu_ms"], tolerance),
+          **fields("speedup_vs_best_data_parallel",
+                   compare(p["iteration_ms"], ms, tolerance, lower_is_better=True)),
+          **fields("speedup", compare(p["iteration_ms"], p["data_parallel_iteration_ms"],
+                                      tolerance, lower_is_better=True))}
+
+
+def dominating_data_parallel(model, data_parallel: dict[int, Any], iteration_ms: float,
+                             gpu_ms: float, tolerance: float) -> dict[str, Any]:
+  """Data parallelism on the d <= G devices that is faster than the plan and uses less GPU
+  time, both beyond the tolerance, and fits in memory (the fastest such d), or None: a plan the
+  amplification limit forced off data parallelism can lose on both (the limit is per layer).
+  data_parallel: d -> its evaluation (sim.engine.data_parallel_evaluations)."""
+  from dp_jax.planner import memory
+  from dp_jax.planner.evaluate import data_parallel_assignment
+
+  best = None
+  for c, e in sorted(data_parallel.items()):
+    if (e.iteration_ms * (1 + tolerance) < iteration_ms and e.gpu_ms * (1 + tolerance) < gpu_ms
+        and (best is None or e.iteration_ms < best[1])
+        and memory.fits(model, data_parallel_assignment(model, c))):
+      best = (c, float(e.iteration_ms), float(e.gpu_ms))
+  keys = ("dominated_by_data_parallel_devices", "dominated_by_data_parallel_iteration_ms",
+          "dominated_by_data_parallel_gpu_ms")
+  return dict(zip(keys, best or (None, None, None), strict=True))
+
+
+def dominated_note(plan, c: dict[str, Any]) -> str | None:
+  """One line when data parallelism on d <= G beats the plan in time and in GPU time."""
+  d = c.get("dominated_by_data_parallel_devices")
+  if d is None:
+    return None
+  return (f"note: data parallelism on {d} devices is faster "
+          f"({c['dominated_by_data_parallel_iteration_ms']:.3f} ms) and uses less GPU time "
+          f"({c['dominated_by_data_parallel_gpu_ms']:.3f} vs {plan.predicted['gpu_ms']:.3f} "
+          f"GPU-ms) than this plan (predicted); the amplification limit "
+          f"({plan.amplification_limit}) is per layer and some layer exceeds it there; raise "
+          "planner.amplification_limit or run data parallelism on those devices")
+
+
+def fair_comparison(plan, c: dict[str, Any]) -> str:
+  """The predicted comparisons in words: fastest data parallelism on <= G first."""
+  from dp_jax.report.compare import describe
+
+  p, g, t = plan.predicted, plan.num_devices, c["comparison_tolerance"]
+  return (f"predicted: burst {p['iteration_ms']:.3f} ms/iter vs fastest data parallelism on "
+          f"<= {g} devices ({c['best_data_parallel_devices']} devices, "
+          f"{c['best_data_parallel_iteration_ms']:.3f} ms): "
+          f"{describe(c['speedup_vs_best_data_parallel'], t)}; vs data parallelism on all {g} "
+          f"({p['data_parallel_iteration_ms']:.3f} ms): {describe(c['speedup'], t)}")
+
+
+def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) -> None:
+  """The per-layer table, then the predicted comparisons (`fair`: from comparisons(); without
+  it only data parallelism on all G is known, and the line says so)."""
+  from rich.console import Console
+  from rich.table import Table
+
+  p = plan.predicted
+  table = Table(title=f"{plan.model}: B={plan.global_batch} on {plan.num_devices} devices "
+                      f"({plan.cluster}), amplification limit {plan.amplification_limit} "
+                      "(predicted)")
+  for c in COLUMNS:
+    table.add_column(c, justify="left" if c in ("layer", "kind") else "right")
+  for row in rows:
+    table.add_row(*[str(v) for v in row])
+  console = Console(width=140)
+  console.print(table)
+  saving = (f"GPU-time saving vs data parallelism on all {plan.num_devices} "
+            f"{1 - p['gpu_ms'] / p['data_parallel_gpu_ms']:.1%} ({p['gpu_ms']:.3f} vs "
+            f"{p['data_parallel_gpu_ms']:.3f} GPU-ms) | planned in {plan.planner_seconds:.3f} s")
+  if fair is None:
+    console.print(f"predicted: burst {p['iteration_ms']:.3f} ms/iter; data parallelism on all "
+                  f"{plan.num_devices}: {p['data_parallel_iteration_ms']:.3f} ms/iter (the "
+                  f"fastest data parallelism on fewer devices was not computed) | {saving}")
+    return
+  console.print(fair_comparison(plan, fair))
+  console.print(saving)
+  note = dominated_note(plan, fair)
+  if note:
+    console.print(note)
+
+
+def chart_title(plan, fair: dict[str, Any] | None = None) -> str:
+  """Predicted; model, B, G, cluster, the amplification limit A, the profile, and the burst
+  plan against the fastest data parallelism on <= G (when `fair` is given) and on all G."""
+  from dp_jax.report.compare import describe
+
+  p = plan.predicted
+  prof = plan.extra.get("profile") or {}
+  source = " ".join(str(prof[k]) for k in ("source", "device") if prof.get(k)) or "unrecorded"
+  return (f"predicted: {plan.model}, B={plan.global_batch}, G={plan.num_devices} "
+          f"({plan.cluster}), amplification limit A={plan.amplification_limit}, profile "
+          f"{source}\nburst {p['iteration_ms']:.2f} ms/iteration" + (
+              "" if fair is None else
+              f"; fastest DP on <= {plan.num_devices} ({fair['best_data_parallel_devices']} "
+              f"devices) {fair['best_data_parallel_iteration_ms']:.2f} ms: "
+              f"{describe(fair['speedup_vs_best_data_parallel'], fair['comparison_tolerance'])}")
+          + f"; DP on all {plan.num_devices}: {p['data_parallel_iteration_ms']:.2f} ms")
+
+
+def plot_devices_per_layer(plan, path: Path, fair: dict[str, Any] | None = None) -> Path:
+  """Bar chart of each layer's device count (PNG, and PDF beside it)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  counts = [len(lp.devices) for lp in plan.layers]
+  fig, ax = plt.subplots(figsize=(max(6, 0.12 * len(counts) + 2), 3.5))
+  ax.bar(range(len(counts)), counts, color="tab:blue", width=0.8)
+  ax.axhline(plan.num_devices, color="tab:red", lw=1, ls="--", label=f"G = {plan.num_devices}")
+  ax.set_xlabel("layer (topological order)")
+  ax.set_ylabel("devices of the layer")
+  step = max(1, len(counts) // 40)
+  ax.set_xticks(range(0, len(counts), step))
+  ax.set_xticklabels([plan.layers[i].name for i in range(0, len(counts), step)], rotation=90,
+                     fontsize=6)
+  ax.set_title(chart_title(plan, fair), fontsize=9)
+  ax.legend(fontsize=8)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight", metadata={"CreationDate": None})
+  plt.close(fig)
+  return path

@@ -1,0 +1,155 @@
+"""After a multirun: one table of its cells' key metrics, printed and written as CSV/markdown.
+
+Each cell's `status.json` (the app's summary, dp_jax/config/hydra_app.py) gives its row: the cell's
+overrides, status, error, and the metrics below that any cell has, each labelled predicted
+(cost model), simulated (dp_jax/sim) or measured (a run on this machine). Written to the
+sweep folder as sweep_summary.csv and sweep_summary.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+CSV_FILE, MARKDOWN_FILE = "sweep_summary.csv", "sweep_summary.md"
+IDENTITY = [("model", "model"), ("cluster", "cluster"), ("num_devices", "G"),
+            ("global_batch", "B"), ("amplification_limit", "A")]
+# app -> (summary key, column label); the label says where the number comes from.
+METRICS: dict[str, list[tuple[str, str]]] = {
+    "plan": [("iteration_ms", "iteration ms (predicted)"),
+             ("data_parallel_iteration_ms", "data-parallel iteration ms (predicted)"),
+             ("speedup", "speed-up vs data parallel (predicted)"),
+             ("gpu_time_saving", "GPU time saved (predicted)")],
+    "simulate": [("planner_iteration_ms", "iteration ms (predicted)"),
+                 ("alone_iteration_ms", "iteration ms alone (simulated)"),
+                 ("speedup_vs_data_parallel_alone", "speed-up vs data parallel (simulated)"),
+                 ("iteration_ms", "iteration ms with background (simulated)"),
+                 ("cluster_samples_per_s", "cluster samples/s (simulated)"),
+                 ("cluster_throughput_vs_data_parallel",
+                  "cluster throughput / data parallel (simulated)")],
+    "train": [("final_step", "steps (measured)"), ("median_step_ms", "iteration ms (measured)"),
+              ("samples_per_s", "samples/s (measured)"), ("final_loss", "final loss (measured)")],
+    "validate": [("plans", "plans (measured)"),
+                 ("median_abs_pct_error", "median abs % error, predicted vs measured"),
+                 ("max_abs_pct_error", "max abs % error, predicted vs measured"),
+                 ("spearman", "Spearman, predicted vs measured")],
+}
+BASE = ["cell", "status"]
+
+
+class SweepSummary(Callback):
+  """Hydra callback (conf/hydra/callbacks): after a multirun, one table of its cells."""
+
+  failed = 0  # failed cells of the last sweep in this process; main() exits non-zero on it
+
+  def on_multirun_start(self, config: Any, **_: Any) -> None:
+    SweepSummary.failed = 0
+
+  def on_multirun_end(self, config: Any, **_: Any) -> None:
+    sweep_dir = Path(config.hydra.sweep.dir)
+    cells = sweep_cells(sweep_dir)
+    SweepSummary.failed = sum(c["status"] != "ok" for c in cells)
+    columns, rows = sweep_table(cells, app_name(config))
+    write_tables(sweep_dir, columns, rows)
+    print_sweep_summary(columns, rows, sweep_dir, SweepSummary.failed)
+
+
+def app_name(config: Any) -> str:
+  """The app of the sweep ('simulate' for python -m dp_jax.simulate)."""
+  try:
+    return str(config.hydra.job.name).rsplit(".", 1)[-1]
+  except Exception:  # noqa: BLE001
+    return ""
+
+
+def sweep_cells(sweep_dir: Path) -> list[dict[str, Any]]:
+  """Every cell folder's status.json (cell order), with its overrides joined as `cell`."""
+  out = []
+  folders = [p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+  for folder in sorted(folders, key=lambda p: int(p.name)):
+    try:
+      status = json.loads((folder / "status.json").read_text())
+    except (OSError, ValueError):
+      status = {"status": "failed", "error": "no status.json: the cell did not finish"}
+    try:
+      config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+      config = {}
+    out.append({**identity(config), **status, "overrides": status.get("overrides", []),
+                "folder": folder.name, "status": str(status.get("status")),
+                "error": str(status.get("error") or "")})
+  common = set.intersection(*(set(c["overrides"]) for c in out)) if len(out) > 1 else set()
+  for c in out:  # a cell is named by the overrides that differ between cells
+    c["cell"] = " ".join(o for o in c["overrides"] if o not in common) or c["folder"]
+  return out
+
+
+def identity(config: dict[str, Any]) -> dict[str, Any]:
+  """model, cluster, G, B, A of a cell's resolved config (config.json)."""
+  from dp_jax.tracking.run import plan_file_json
+
+  model, cluster = config.get("model") or {}, config.get("cluster") or {}
+  planner, runtime = config.get("planner") or {}, config.get("runtime") or {}
+  g = cluster.get("num_devices") or runtime.get("num_devices")
+  if g is None and cluster.get("devices_per_node"):
+    g = int(cluster.get("num_nodes") or 1) * int(cluster["devices_per_node"])
+  keys = dict(model=model.get("name"), cluster=cluster.get("name"), num_devices=g,
+              global_batch=config.get("batch_size"),
+              amplification_limit=planner.get("amplification_limit"))
+  plan = plan_file_json(config.get("plan"))  # a job given a plan runs what the plan says
+  keys.update({k: plan[k] for k in ("cluster", "num_devices", "global_batch",
+                                    "amplification_limit") if k in plan})
+  return {k: v for k, v in keys.items() if v is not None}
+
+
+def sweep_table(cells: list[dict[str, Any]], app: str) -> tuple[list[str], list[list[Any]]]:
+  """(columns, rows): cell, status, the identity and metric columns any cell has, error."""
+  wanted = IDENTITY + METRICS.get(app, [m for ms in METRICS.values() for m in ms])
+  seen, keys = set(), []
+  for key, label in wanted:
+    if label not in seen and any(c.get(key) is not None for c in cells):
+      seen.add(label)
+      keys.append((key, label))
+  has_error = any(c["error"] for c in cells)
+  columns = BASE + [label for _, label in keys] + (["error"] if has_error else [])
+  rows = []
+  for c in cells:
+    row = [c["cell"], c["status"]] + [_value(c.get(k)) for k, _ in keys]
+    rows.append(row + ([c["error"]] if has_error else []))
+  return columns, rows
+
+
+def _value(v: Any) -> Any:
+  if isinstance(v, float):
+    return round(v, 4) if math.isfinite(v) else str(v)
+  return "" if v is None else v
+
+
+def write_tables(sweep_dir: Path, columns: list[str], rows: list[list[Any]]) -> None:
+  """sweep_summary.csv and sweep_summary.md in the sweep folder."""
+  with (sweep_dir / CSV_FILE).open("w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(columns)
+    w.writerows(rows)
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in r) + " |" for r in rows]
+  (sweep_dir / MARKDOWN_FILE).write_text("\n".join(lines) + "\n")
+
+
+def print_sweep_summary(columns: list[str], rows: list[list[Any]], sweep_dir: Path,
+                        failed: int) -> None:
+  from rich.console import Console
+  from rich.table import Table
+
+  table = Table(title=f"sweep {sweep_dir}: {len(rows) - failed} ok, {failed} failed "
+                      f"({CSV_FILE}, {MARKDOWN_FILE})")
+  for c in columns:
+    table.add_column(c)
+  for r in rows:
+    table.add_row(*map(str, r))
+  Console(width=200).print(table)
