@@ -4,10 +4,9 @@
 
 Trains every learning rate x seed of `accuracy` at global batch B (dp_jax/studies/convergence.py),
 keeps the learning rate with the fewest median steps, measures the simple gradient noise scale
-at initialisation and where its runs reached the target (dp_jax/studies/noise_scale.py), and asks
-the
-planner for the predicted time per step of data parallelism and of the burst plan at B on each
-G of accuracy.devices (G <= B) for the model on `cluster` with `profile`.
+at initialisation and where its runs reached the target (dp_jax/studies/noise_scale.py), and
+asks the planner for the predicted time per step of data parallelism and of the burst plan at B
+on each G of accuracy.devices (G <= B) for the model on `cluster` with `profile`.
 """
 
 from __future__ import annotations
@@ -16,10 +15,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+import numpy as np
+from flax import nnx
 from omegaconf import MISSING
 
 from dp_jax.base.errors import UserError
 from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.rules import check
 from dp_jax.config.schema import (
   ClusterConfig,
   LoggerConfig,
@@ -27,6 +30,13 @@ from dp_jax.config.schema import (
   PlannerConfig,
   ProfileConfig,
 )
+from dp_jax.hardware.cluster import job_from_config
+from dp_jax.models.zoo import MODEL_NAMES, ZOO, ModelSpec
+from dp_jax.planner import PlanOptions, plan_for
+from dp_jax.profiling.sources import ProfileOptions
+from dp_jax.studies import convergence, digits
+from dp_jax.studies.convergence import Sweep
+from dp_jax.studies.noise_scale import noise_scale_fn
 from dp_jax.tracking.run import Run
 
 
@@ -64,17 +74,13 @@ class AccuracyConfig:
   seed: int = 0  # unused by training (accuracy.seeds); kept for the shared provenance columns
 
 
-def sweep_of(cfg: AccuracyConfig, num_train: int):
-  """The convergence.Sweep the config describes for `num_train` training examples."""
-  from dp_jax.studies.convergence import Sweep
-
-  a, b = cfg.accuracy, int(cfg.batch_size)
-  if b < 1:
-    raise UserError(f"batch_size must be >= 1, got {b}")
-  if a.max_epochs <= 0 or a.eval_every_samples < 1 or a.lr_reference_batch < 1:
-    raise UserError(f"accuracy.max_epochs ({a.max_epochs}), accuracy.eval_every_samples "
-                    f"({a.eval_every_samples}) and accuracy.lr_reference_batch "
-                    f"({a.lr_reference_batch}) must be positive")
+def sweep_of(a: Any, b: int, num_train: int) -> Sweep:
+  """The convergence.Sweep of the accuracy group `a` at global batch `b` for `num_train`
+  training examples (every accuracy.* option checked here)."""
+  check("batch_size", b)
+  for key in ("target", "lrs", "lr_reference_batch", "lr_batch_power", "seeds", "momentum",
+              "max_epochs", "eval_every_samples", "devices"):
+    check(f"accuracy.{key}", a[key])
   every = max(1, a.eval_every_samples // b)
   budget = math.ceil(a.max_epochs * num_train / b)
   scale = (b / a.lr_reference_batch) ** a.lr_batch_power
@@ -84,27 +90,23 @@ def sweep_of(cfg: AccuracyConfig, num_train: int):
                momentum=float(a.momentum))
 
 
-def predicted_steps_ms(cfg: AccuracyConfig, model_cfg: Any = None) -> list[dict[str, Any]]:
-  """Per G <= B of accuracy.devices: the planner's data-parallel and burst ms per step of the
-  trained model (or of model_cfg); None, with the planner's reason, where no plan fits."""
-  from omegaconf import OmegaConf
+def plan_options(planner: Any, b: int, devices: list[int]) -> dict[int, PlanOptions]:
+  """The planner group at every G <= B of `devices` (checked there)."""
+  return {g: PlanOptions.from_config(planner, g, b) for g in sorted(set(devices)) if g <= b}
 
-  from dp_jax.config import workflow
 
-  if model_cfg is not None:
-    cfg = OmegaConf.merge(cfg, {"model": model_cfg})
-  cluster = workflow.cluster_spec(cfg.cluster)
-  graph = workflow.load_graph(cfg)
-  b = int(cfg.batch_size)
-  profile = workflow.load_profile_for(cfg, graph, cluster, b)
+def predicted_steps_ms(model: ModelSpec, cluster, profile_options: ProfileOptions,
+                       options: dict[int, PlanOptions], seed: int = 0) -> list[dict[str, Any]]:
+  """Per G of `options`: the planner's data-parallel and burst ms per step of `model`; None,
+  with the planner's reason, where no plan fits."""
+  b = next(iter(options.values())).global_batch
+  graph = model.graph(seed)
+  profile = profile_options.for_cluster(graph, cluster.device, b, model=model)
   out = []
-  for g in sorted({int(g) for g in cfg.accuracy.devices}):
-    if g > b:
-      continue
+  for g, opts in options.items():
     cluster.with_num_devices(g)  # validates G against the pod
     try:
-      p = workflow.make_plan_from_config(cfg.planner, graph, profile, cluster, num_devices=g,
-                                         global_batch=b).predicted
+      p = plan_for(graph, profile, cluster, opts).predicted
     except UserError as e:  # e.g. no plan fits the devices' memory: this (B, G) is infeasible
       out.append({"num_devices": g, "data_parallel_ms": None, "burst_ms": None,
                   "infeasible": str(e)})
@@ -114,29 +116,20 @@ def predicted_steps_ms(cfg: AccuracyConfig, model_cfg: Any = None) -> list[dict[
   return out
 
 
-def zoo_model(name: str) -> dict[str, Any]:
-  """The model config of zoo model `name` at its own sizes (replacing the trained model's)."""
-  from dp_jax.models import zoo
-
-  if name not in zoo.ZOO:
+def step_time_model(name: str) -> ModelSpec:
+  """Zoo model `name` at its own sizes, for accuracy.step_time_models."""
+  if name not in ZOO:
     raise UserError(f"accuracy.step_time_models: unknown model '{name}'; valid models: "
-                    f"{', '.join(zoo.MODEL_NAMES)}")
-  return {"_target_": zoo.ZOO[name], "name": name, "kwargs": {},
-          **dict.fromkeys(zoo.SIZE_KEYS)}
+                    f"{', '.join(MODEL_NAMES)}")
+  return ModelSpec.named(name)
 
 
-def noise_scales(cfg: AccuracyConfig, data, sweep, out, best: int) -> tuple[float, list[float]]:
+def noise_scales(model: ModelSpec, data, sweep, out, best: int) -> tuple[float, list[float]]:
   """B_simple at initialisation (first seed) and where each seed of the best lr reached the
   target, both over the training set."""
-  import jax
-  from flax import nnx
-
-  from dp_jax.models import zoo
-  from dp_jax.studies.noise_scale import noise_scale_fn
-
   x, y = data.x_train_Nx8x8x1, data.y_train_N
   scale = noise_scale_fn(out.graphdef)
-  init = scale(nnx.state(zoo.build(cfg.model, seed=sweep.seeds[0]), nnx.Param), x, y)
+  init = scale(nnx.state(model.build(seed=sweep.seeds[0]), nnx.Param), x, y)
   num_s = len(sweep.seeds)
   reached = [] if best < 0 else [j for j in range(num_s) if out.steps_LxS[best, j] >= 0]
   at_target = [scale(jax.tree.map(lambda p, r=best * num_s + j: p[r], out.params_at_target_R),
@@ -144,33 +137,57 @@ def noise_scales(cfg: AccuracyConfig, data, sweep, out, best: int) -> tuple[floa
   return init["b_simple"], at_target
 
 
+@dataclass(frozen=True)
+class AccuracyInputs:
+  """The accuracy app's config, typed and checked (decode)."""
+
+  model: ModelSpec
+  data: Any  # the digits' train/test split
+  sweep: Sweep
+  cluster: Any  # the ClusterSpec the step times are predicted on
+  profile: ProfileOptions
+  plan_options: dict[int, PlanOptions]  # the planner's options at every G <= B to plan
+  what_if: list[ModelSpec]  # accuracy.step_time_models
+  seed: int
+
+
+def decode(cfg: AccuracyConfig) -> AccuracyInputs:
+  """The config's groups as typed options, every value checked, before any work."""
+  model = ModelSpec.from_config(cfg.model)
+  if model.name not in ("digits_cnn", "digits_mlp"):
+    raise UserError(f"the accuracy app trains on the 8x8 digits; model '{model.name}' is "
+                    "not a digits model (use model=digits_mlp or model=digits_cnn)")
+  cluster, _ = job_from_config(cfg.cluster)
+  data = digits.load(int(cfg.data_seed))
+  sweep = sweep_of(cfg.accuracy, cfg.batch_size, len(data.y_train_N))
+  return AccuracyInputs(model, data, sweep, cluster, ProfileOptions.from_config(cfg.profile),
+                        plan_options(cfg.planner, sweep.batch, list(cfg.accuracy.devices)),
+                        [step_time_model(n) for n in cfg.accuracy.step_time_models], cfg.seed)
+
+
 def accuracy_task(cfg: AccuracyConfig, run: Run) -> dict[str, Any]:
   """Train the grid, pick the best learning rate, measure noise scales, predict step times."""
-  import numpy as np
-
-  from dp_jax.models import zoo
-  from dp_jax.studies import convergence, digits
-
-  if cfg.model.name not in ("digits_cnn", "digits_mlp"):
-    raise UserError(f"the accuracy app trains on the 8x8 digits; model '{cfg.model.name}' is "
-                    "not a digits model (use model=digits_mlp or model=digits_cnn)")
-  data = digits.load(int(cfg.data_seed))
-  sweep = sweep_of(cfg, len(data.y_train_N))
-  out = convergence.train_to_target(lambda s: zoo.build(cfg.model, seed=s), data, sweep)
+  inputs = decode(cfg)
+  model, data, sweep = inputs.model, inputs.data, inputs.sweep
+  out = convergence.train_to_target(lambda s: model.build(seed=s), data, sweep)
   best = convergence.best_lr(out.steps_LxS)
   run.log_table("steps_per_lr_seed", ["lr", "seed", "steps_to_target"],
                 [[lr, s, int(out.steps_LxS[i, j])] for i, lr in enumerate(sweep.lrs)
                  for j, s in enumerate(sweep.seeds)])
-  init, at_target = noise_scales(cfg, data, sweep, out, best)
+  init, at_target = noise_scales(model, data, sweep, out, best)
   steps = convergence.median_steps(out.steps_LxS[best]) if best >= 0 else math.inf
-  predicted = predicted_steps_ms(cfg)
-  what_if = {name: predicted_steps_ms(cfg, zoo_model(name))
-             for name in cfg.accuracy.step_time_models}
+  b = sweep.batch
+
+  def predicted_for(m: ModelSpec) -> list[dict[str, Any]]:
+    return predicted_steps_ms(m, inputs.cluster, inputs.profile, inputs.plan_options,
+                              inputs.seed)
+
+  predicted = predicted_for(model)
+  what_if = {m.name: predicted_for(m) for m in inputs.what_if}
   run.log_table("predicted_step_ms", ["num_devices", "data_parallel_ms", "burst_ms"],
                 [[p["num_devices"], p["data_parallel_ms"], p["burst_ms"]] for p in predicted])
-  b = sweep.batch
   summary = {
-      "model": cfg.model.name, "global_batch": b, "target": sweep.target,
+      "model": model.name, "global_batch": b, "target": sweep.target,
       "best_lr": sweep.lrs[best] if best >= 0 else None,
       "best_lr_at_grid_edge": best in (0, len(sweep.lrs) - 1),
       "steps": steps if math.isfinite(steps) else None,
@@ -181,7 +198,7 @@ def accuracy_task(cfg: AccuracyConfig, run: Run) -> dict[str, Any]:
       "noise_scale_init": init,
       "noise_scale_at_target": float(np.median(at_target)) if at_target else None,
       "predicted": predicted, "what_if": what_if}
-  print(f"{cfg.model.name} B={b}: best lr {summary['best_lr']}, median steps {summary['steps']} "
+  print(f"{model.name} B={b}: best lr {summary['best_lr']}, median steps {summary['steps']} "
         f"({len(at_target)}/{len(sweep.seeds)} seeds reached {sweep.target:.3f}), B_simple "
         f"{init:.1f} at init, {summary['noise_scale_at_target']} at the target")
   return summary

@@ -11,6 +11,7 @@ from omegaconf import MISSING
 from dp_jax.config.hydra_app import hydra_app
 from dp_jax.config.schema import LoggerConfig, ModelConfig
 from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.models.zoo import ModelSpec
 from dp_jax.tracking.run import Run
 
 
@@ -34,7 +35,7 @@ def layer_rows(graph: LayerGraph) -> list[list[Any]]:
 
 
 def print_layer_table(graph: LayerGraph) -> None:
-  from rich.console import Console
+  from rich.console import Console  # rich: only to print (its import is not free)
   from rich.table import Table
 
   table = Table(title=f"{graph.model}: {len(graph.nodes)} layers, "
@@ -49,16 +50,17 @@ def print_layer_table(graph: LayerGraph) -> None:
   Console(width=120).print(table)
 
 
+def decode(cfg: InspectConfig) -> tuple[ModelSpec, Path | None, int]:
+  """The config as typed options (the model, the graph file to write, the seed), checked."""
+  return ModelSpec.from_config(cfg.model), Path(cfg.out) if cfg.out else None, cfg.seed
+
+
 def inspect(cfg: InspectConfig, run: Run) -> dict[str, Any]:
   """Trace the model, print its layer table, write the graph JSON, log the table."""
-  from hydra.core.hydra_config import HydraConfig
-
-  from dp_jax.models import zoo
-
-  graph = zoo.graph_of(cfg.model, seed=cfg.seed)
+  model, out, seed = decode(cfg)
+  out = out or run.output_dir / "graph.json"
+  graph = model.graph(seed)
   print_layer_table(graph)
-  out_dir = Path(HydraConfig.get().runtime.output_dir)
-  out = Path(cfg.out) if cfg.out else out_dir / "graph.json"
   graph.save(out)
   run.log_table("layers", COLUMNS, layer_rows(graph))
   print(f"graph: {out}")

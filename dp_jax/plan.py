@@ -22,12 +22,18 @@ from dp_jax.config.schema import (
   PlannerConfig,
   ProfileConfig,
 )
-from dp_jax.report.compare import ComparisonConfig
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
+from dp_jax.models.zoo import ModelSpec
+from dp_jax.planner import PlanOptions, plan_for
+from dp_jax.planner.plan import model_record
+from dp_jax.profiling.sources import ProfileOptions
+from dp_jax.report.compare import ComparisonConfig, tolerance_from_config
 from dp_jax.report.plan_report import (
   COLUMNS,
   comparisons,
-  fair_comparison,
   layer_rows,
+  plan_summary,
   plot_devices_per_layer,
   print_plan,
 )
@@ -51,47 +57,57 @@ class PlanConfig:
   seed: int = 0
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+  """The plan app's config, typed and checked (decode)."""
+
+  cluster: ClusterSpec
+  num_devices: int
+  model: ModelSpec | None  # None: a graph file
+  graph_file: str | None
+  options: PlanOptions
+  profile: ProfileOptions
+  tolerance: float
+  out: Path | None
+  chart: bool
+  seed: int
+
+
+def decode(cfg: PlanConfig) -> PlanInputs:
+  """The config's groups as typed options, every value checked, before any work."""
+  cluster, g = job_from_config(cfg.cluster)
+  return PlanInputs(cluster=cluster, num_devices=g,
+                    model=None if cfg.graph else ModelSpec.from_config(cfg.model),
+                    graph_file=cfg.graph,
+                    options=PlanOptions.from_config(cfg.planner, g, cfg.batch_size),
+                    profile=ProfileOptions.from_config(cfg.profile),
+                    tolerance=tolerance_from_config(cfg.comparison, cluster.device),
+                    out=Path(cfg.out) if cfg.out else None, chart=cfg.chart, seed=cfg.seed)
+
+
 def plan_task(cfg: PlanConfig, run: Run) -> dict[str, Any]:
   """Plan, print the per-layer table, write plan JSON and the devices-per-layer chart."""
-  from hydra.core.hydra_config import HydraConfig
-
-  from dp_jax.config import workflow
-  from dp_jax.report.compare import tolerance_of
-
-  out_dir = Path(HydraConfig.get().runtime.output_dir)
-  cluster = workflow.cluster_spec(cfg.cluster)
-  tolerance = tolerance_of(cfg, cluster.device)
-  num_devices = workflow.job_devices(cfg.cluster, cluster)
-  graph = workflow.load_graph(cfg)
-  profile = workflow.load_profile_for(cfg, graph, cluster, cfg.batch_size)
-  plan = workflow.make_plan_from_config(
-      cfg.planner, graph, profile, cluster, num_devices=num_devices, global_batch=cfg.batch_size,
-      model_cfg=None if cfg.graph else cfg.model, cluster_cfg=cfg.cluster)
-  out = Path(cfg.out) if cfg.out else out_dir / "plan.json"
+  inputs = decode(cfg)
+  cluster, model, b = inputs.cluster, inputs.model, inputs.options.global_batch
+  out_dir = run.output_dir
+  out = inputs.out or out_dir / "plan.json"
+  graph = LayerGraph.load(inputs.graph_file) if inputs.graph_file else model.graph(inputs.seed)
+  profile = inputs.profile.for_cluster(graph, cluster.device, b, model=model)
+  plan = plan_for(graph, profile, cluster, inputs.options,
+                  model=model_record(graph, model and model.options),
+                  cluster_record=to_record(cluster, inputs.num_devices))
   run.begin()
   plan.save(out)
   rows = layer_rows(plan)
-  fair = comparisons(graph, profile, cluster, plan, tolerance)
+  fair = comparisons(graph, profile, cluster, plan, inputs.tolerance)
   print_plan(plan, rows, fair)
   run.log_table("plan_layers", COLUMNS, rows)
   print(f"plan: {out}")
-  if cfg.chart:
+  if inputs.chart:
     chart = plot_devices_per_layer(plan, out_dir / "devices_per_layer.png", fair)
     run.log_image("devices_per_layer", chart)
     print(f"chart: {chart}")
-  p = plan.predicted
-  return {"model": plan.model, "num_devices": plan.num_devices, "global_batch": plan.global_batch,
-          "cluster": plan.cluster, "amplification_limit": plan.amplification_limit,
-          "iteration_ms": p["iteration_ms"], "gpu_ms": p["gpu_ms"],
-          "data_parallel_iteration_ms": p["data_parallel_iteration_ms"],
-          "data_parallel_gpu_ms": p["data_parallel_gpu_ms"],
-          **fair, "fair_comparison": fair_comparison(plan, fair),
-          "gpu_time_saving": 1 - p["gpu_ms"] / p["data_parallel_gpu_ms"],
-          "weight_sharded_layers": sum(lp.sharding.split != "samples" for lp in plan.layers),
-          "memory_peak_gb": p.get("memory_peak_gb"),
-          "lower_bound_ms": plan.extra.get("optimality", {}).get("lower_bound_ms"),
-          "optimality_gap": plan.extra.get("optimality", {}).get("gap"),
-          "planner_seconds": plan.planner_seconds, "plan": str(out)}
+  return plan_summary(plan, fair, out)
 
 
 main = hydra_app("plan", PlanConfig)(plan_task)

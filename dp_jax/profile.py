@@ -15,7 +15,12 @@ from typing import Any
 from omegaconf import MISSING
 
 from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.rules import check
 from dp_jax.config.schema import ClusterConfig, LoggerConfig, ModelConfig, ProfileConfig
+from dp_jax.hardware.cluster import job_from_config
+from dp_jax.models.zoo import ModelSpec
+from dp_jax.profiling.deeppool_import import import_deeppool_a100
+from dp_jax.profiling.sources import ProfileOptions, data_dir, warn_filled
 from dp_jax.tracking.run import Run
 
 
@@ -32,19 +37,16 @@ class ProfileAppConfig:
   seed: int = 0
 
 
-def profile_batches(cfg: ProfileAppConfig) -> list[int]:
+def profile_batches(options: ProfileOptions, batch_size: int) -> list[int]:
   """profile.batches if given, else powers of two up to batch_size (and batch_size itself)."""
-  from dp_jax.base.errors import UserError
-
-  if cfg.profile.batches:
-    return sorted({int(b) for b in cfg.profile.batches})
-  if cfg.batch_size < 1:
-    raise UserError(f"batch_size must be >= 1, got {cfg.batch_size}")
+  if options.batches:
+    return sorted(set(options.batches))
+  check("batch_size", batch_size)
   out, b = [], 1
-  while b < cfg.batch_size:
+  while b < batch_size:
     out.append(b)
     b *= 2
-  return out + [cfg.batch_size]
+  return out + [batch_size]
 
 
 def summary_rows(table, layers: list[str], batches: list[int]) -> list[list[Any]]:
@@ -59,32 +61,44 @@ def summary_rows(table, layers: list[str], batches: list[int]) -> list[list[Any]
   return rows
 
 
+@dataclass(frozen=True)
+class ProfileInputs:
+  """The profile app's config, typed and checked (decode)."""
+
+  device: str  # the cluster's device (the analytic profile's)
+  model: ModelSpec
+  options: ProfileOptions
+  batches: list[int]
+  out: Path | None
+  seed: int
+
+
+def decode(cfg: ProfileAppConfig) -> ProfileInputs:
+  """The config's groups as typed options, every value checked, before any work."""
+  cluster, _ = job_from_config(cfg.cluster)
+  options = ProfileOptions.from_config(cfg.profile)
+  return ProfileInputs(cluster.device, ModelSpec.from_config(cfg.model), options,
+                       profile_batches(options, cfg.batch_size),
+                       Path(cfg.out) if cfg.out else None, cfg.seed)
+
+
 def profile_task(cfg: ProfileAppConfig, run: Run) -> dict[str, Any]:
   """Build the profile the config names, print it, write its JSON, log it."""
-  from hydra.core.hydra_config import HydraConfig
-  from rich.console import Console
+  from rich.console import Console  # rich: only to print (its import is not free)
   from rich.table import Table
 
-  from dp_jax.config import workflow
-  from dp_jax.models import zoo
-  from dp_jax.profiling import sources
-
-  out_dir = Path(HydraConfig.get().runtime.output_dir)
-  cluster = workflow.cluster_spec(cfg.cluster)
-  graph = zoo.graph_of(cfg.model, seed=cfg.seed)
-  batches = profile_batches(cfg)
-  source = workflow.enum_value(cfg.profile.source)
+  inputs = decode(cfg)
+  model, options, batches = inputs.model, inputs.options, inputs.batches
+  out = inputs.out or run.output_dir / "profile.json"
+  graph = model.graph(inputs.seed)
   start = time.perf_counter()
   report = None
-  if source == "deeppool_a100":
-    from dp_jax.profiling.deeppool_import import import_deeppool_a100
-
-    table, report = import_deeppool_a100(graph, sources.data_dir(cfg.profile.get("data_dir")))
-    sources.warn_filled(graph.model, report.filled)
+  if options.source == "deeppool_a100":  # the import's report is printed below
+    table, report = import_deeppool_a100(graph, data_dir(options.data_dir))
+    warn_filled(graph.model, report.filled)
   else:
-    table = sources.load_profile(cfg.profile, graph, cluster.device, batches, cfg.model)
+    table = options.load(graph, inputs.device, batches, model)
   seconds = time.perf_counter() - start
-  out = Path(cfg.out) if cfg.out else out_dir / "profile.json"
   table.save(out)
   present = [n for n in graph.names if n not in table.missing(list(graph.names))]
   columns = ["layer"] + [f"b={b} ms" for b in batches]

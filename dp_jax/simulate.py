@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING
@@ -24,7 +23,15 @@ from dp_jax.config.schema import (
   PlannerConfig,
   ProfileConfig,
 )
-from dp_jax.report.compare import ComparisonConfig
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
+from dp_jax.models.zoo import ModelSpec
+from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.planner import Plan, PlanOptions, plan_for
+from dp_jax.planner.plan import check_made_for, model_record
+from dp_jax.profiling.sources import ProfileOptions
+from dp_jax.report.compare import ComparisonConfig, tolerance_from_config
+from dp_jax.sim.report import SimulationOptions, simulate_and_write
 from dp_jax.tracking.run import Run
 
 
@@ -48,7 +55,7 @@ class SimulateConfig:
 
 
 def print_metrics(metrics: dict[str, Any]) -> list[list[Any]]:
-  from rich.console import Console
+  from rich.console import Console  # rich: only to print (its import is not free)
   from rich.table import Table
 
   rows = [[k, round(v, 4) if isinstance(v, float) else v] for k, v in metrics.items()
@@ -65,35 +72,65 @@ def print_metrics(metrics: dict[str, Any]) -> list[list[Any]]:
   return rows
 
 
+@dataclass(frozen=True)
+class SimulateInputs:
+  """The simulate app's config, typed and checked (decode)."""
+
+  plan: Plan | None  # a plan file to simulate, or None: plan now
+  cluster: ClusterSpec
+  num_devices: int
+  model: ModelSpec | None  # None: a graph file
+  graph_file: str | None
+  options: PlanOptions
+  profile: ProfileOptions
+  background: BackgroundSpec
+  simulation: SimulationOptions
+  tolerance: float
+  seed: int
+
+
+def decode(cfg: SimulateConfig) -> SimulateInputs:
+  """The config's groups as typed options, every value checked, before any work."""
+  loaded = Plan.load(cfg.plan) if cfg.plan else None
+  cluster, g = job_from_config(cfg.cluster)
+  batch = loaded.global_batch if loaded else cfg.batch_size
+  return SimulateInputs(
+      plan=loaded, cluster=cluster, num_devices=g,
+      model=None if cfg.graph else ModelSpec.from_config(cfg.model), graph_file=cfg.graph,
+      options=PlanOptions.from_config(cfg.planner, loaded.num_devices if loaded else g, batch),
+      profile=ProfileOptions.from_config(cfg.profile),
+      background=BackgroundSpec.from_config(cfg.background),
+      simulation=SimulationOptions.from_config(cfg.interference, cfg.iterations),
+      tolerance=tolerance_from_config(cfg.comparison, cluster.device), seed=cfg.seed)
+
+
 def simulate_task(cfg: SimulateConfig, run: Run) -> dict[str, Any]:
   """Plan (or load) a plan, simulate it, write plan/metrics/timeline JSON and the Gantt PNG."""
-  from hydra.core.hydra_config import HydraConfig
-
-  from dp_jax.config import workflow
-  from dp_jax.planner import Plan
-  from dp_jax.report.compare import tolerance_of
-  from dp_jax.sim.report import interference, simulate_and_write
-
-  interference(cfg)  # bad cap or policy: fail before any planning
-  out_dir = Path(HydraConfig.get().runtime.output_dir)
-  cluster = workflow.cluster_spec(cfg.cluster)
-  tolerance_of(cfg, cluster.device)
-  loaded = Plan.load(cfg.plan) if cfg.plan else None
-  batch = loaded.global_batch if loaded else cfg.batch_size
-  graph = workflow.load_graph(cfg)
-  model_cfg = None if cfg.get("graph") else cfg.model
-  if loaded is not None:
-    workflow.check_made_for(loaded, workflow.model_record(graph, model_cfg), f"plan {cfg.plan}")
-  profile = workflow.load_profile_for(cfg, graph, cluster, batch, cfg.background.batch_per_device)
+  inputs = decode(cfg)
+  cluster, model, background = inputs.cluster, inputs.model, inputs.background
+  profile_options, batch = inputs.profile, inputs.options.global_batch
+  out_dir = run.output_dir
+  graph = LayerGraph.load(inputs.graph_file) if inputs.graph_file else model.graph(inputs.seed)
+  record = model_record(graph, model and model.options)
+  if inputs.plan is not None:
+    check_made_for(inputs.plan, record, f"plan {cfg.plan}")
+  profile = profile_options.for_cluster(graph, cluster.device, batch,
+                                        background.batch_per_device, model=model)
+  job_graph = job_profile = None
+  if background.active and background.model is not None:  # another model than the foreground's
+    job_graph = background.model.graph(inputs.seed)
+    job_profile = profile_options.check_device(profile_options.load(
+        job_graph, cluster.device, [background.batch_per_device], background.model),
+        cluster.device)
   t0 = time.perf_counter()
-  plan = loaded or workflow.make_plan_from_config(
-      cfg.planner, graph, profile, cluster,
-      num_devices=workflow.job_devices(cfg.cluster, cluster), global_batch=batch,
-      model_cfg=model_cfg, cluster_cfg=cfg.cluster)
+  plan = inputs.plan or plan_for(graph, profile, cluster, inputs.options, model=record,
+                                 cluster_record=to_record(cluster, inputs.num_devices))
   planning_s = time.perf_counter() - t0
   run.begin()
   plan.save(out_dir / "plan.json")
-  result = simulate_and_write(cfg, graph, profile, cluster, plan, out_dir)
+  result = simulate_and_write(graph, profile, cluster, plan, out_dir, background=background,
+                              options=inputs.simulation, tolerance=inputs.tolerance,
+                              job_graph=job_graph, job_profile=job_profile)
   m = {**result["metrics"], "planning_s": planning_s}
   rows = print_metrics(m)
   run.log_table("simulation", ["metric", "value"], [[k, str(v)] for k, v in rows])

@@ -15,20 +15,19 @@ cores unless runtime.share_cores=true (one process, exact, the cap not honoured)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import os
-import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from dp_jax.base.errors import UserError
-from dp_jax.base.jsonfile import write_json
 from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.rules import check
 from dp_jax.config.schema import (
   BackgroundConfig,
   ClusterConfig,
@@ -37,12 +36,28 @@ from dp_jax.config.schema import (
   PlannerConfig,
   ProfileConfig,
 )
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
+from dp_jax.models.zoo import ModelSpec
+from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.planner import PlanOptions, plan_for
+from dp_jax.planner.plan import (
+  Plan,
+  check_made_for,
+  check_plan,
+  data_parallel_layout_plan,
+  model_record,
+)
+from dp_jax.profiling.sources import ProfileOptions
+from dp_jax.runtime import distributed, training
 from dp_jax.runtime.distributed import DistributedConfig
+from dp_jax.runtime.local_devices import cpu_cores, set_host_device_count
+from dp_jax.runtime.training import DataSpec, OptimizerSpec, TrainSpec
 from dp_jax.tracking.run import Run
 
 log = logging.getLogger("dp_jax.train")
-HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 PLAN_MODES = ("burst", "data_parallel")
+DEFAULT_BATCH = 32  # without batch_size and a plan file
 
 
 class OptimizerName(str, Enum):
@@ -111,54 +126,82 @@ class TrainConfig:
   seed: int = 0
 
 
-def set_host_device_count(n: int | None) -> None:
-  """Ask XLA's CPU backend for `n` host devices (effective only before JAX initialises)."""
-  if n is None:
-    return
-  if isinstance(n, bool) or n < 1:
-    raise UserError(f"runtime.num_devices={n} must be a positive integer")
-  flags = re.sub(rf"{HOST_DEVICES_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
-  os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}={n}".strip()
+@dataclass(frozen=True)
+class RuntimeOptions:
+  """The runtime group, checked: devices, checkpoints, progress, pinning, processes."""
+
+  num_devices: int | None = None  # None: every device (pinned: one per core)
+  checkpoint_every: int = 50
+  progress: bool = True
+  share_cores: bool = False
+  distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+  def __post_init__(self):
+    check("runtime.num_devices", self.num_devices)
+    check("runtime.checkpoint_every", self.checkpoint_every)
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> RuntimeOptions:
+    dist = cfg.get("distributed")
+    return cls(num_devices=cfg.get("num_devices"),
+               checkpoint_every=cfg.get("checkpoint_every", 50),
+               progress=bool(cfg.get("progress", True)),
+               share_cores=bool(cfg.get("share_cores", False)),
+               distributed=DistributedConfig() if dist is None else DistributedConfig(
+                   **OmegaConf.to_container(dist, resolve=True)))
 
 
-def load_plan_file(path: str) -> dict[str, Any]:
-  p = Path(path)
-  if not p.is_file():
+@dataclass(frozen=True)
+class TrainInputs:
+  """The train app's config, typed and checked (decode)."""
+
+  model: ModelSpec
+  cluster: ClusterSpec  # the pod whose cost model a burst plan uses
+  profile: ProfileOptions
+  planner: PlanOptions  # its num_devices is the job's G once the devices are known (burst_plan)
+  background: BackgroundSpec
+  optimizer: OptimizerSpec
+  data: DataSpec
+  runtime: RuntimeOptions
+  plan: str  # burst | data_parallel | a plan file's path
+  plan_file: Plan | None  # the plan file, read and parsed
+  global_batch: int
+  steps: int
+  seed: int
+  recorded: dict[str, Any]  # the config as config.json records it (a resume must keep its job)
+
+
+def decode(cfg: TrainConfig) -> TrainInputs:
+  """The config's groups as typed options, every value checked, before any work."""
+  plan_file = None if cfg.plan in PLAN_MODES else load_plan_file(cfg.plan)
+  batch = cfg.batch_size if cfg.batch_size is not None else (
+      plan_file.global_batch if plan_file is not None else DEFAULT_BATCH)
+  check("batch_size", batch)
+  check("steps", cfg.steps)
+  cluster, _ = job_from_config(cfg.cluster)
+  return TrainInputs(
+      model=ModelSpec.from_config(cfg.model), cluster=cluster,
+      profile=ProfileOptions.from_config(cfg.profile),
+      # G: 1 until the job's devices are known (their count is checked against B then)
+      planner=PlanOptions.from_config(cfg.planner, 1, batch),
+      background=BackgroundSpec.from_config(cfg.background),
+      optimizer=OptimizerSpec.from_config(cfg.optimizer), data=DataSpec.from_config(cfg.data),
+      runtime=RuntimeOptions.from_config(cfg.runtime), plan=cfg.plan, plan_file=plan_file,
+      global_batch=batch, steps=cfg.steps, seed=cfg.seed,
+      recorded=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+
+
+def load_plan_file(path: str) -> Plan:
+  """The plan JSON `path` names, parsed (a placement: the planner's fields are optional)."""
+  if not Path(path).is_file():
     raise UserError(f"plan '{path}' is neither {' nor '.join(PLAN_MODES)} nor an existing plan "
                     "JSON file")
-  try:
-    return json.loads(p.read_text())
-  except json.JSONDecodeError as e:
-    raise UserError(f"plan file {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
-
-
-def burst_plan(cfg: TrainConfig, model, num_devices: int, batch: int) -> dict[str, Any]:
-  """A burst plan for the local devices (traced graph, configured profile and cluster)."""
-  from dp_jax.config import workflow
-  from dp_jax.graph.trace import trace_graph
-
-  cluster = workflow.cluster_spec(cfg.cluster)
-  graph = trace_graph(model, cfg.model.name)
-  profile = workflow.load_profile_for(cfg, graph, cluster, batch)
-  plan = workflow.make_plan_from_config(cfg.planner, graph, profile, cluster,
-                                        num_devices=num_devices, global_batch=batch,
-                                        model_cfg=cfg.model, cluster_cfg=cfg.cluster)
-  return plan.to_json()
-
-
-def model_record(cfg: TrainConfig, model) -> dict[str, Any]:
-  """The plan's made_for record of the model this job trains (see workflow.model_record)."""
-  from dp_jax.models import zoo
-
-  options = zoo.model_kwargs(cfg.model)
-  options.pop("dtype", None)
-  return {"name": cfg.model.name, "input_shape": list(model.input_spec(1).shape[1:]),
-          "layers": len(model.layer_specs()), "options": options}
+  return Plan.load(path, planned=False)
 
 
 def job_devices(requested: int | None):
   """The job's devices: the first runtime.num_devices of jax.devices() (all if None)."""
-  import jax
+  import jax  # JAX: only once the host device count is set (set_host_device_count)
 
   available = jax.devices()
   g = requested or len(available)
@@ -168,102 +211,91 @@ def job_devices(requested: int | None):
   return available[:g]
 
 
-def resolve_plan(cfg: TrainConfig, model, graph, g: int) -> tuple[dict[str, Any], int]:
-  """(plan dict, global batch) for plan=burst | data_parallel | <file>, checked for this job."""
-  from dp_jax.planner.plan import check_plan, data_parallel_layout_plan
-
-  file_plan = cfg.plan not in PLAN_MODES
-  plan = load_plan_file(cfg.plan) if file_plan else None
-  batch = cfg.batch_size
-  if batch is None:
-    batch = (plan.get("global_batch") if isinstance(plan, dict) else None) or 32
-  if not file_plan and g > batch:
-    raise UserError(f"batch_size={batch} is smaller than runtime.num_devices={g}; every device "
-                    "needs a sample")
-  if cfg.plan == "data_parallel":
-    plan = {**data_parallel_layout_plan(graph, global_batch=batch, num_devices=g),
-            "made_for": model_record(cfg, model)}
-  elif cfg.plan == "burst":
-    plan = burst_plan(cfg, model, g, batch)
-  need = plan.get("num_devices") if isinstance(plan, dict) else None
-  if isinstance(need, int) and not isinstance(need, bool) and need > g:
-    raise UserError(f"plan needs {need} devices but only {g} are available "
-                    f"(runtime.num_devices={g}); make a plan for {g} devices")
-  check_plan(plan, graph, available_devices=g, global_batch=batch)
-  return plan, batch
+def resolve_plan(inputs: TrainInputs, graph: LayerGraph, g: int) -> Plan:
+  """The plan of plan=burst | data_parallel | <file> for the model's `graph` on `g` devices,
+  checked once (planner.plan.check_plan: layers, devices, batch) and in graph order."""
+  record = model_record(graph, inputs.model.options)
+  b = inputs.global_batch
+  if inputs.plan_file is not None:
+    check_made_for(inputs.plan_file, record, f"plan {inputs.plan}")
+    plan: Plan | dict[str, Any] = inputs.plan_file
+  else:
+    if g > b:
+      raise UserError(f"batch_size={b} is smaller than runtime.num_devices={g}; every device "
+                      "needs a sample")
+    if inputs.plan == "data_parallel":
+      plan = {**data_parallel_layout_plan(graph, global_batch=b, num_devices=g),
+              "made_for": record}
+    else:
+      plan = burst_plan(inputs, graph, record, g)
+  return check_plan(plan, graph, available_devices=g, global_batch=b)
 
 
-def same_plan_everywhere(plan: dict[str, Any], batch: int) -> tuple[dict[str, Any], int]:
-  """Process 0's (plan, batch) on every process of a multi-process job (unchanged in one).
+def burst_plan(inputs: TrainInputs, graph: LayerGraph, record: dict[str, Any], g: int) -> Plan:
+  """A burst plan for the job's `g` devices (the configured profile and cluster)."""
+  profile = inputs.profile.for_cluster(graph, inputs.cluster.device, inputs.global_batch,
+                                       model=inputs.model)
+  return plan_for(graph, profile, inputs.cluster,
+                  dataclasses.replace(inputs.planner, num_devices=g), model=record,
+                  cluster_record=to_record(inputs.cluster, g))
+
+
+def same_plan_everywhere(plan: Plan) -> Plan:
+  """Process 0's plan on every process of a multi-process job (unchanged in one).
 
   Each process plans for itself; a measured profile or a plan file that differs between hosts
   could give another plan, so process 0's is the one every process runs. A process whose own
   plan differed (beyond planner_seconds, the planner's wall time) says so in its log.
   """
-  from dp_jax.runtime import distributed
-
-  mine = json.loads(json.dumps({"plan": plan, "batch": batch}))
+  mine = json.loads(json.dumps(plan.to_json()))
   agreed = distributed.from_process_0(mine)
   if agreed == mine:
-    return plan, batch
+    return plan
 
   def what_runs(p: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in p["plan"].items() if k != "planner_seconds"} | {"b": p["batch"]}
+    return {k: v for k, v in p.items() if k != "planner_seconds"}
 
   if what_runs(agreed) != what_runs(mine):
     log.warning("process %d planned differently from process 0 (a measured profile, or another "
                 "plan file?); it runs process 0's plan", distributed.process_index())
-  return agreed["plan"], agreed["batch"]
+  return Plan.from_json(agreed, "process 0's plan", planned=False)
 
 
 def train_task(cfg: TrainConfig, run: Run) -> dict[str, Any]:
   """Plan (or load) a plan, train under it, write metrics, timeline and checkpoints."""
-  from dp_jax.runtime import training
-
-  processes = pinned_processes(cfg)
-  if processes is None:
-    set_host_device_count(cfg.runtime.num_devices)
-  from dp_jax.runtime import distributed
-
-  distributed.initialize(cfg.runtime.distributed)
-  from dp_jax.config import workflow
-  from dp_jax.models import zoo
-  from dp_jax.planner.plan import as_plan
-  from dp_jax.runtime.stages import structure_graph
-  from dp_jax.runtime.train_loop import check_same_job
-
+  inputs = decode(cfg)
+  model, background, runtime = inputs.model, inputs.background, inputs.runtime
+  processes = pinned_processes(background, runtime, inputs.cluster.device)
+  if processes is None and runtime.num_devices is not None:
+    set_host_device_count(runtime.num_devices)
+  distributed.initialize(runtime.distributed)
+  devices = None if processes else job_devices(runtime.num_devices)
+  g = processes or len(devices)
   out_dir = run.output_dir  # one folder per job, also with several processes (cli.py)
-  g = processes or len(job_devices(cfg.runtime.num_devices))
-  if cfg.plan not in PLAN_MODES:  # a plan for another model config: refuse before building
-    workflow.check_made_for(as_plan(load_plan_file(cfg.plan), f"plan {cfg.plan}"),
-                            model_record(cfg, zoo.build(cfg.model, abstract=True)),
-                            f"plan {cfg.plan}")
-  model = zoo.build(cfg.model, seed=cfg.seed)
-  graph = structure_graph(model, cfg.model.name)
-  plan, batch = resolve_plan(cfg, model, graph, g)  # before any checkpoint
-  plan, batch = same_plan_everywhere(plan, batch)
-  del model
-  check_same_job(out_dir, cfg, plan, cfg.steps)  # a resume is the same job (reads only)
+  plan = same_plan_everywhere(resolve_plan(inputs, model.graph(inputs.seed), g))
+  from dp_jax.runtime.train_loop import check_same_job  # JAX: once the device count is set
+
+  check_same_job(out_dir, inputs.recorded, plan.to_json(), inputs.steps)  # a resume: same job
 
   def start_writing() -> None:  # the checkpoint folder fits this job: files may be written now
     run.begin()
     if run.writes:  # process 0 of a multi-process job
-      write_json(out_dir / "plan.json", plan)
+      plan.save(out_dir / "plan.json")
 
-  spec = training.TrainSpec(
-      model=_plain(cfg.model), plan=plan, steps=cfg.steps, output_dir=str(out_dir),
-      optimizer=_plain(cfg.optimizer), data=_plain(cfg.data), background=_plain(cfg.background),
-      memory_gb_per_device=cfg.cluster.memory_gb_per_device,
-      checkpoint_dir=str(out_dir / "checkpoints"), checkpoint_every=cfg.runtime.checkpoint_every,
+  spec = TrainSpec(
+      model=model, plan=plan, steps=inputs.steps, output_dir=str(out_dir),
+      optimizer=inputs.optimizer, data=inputs.data, background=background,
+      memory_gb_per_device=inputs.cluster.memory_gb_per_device,
+      checkpoint_dir=str(out_dir / "checkpoints"), checkpoint_every=runtime.checkpoint_every,
       background_checkpoint_dir=str(out_dir / "background_checkpoint"),
-      progress=cfg.runtime.progress, seed=cfg.seed)
+      progress=runtime.progress, seed=inputs.seed)
   if processes is None:
     summary = training.check_background(training.train_spec(
-        spec, job_devices(cfg.runtime.num_devices), log_fn=run.log, on_start=start_writing))
+        spec, devices, log_fn=run.log, on_start=start_writing))
   else:
     start_writing()
     print(f"training on {processes} pinned processes, one core and one CPU device each "
-          f"(background {cfg.background.name}, slowdown cap {cfg.background.slowdown_cap})")
+          f"(background {background.name}, slowdown cap {background.slowdown_cap})")
     summary = training.train_pinned(spec, processes)
     replay_metrics(run, out_dir)
   png = summary.pop("gantt", None)
@@ -271,47 +303,38 @@ def train_task(cfg: TrainConfig, run: Run) -> dict[str, Any]:
     run.log_image("gantt", png)
   if not summary.get("background_failures"):
     summary.pop("background_errors", None)
-  summary = {"model": cfg.model.name, "plan": cfg.plan, "num_devices": g,
-             "processes": processes or 1, "cpu_cores": host_cores(processes, cfg),
-             "global_batch": batch, **summary}
+  summary = {"model": model.name, "plan": inputs.plan, "num_devices": g,
+             "processes": processes or 1, "cpu_cores": host_cores(processes, devices),
+             "global_batch": plan.global_batch, **summary}
   run.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
-  print(f"trained {cfg.model.name} to step {summary['final_step']} in {summary['stages']} "
+  print(f"trained {model.name} to step {summary['final_step']} in {summary['stages']} "
         f"stage(s); outputs: {out_dir}")
   return summary
 
 
-def host_cores(processes: int | None, cfg: TrainConfig) -> int | None:
+def host_cores(processes: int | None, devices) -> int | None:
   """The cores the job's CPU devices ran on (None on accelerators): with more devices than
   cores in one process the devices share cores and step times are not a device's."""
-  from dp_jax.runtime.local_devices import cpu_cores
-
-  on_cpu = processes is not None or job_devices(cfg.runtime.num_devices)[0].platform == "cpu"
+  on_cpu = processes is not None or devices[0].platform == "cpu"
   return cpu_cores() if on_cpu else None
 
 
-def pinned_processes(cfg: TrainConfig) -> int | None:
+def pinned_processes(background: BackgroundSpec, runtime: RuntimeOptions,
+                     device: str) -> int | None:
   """Pinned processes for this job (one device each), or None to train in this process.
 
   Pinned: a background job on a CPU cluster, unless runtime.share_cores or a multi-process
   job configured by the user; more devices than cores is refused (training.honest_processes).
   """
-  from dp_jax.config import workflow
-  from dp_jax.runtime import distributed, training
-
-  if not training.background_active(cfg.background):
+  if (not background.active or runtime.share_cores or distributed.configured(runtime.distributed)
+      or device != "cpu"):
     return None
-  training.check_on_failure(cfg.background)
-  if cfg.runtime.share_cores:
-    return None
-  if distributed.configured(cfg.runtime.distributed):
-    return None
-  if workflow.cluster_spec(cfg.cluster).device != "cpu":
-    return None
-  return training.honest_processes(cfg.runtime.num_devices, cfg.background.name)
+  return training.honest_processes(runtime.num_devices, background.name)
 
 
 def replay_metrics(run: Run, out_dir: Path) -> None:
   """metrics.jsonl of a pinned run (written by its process 0) into this run's W&B steps."""
+  # JAX: train_loop imports it (its file name only)
   from dp_jax.runtime.train_loop import METRICS_FILE
 
   path = Path(out_dir) / METRICS_FILE
@@ -320,15 +343,6 @@ def replay_metrics(run: Run, out_dir: Path) -> None:
   for line in path.read_text().splitlines():
     m = json.loads(line)
     run.log({f"train/{k}": v for k, v in m.items() if k != "step"}, m["step"])
-
-
-def _plain(node: Any) -> Any:
-  """A config node as plain JSON values (None stays None)."""
-  from omegaconf import OmegaConf
-
-  if node is None:
-    return None
-  return json.loads(json.dumps(OmegaConf.to_container(node, resolve=True, enum_to_str=True)))
 
 
 main = hydra_app("train", TrainConfig)(train_task)

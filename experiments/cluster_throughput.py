@@ -106,7 +106,7 @@ def frontier_figure(rows: list[Row], cluster: str, path: Path) -> Path:
 
 def _frontier_panel(ax, cell: list[Row]) -> None:
   """One frontier panel (see frontier_figure)."""
-  from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
+  from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator  # matplotlib: drawing
 
   head = next((r for r in cell if _limit(r) == HEADLINE_LIMIT), cell[0] if cell else None)
   front = next((r["data_parallel_frontier"] for r in cell if r.get("data_parallel_frontier")),

@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dp_jax.report.compare import VALIDATED_TOLERANCE, VERDICTS, verdict
+
 Row = dict[str, Any]
 PLAN_IDENTITY = ("model", "cluster", "device", "num_devices", "global_batch",
                  "amplification_limit")
@@ -78,8 +80,6 @@ def pivot(rows: Sequence[Row], *, row_key: str, cols: Sequence[tuple[str, Callab
 
 def tolerance(row: Row) -> float:
   """The cell's comparison tolerance (its summary's), else the validated default."""
-  from dp_jax.report.compare import VALIDATED_TOLERANCE
-
   t = number(row.get("comparison_tolerance"))
   return VALIDATED_TOLERANCE if t is None else t
 
@@ -87,8 +87,6 @@ def tolerance(row: Row) -> float:
 def judge(row: Row, names: Sequence[str]) -> Row:
   """name_margin and name_verdict of each ratio column (dp_jax/report/compare.py; None if
   missing)."""
-  from dp_jax.report.compare import verdict
-
   t, out = tolerance(row), {}
   for name in names:
     v = number(row.get(name))
@@ -109,16 +107,12 @@ def judged(row: Row, name: str) -> str:
 
 def ratio_verdict(x: Any, tol: float) -> str:
   """A ratio and its verdict at tolerance tol: '1.07x tie' ('-' when missing)."""
-  from dp_jax.report.compare import verdict
-
   v = number(x)
   return "-" if v is None else f"{v:.2f}x {verdict(v, tol)}"
 
 
 def tally(rows: Sequence[Row], name: str) -> str:
   """'3 ahead, 5 tie, 2 behind' over the rows with that ratio (verdicts of `judge`)."""
-  from dp_jax.report.compare import VERDICTS, verdict
-
   counts = {k: 0 for k in VERDICTS}
   for r in rows:
     v = number(r.get(name))

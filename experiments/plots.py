@@ -15,9 +15,10 @@ Points = Callable[[Row], Iterable[tuple[str, float | None]]]  # row -> (series, 
 
 def pyplot():
   """matplotlib.pyplot on the file-only Agg backend."""
-  import matplotlib
+  import matplotlib  # matplotlib: only to draw (tables and CSVs need none)
 
   matplotlib.use("Agg")
+  # pyplot once the file-only backend is chosen (matplotlib: only to draw)
   import matplotlib.pyplot as plt
 
   return plt
@@ -87,7 +88,7 @@ def ordered(values: Iterable[Any]) -> list[Any]:
 
 def log_axes(ax, x: int | None = 10, y: int | None = 10) -> None:
   """Log-scaled axes with plain tick labels (1, 2, 5 x 10^k; powers of 2 for base 2)."""
-  from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+  from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # matplotlib: drawing
 
   plain = FuncFormatter(lambda v, _: f"{v:g}")
   for axis, base, scale, lim in ((ax.xaxis, x, ax.set_xscale, ax.get_xlim),

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dp_jax.base.errors import UserError
+from dp_jax.report.compare import VALIDATED_TOLERANCE
 from dp_jax.tracking import aggregate
 
 HEAD = ("job", "cell", "status")
@@ -59,8 +62,6 @@ def cell_overrides(job_dir: Path, status: dict[str, Any]) -> list[str]:
   """The cell's own overrides (the study's +experiment=... left out)."""
   hydra_file = job_dir / ".hydra" / "overrides.yaml"
   if hydra_file.is_file():
-    import yaml
-
     overrides = yaml.safe_load(hydra_file.read_text()) or []
   else:
     overrides = status.get("overrides") or []
@@ -122,8 +123,6 @@ def markdown(study: Study, rows: Sequence[Row], prov: dict[str, Any],
              figures: Sequence[Path] = ()) -> str:
   """The study's README: what it is and how to rerun it (its docstring), what its numbers are,
   how comparisons are judged, headline tables, figures, missing and failed cells."""
-  from dp_jax.report.compare import VALIDATED_TOLERANCE
-
   title, _, rest = study.doc.strip().partition("\n")
   tols = sorted({float(r["comparison_tolerance"]) for r in rows
                  if r.get("comparison_tolerance") is not None})
@@ -175,8 +174,6 @@ def check_fits(study: Study, sweep_dir: Path, raw: Sequence[Row]) -> list[str]:
 
 def swept_params(path: Path) -> dict[str, list[str]]:
   """{key: values} of a Hydra sweeper's params in a YAML file (multirun.yaml or an overlay)."""
-  import yaml
-
   if not path.is_file():
     return {}
   hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}

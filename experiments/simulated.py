@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dp_jax.sim.metrics import matched_data_parallel
 from experiments.fields import (
   PLAN_IDENTITY,
   judge,
@@ -57,8 +58,6 @@ def derive(row: Row) -> Row:
          "data_parallel_frontier": data_parallel_frontier(row)}
   it, cluster = number(out["iteration_ms"]), number(out["cluster_samples_per_s"])
   if out["data_parallel_frontier"] and it and cluster:
-    from dp_jax.sim.metrics import matched_data_parallel
-
     matched = matched_data_parallel(out["data_parallel_frontier"], it, cluster,
                                     out["comparison_tolerance"])
     out.update({k: v for k, v in matched.items() if k in RESULTS})

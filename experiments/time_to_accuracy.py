@@ -36,10 +36,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import write_json
 from dp_jax.studies.batch_scaling import best_batch, fit_steps, leave_one_out, time_to_accuracy_s
 from dp_jax.tracking import aggregate
+from dp_jax.tracking import run as tracking
 from experiments import plots, report
 from experiments.fields import number
 from experiments.report import Row, Study
@@ -280,10 +283,6 @@ STUDY = Study(name="time_to_accuracy", app="accuracy", doc=__doc__,
 
 def track_fit(sweep_dir: Path, rows: Sequence[Row]) -> None:
   """One W&B run in the study's group (<sweep>/fit) whose summary is the fit per model."""
-  from omegaconf import OmegaConf
-
-  from dp_jax.tracking import run as tracking
-
   cfg = next((r["config"] for r in rows if r.get("config")), {})
   logger = dict(cfg.get("logger") or {})
   logger["job_type"] = "fit"

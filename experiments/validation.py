@@ -26,6 +26,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from experiments import plots
 from experiments.fields import number, pick
 from experiments.report import Row, Study, main
 
@@ -50,8 +51,6 @@ def plan_rows(r: Row, out: Path) -> list[dict]:
 
 def figures(rows: list[Row], out: Path) -> list[Path]:
   """One scatter of predicted vs measured over every model's plans; per-model CSVs copied."""
-  from experiments import plots
-
   plt = plots.pyplot()
   fig, ax = plt.subplots(figsize=(6, 5.5), layout="constrained")
   values = []

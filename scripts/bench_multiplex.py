@@ -228,9 +228,8 @@ def worker(args) -> None:
   import optax
 
   from dp_jax.models.zoo import build_model
-  from dp_jax.multiplex.runners import build_runners, job_of_runner
   from dp_jax.multiplex.launch import process_cap
-  from dp_jax.multiplex.runners import measured_pieces, piece_gap_ms
+  from dp_jax.multiplex.runners import build_runners, job_of_runner, measured_pieces, piece_gap_ms
 
   wall0, cpu0 = time.perf_counter(), time.process_time()
   n, me = jax.process_count(), jax.process_index()

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import yaml
-from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +30,7 @@ def main() -> None:
   args = ap.parse_args()
 
   from dp_jax.hardware.cluster import load_cluster
-  from dp_jax.models import zoo
+  from dp_jax.models.zoo import ModelSpec
   from dp_jax.planner import make_plan
   from dp_jax.profiling.analytic import analytic_profile
   from dp_jax.profiling.sources import profile_batches
@@ -41,7 +40,7 @@ def main() -> None:
 
   t = time.perf_counter()
   spec = yaml.safe_load((REPO / "conf/model" / f"{args.model}.yaml").read_text())
-  graph = zoo.graph_of(OmegaConf.create(spec))
+  graph = ModelSpec.from_config(spec).graph()
   trace_s = time.perf_counter() - t
   cluster = load_cluster(yaml.safe_load((REPO / "conf/cluster/dgx_a100.yaml").read_text()))
   profile = analytic_profile(graph, cluster.device, "bfloat16", profile_batches(args.batch, 8))

@@ -30,9 +30,8 @@ if [ -n "$dry" ]; then
   vgg=(model=vgg16 model.image_size=32 batch_size=8)
   gpt=(model=gpt2 model.n_layer=1 model.d_model=32 model.n_head=2 model.seq_len=8
        model.vocab_size=64 batch_size=8)
-  val=(validate.plans=1 validate.steps=1 validate.warmup=1 validate.profile_repeats=1 validate.profile_passes=1
-       validate.profile_cuts=1
-       "validate.amplification_limits=[2.0]" logger=disabled)
+  val=(validate.plans=1 local.steps=1 local.warmup=1 local.profile_repeats=1 local.profile_passes=1
+       local.profile_cuts=1 "validate.amplification_limits=[2.0]" logger=disabled)
   bench=(--steps 2 --splits 1,2)
 else
   name="$("$PY" -c 'import jax; d = jax.devices()[0]; print(d.device_kind if d.platform != "cpu" else "cpu")' | tr ' /' '__')"
@@ -42,7 +41,7 @@ else
   compare_args=(--max-batch 64 --dtype bfloat16)
   vgg=(model=vgg16 batch_size=64 model.dtype=bfloat16 cluster=dgx_h200)
   gpt=(model=gpt2 batch_size=32 model.dtype=bfloat16 cluster=dgx_h200)
-  val=(validate.plans=9 validate.steps=10)
+  val=(validate.plans=9 local.steps=10)
   bench=(--model gpt2_small --steps 50)
 fi
 steps=(

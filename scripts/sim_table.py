@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import yaml
-from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ["model", "G", "B", "cluster", "burst ms", "DP ms", "FG speed-up vs DP",
@@ -98,12 +97,12 @@ def main() -> None:
   ap.add_argument("--out", default="outputs/sim_table")
   args = ap.parse_args()
 
-  from dp_jax.models import zoo
+  from dp_jax.models.zoo import ModelSpec
   from dp_jax.profiling.deeppool_import import import_deeppool_a100
 
   rows, notes, sens = [], [], []
   for model in args.models:
-    graph = zoo.graph_of(OmegaConf.create(_cfg("model", model)))
+    graph = ModelSpec.from_config(_cfg("model", model)).graph()
     profile, report = import_deeppool_a100(graph)
     notes.append(f"{model}: {len(report.matched)} of {len(graph.nodes)} layers matched"
                  + (f"; missing: {', '.join(report.unmatched)}" if report.unmatched else "")

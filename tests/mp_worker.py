@@ -48,23 +48,28 @@ def agreement_case() -> dict[str, np.ndarray]:
 
   import jax
 
+  from dp_jax.planner.plan import Plan
   from dp_jax.train import same_plan_everywhere
+
+  def plan(devices: list[int], batch: int = 8, **extra) -> Plan:
+    return Plan.from_json({"model": "m", "global_batch": batch, "num_devices": 2,
+                           "layers": [{"name": "x", "devices": devices}], **extra},
+                          planned=False)
 
   rank = jax.process_index()
   warnings = []
   handler = logging.Handler()
   handler.emit = warnings.append
   logging.getLogger("dp_jax.train").addHandler(handler)
-  mine = {"stages": [{"devices": list(range(rank + 1))}], "planned_by": rank}
-  plan, batch = same_plan_everywhere(mine, 8 + rank)
-  expected = {"stages": [{"devices": [0]}], "planned_by": 0}
-  assert (plan, batch) == (expected, 8), f"process {rank} got {plan}, {batch}"
+  agreed = same_plan_everywhere(plan(list(range(rank + 1)), 8 * (rank + 1), planned_by=rank))
+  expected = plan([0], planned_by=0)
+  assert agreed == expected, f"process {rank} got {agreed}"
   assert len(warnings) == rank, "process 1 says that its own plan differed"
-  timed = {"stages": [], "planner_seconds": 0.01 * (rank + 1)}
-  assert same_plan_everywhere(timed, 8) == ({"stages": [], "planner_seconds": 0.01}, 8)
+  timed = same_plan_everywhere(plan([0], planner_seconds=0.01 * (rank + 1)))
+  assert timed.planner_seconds == 0.01
   assert len(warnings) == rank, "the planner's wall time alone is no difference"
   assert str(distributed.shared_dir(f"/tmp/run_of_{rank}")) == "/tmp/run_of_0"
-  return {"agreed_batch": np.array(batch)}
+  return {"agreed_batch": np.array(agreed.global_batch)}
 
 
 def train_case() -> dict[str, np.ndarray]:

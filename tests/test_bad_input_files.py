@@ -8,8 +8,9 @@ from apps import assert_one_line_error, run_app
 from test_plan_app import write_graph_and_profile
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.workflow import cluster_config, cluster_spec
+from dp_jax.config.files import cluster_file
 from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import load_cluster
 from dp_jax.planner import Plan, make_plan
 from dp_jax.profiling.table import ProfileTable
 
@@ -20,7 +21,7 @@ def toy_plan(tmp_path) -> tuple[dict, list[str]]:
   """A planner's plan of the toy graph (as JSON) and the simulate arguments for its files."""
   gpath, ppath = write_graph_and_profile(tmp_path)
   plan = make_plan(LayerGraph.load(gpath), ProfileTable.load(ppath),
-                   cluster_spec(cluster_config("a100_nvlink_8")),
+                   load_cluster(cluster_file("a100_nvlink_8")),
                    num_devices=4, global_batch=8)
   return plan.to_json(), [f"graph={gpath}", f"profile={ppath}", *COMMON, "background=none"]
 

@@ -17,7 +17,7 @@ from dp_jax.report.compare import (
   check_tolerance,
   compare,
   describe,
-  tolerance_of,
+  tolerance_from_config,
   validated_tolerance,
   verdict,
 )
@@ -71,8 +71,9 @@ def test_default_tolerance_is_the_committed_validation_median_error():
   assert group["tolerance"] is None
   assert validated_tolerance("cpu") == VALIDATED_TOLERANCE
   assert validated_tolerance("A100-SXM4-40GB") == GPU_VALIDATED_TOLERANCE
-  assert tolerance_of({"comparison": {"tolerance": None}}, "cpu") == VALIDATED_TOLERANCE
-  assert tolerance_of({"comparison": {"tolerance": 0.0}}, "H100-SXM5-80GB") == 0.0
+  assert tolerance_from_config({"tolerance": None}, "cpu") == VALIDATED_TOLERANCE
+  assert tolerance_from_config({"tolerance": 0.0}, "H100-SXM5-80GB") == 0.0
+  assert tolerance_from_config(None, "A100-SXM4-40GB") == GPU_VALIDATED_TOLERANCE
 
 
 def test_simulate_metrics_carry_margins_and_verdicts():

@@ -114,7 +114,8 @@ def test_an_impossible_cell_fails_alone_and_is_listed(tmp_path, capsys):
   assert "2 cells, 1 ok, 1 failed" in printed and "cluster.num_devices=64" in printed
   rows = {r["num_devices"]: r for r in read_csv(tmp_path / "out" / "amplification.csv")}
   assert rows["8"]["status"] == "ok" and float(rows["8"]["iteration_ms"]) > 0
-  assert rows["64"]["status"] == "failed" and "global_batch" in rows["64"]["error"]
+  assert rows["64"]["status"] == "failed"
+  assert "global batch of 32 (batch_size)" in rows["64"]["error"]
   md = (tmp_path / "out" / "README.md").read_text()
   assert "1 failed" in md and "cluster.num_devices=64" in md.split("## Failed cells")[1]
 

@@ -30,7 +30,7 @@ def vit_reference_params(dim=512, patch=16, image=256, blocks=6, heads=4, dim_he
 
 
 def test_zoo_vit_matches_deeppool_parameter_count_and_table():
-  graph = zoo.graph_of(OmegaConf.load(REPO / "conf" / "model" / "vit.yaml"))
+  graph = zoo.ModelSpec.from_config(OmegaConf.load(REPO / "conf" / "model" / "vit.yaml")).graph()
   assert sum(n.params for n in graph.nodes) == vit_reference_params() == 13_643_240
   assert [n.kind for n in graph.nodes[:3]] == ["patch_embed", "self_attention", "mlp_block"]
   table, report = import_deeppool_a100(graph)
@@ -45,7 +45,7 @@ def test_zoo_vit_matches_deeppool_parameter_count_and_table():
 def test_vit_rows_the_table_lacks_are_estimated_and_named():
   cfg = OmegaConf.load(REPO / "conf" / "model" / "vit.yaml")
   cfg.kwargs.mlp_dim = 2048  # DeepPool timed dim_linear_block 1024 only
-  table, report = import_deeppool_a100(zoo.graph_of(cfg))
+  table, report = import_deeppool_a100(zoo.ModelSpec.from_config(cfg).graph())
   assert sorted(report.filled) == [f"blocks.{i}.mlp" for i in range(6)]
   assert set(table.meta["estimated_layers"]) == set(report.filled)
   assert all(f > 0 and w > 0 for f, w in table.layers["blocks.0.mlp"].values())
@@ -94,13 +94,14 @@ def test_sequential_model_gets_layer_specs_and_forward():
 ])
 def test_bad_targets_are_one_line_errors(target, kwargs, match):
   with pytest.raises(UserError, match=match):
-    zoo.build({"_target_": target, "name": "m", "kwargs": kwargs}, abstract=True)
+    zoo.ModelSpec.from_config({"_target_": target, "name": "m", "kwargs": kwargs}).build(
+        abstract=True)
 
 
 def test_a_zoo_name_on_another_target_is_refused():
   with pytest.raises(UserError, match="model name 'resnet50' is the zoo's .*resnet50, not "
                                       "dp_jax.models.vgg.VGG16"):
-    zoo.graph_of({"_target_": "dp_jax.models.vgg.VGG16", "name": "resnet50"})
+    zoo.ModelSpec.from_config({"_target_": "dp_jax.models.vgg.VGG16", "name": "resnet50"})
 
 
 def test_examples_inspect_plan_simulate_and_train_through_the_cli(tmp_path):
@@ -219,10 +220,10 @@ def test_examples_through_profile_measure_validate_and_pipeline(tmp_path):
   assert all(set(rows) == {"1", "2"} for rows in profile["layers"].values())
 
   result = run_app("validate", f"model={MIXER}", "batch_size=8", "validate.plans=2",
-                   "validate.steps=2", "validate.warmup=1", "validate.num_devices=2",
-                   "validate.profile_repeats=1", "validate.profile_passes=1",
-                   "validate.profile_cuts=1", "validate.amplification_limits=[1.5]",
-                   f"validate.cache_dir={tmp_path}/c", "logger=disabled", cwd=step["validate"],
+                   "local.steps=2", "local.warmup=1", "local.num_devices=2",
+                   "local.profile_repeats=1", "local.profile_passes=1",
+                   "local.profile_cuts=1", "validate.amplification_limits=[1.5]",
+                   f"local.cache_dir={tmp_path}/c", "logger=disabled", cwd=step["validate"],
                    env=USER_ENV, timeout=900)
   assert result.returncode == 0, result.stderr[-3000:]
   status = json.loads((step["validate"] / "run" / "status.json").read_text())

@@ -8,13 +8,12 @@ import threading
 import jax
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 from runtime_helpers import batches, make_model, sgd
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.schema import BackgroundConfig, ModelConfig
-from dp_jax.models.zoo import build_model
+from dp_jax.models.zoo import ModelSpec, build_model
 from dp_jax.multiplex import policy as multiplex
+from dp_jax.multiplex.background import BackgroundSpec
 from dp_jax.multiplex.launch import start_background
 from dp_jax.multiplex.runners import build_runners, job_of_runner, measured_pieces
 from dp_jax.multiplex.scheduler import (
@@ -24,7 +23,7 @@ from dp_jax.multiplex.scheduler import (
   make_background_hook,
   window_ms,
 )
-from dp_jax.planner.plan import check_plan, layout_plan
+from dp_jax.planner.plan import Plan, check_plan, layout_plan
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.stages import structure_graph
 from dp_jax.runtime.step import build_program, init_state, train_step
@@ -222,49 +221,51 @@ def test_windows_run_to_the_next_call_that_uses_the_device():
   assert w[0] == {2: math.inf} and w[1] == {1: 3.0, 2: math.inf} and w[2] == {1: 2.0, 2: math.inf}
 
 
-def bg_cfg(**kw):
-  return OmegaConf.structured(BackgroundConfig(**{"name": "tiny", **kw}))
+TINY_SPEC = ModelSpec.named("gpt2_small", **TINY)
 
 
-def tiny_cfg():
-  return OmegaConf.structured(ModelConfig(name="gpt2_small", **TINY))
+def bg_spec(**kw):
+  return BackgroundSpec(**{"name": "tiny", "model": TINY_SPEC, **kw})
 
 
-PLAN = {"num_devices": 8, "predicted": {"memory_peak_gb": 0.5}, "layers": []}
+# the foreground's memory: the planner's peak (no layers needed to price it)
+PLAN = Plan(model="gpt2_small", global_batch=8, num_devices=8, layers=(),
+            predicted={"memory_peak_gb": 0.5})
 
 
 def test_build_failure_gives_a_stopped_hook(monkeypatch):
-  from dp_jax.models import zoo
-
   def broken(*a, **k):
     raise RuntimeError("cannot build")
 
-  monkeypatch.setattr(zoo, "build", broken)
-  cfg = bg_cfg(model=ModelConfig(name="gpt2_small", **TINY))
-  hook = start_background(cfg, tiny_cfg(), PLAN, jax.devices()[:2], memory_gb_per_device=2)
+  monkeypatch.setattr(ModelSpec, "build", broken)
+  hook = start_background(bg_spec(), TINY_SPEC, PLAN, jax.devices()[:2], memory_gb_per_device=2)
   assert not hook.alive and hook.stats.failures == 1
+  assert "RuntimeError: cannot build" in hook.stats.errors[0]
   hook(type("SP", (), {"stage": type("S", (), {"index": 0, "devices": (0,)})})(), "fwd")
   assert hook.drain().steps == 0
 
 
 def test_background_that_cannot_fit_is_one_line_user_error():
-  cfg = bg_cfg(model=ModelConfig(name="gpt2_small", **TINY), batch_per_device=10**7)
   with pytest.raises(UserError) as e:
-    start_background(cfg, tiny_cfg(), PLAN, jax.devices(), memory_gb_per_device=2)
+    start_background(bg_spec(batch_per_device=10**7), TINY_SPEC, PLAN, jax.devices(),
+                     memory_gb_per_device=2)
   msg = str(e.value)
   assert "\n" not in msg and "batch 10000000" in msg and "1.50 GB free" in msg
 
 
-def test_negative_slowdown_cap_is_one_line_user_error():
-  with pytest.raises(UserError, match=r"slowdown_cap must be a number >= 0") as e:
-    start_background(bg_cfg(slowdown_cap=-0.1), tiny_cfg(), PLAN, jax.devices(),
-                     memory_gb_per_device=2)
+def test_negative_slowdown_cap_is_one_line_user_error_before_any_job():
+  with pytest.raises(UserError, match=r"background.slowdown_cap=-0.1 must be >= 0") as e:
+    bg_spec(slowdown_cap=-0.1)
   assert "\n" not in str(e.value)
 
 
 def test_background_none_is_no_hook():
-  assert start_background(bg_cfg(name="none"), tiny_cfg(), PLAN, jax.devices(),
+  assert start_background(bg_spec(name="none"), TINY_SPEC, PLAN, jax.devices(),
                           memory_gb_per_device=2) is None
+
+
+def test_same_family_trains_the_foregrounds_model():
+  assert BackgroundSpec("same_family").model_for(TINY_SPEC) is TINY_SPEC
 
 
 def test_measure_compares_means_after_warmup():

@@ -4,6 +4,9 @@ import json
 
 from apps import assert_one_line_error, run_app
 
+from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.report.main_job import MainJobFacts, idle_devices, pinned_causes, story
+
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=16",
         "model.vocab_size=64", "batch_size=4", "logger=disabled",
         "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]"]
@@ -13,9 +16,14 @@ TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=
 # run (data parallelism: no idle device, 0 background steps). At 1 a layer uses the second device
 # only if it runs 2x faster there, so some device idles whatever the noise.
 QUICK = ["logger=disabled", "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]",
-         "local.timed_steps=3", "local.warmup=1", "local.profile_repeats=1",
+         "local.steps=3", "local.warmup=1", "local.profile_repeats=1",
          "local.profile_passes=1", "local.profile_cuts=1", "train.alone_steps=4", "train.steps=6",
          "planner.amplification_limit=1.0"]
+
+
+def facts() -> MainJobFacts:
+  """The main job's default words: vgg16 B=32 on A100s, A = 1.5 here, same_family under 10%."""
+  return MainJobFacts("vgg16", 32, 1.5, BackgroundSpec("same_family", None, 8, 0.1))
 
 
 def test_the_main_job_runs_its_background_job_and_compares_predicted_with_measured(tmp_path):
@@ -65,6 +73,21 @@ def test_too_few_alone_steps_and_more_devices_than_cores_are_one_line(tmp_path):
                                 cwd=tmp_path), f"use at most {cores} devices (one per core)")
 
 
+def test_a_background_job_of_another_model_runs_in_the_paper_setting(tmp_path):
+  # background=vgg16 names its own model: the paper part prices it on its calibrated profile
+  # (the pipeline has no profile group: it once failed reading cfg.profile)
+  result = run_app("pipeline", "logger=disabled", "background=vgg16", "local.enabled=false",
+                   "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]", cwd=tmp_path)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+  (row,) = summary["a100"]
+  assert row["background samples/s (simulated)"] > 0
+  metrics = json.loads((tmp_path / "run" / "a100" / "a100_nvlink_8_g8" / "metrics.json")
+                       .read_text())
+  assert metrics["background"] == "vgg16" and metrics["background_samples_per_s"] > 0
+  assert summary["local"] == {} and "The background job vgg16" not in " ".join(summary["story"])
+
+
 def test_an_unknown_paper_cluster_is_one_line(tmp_path):
   result = run_app("pipeline", *TINY[:-1], "paper.settings=[{cluster: nope, num_devices: 8}]",
                    cwd=tmp_path)
@@ -72,7 +95,6 @@ def test_an_unknown_paper_cluster_is_one_line(tmp_path):
 
 
 def test_idle_devices_counts_the_devices_some_layer_leaves_idle():
-  from dp_jax.pipeline import idle_devices
 
   assert idle_devices({"a": (0, 2), "b": (0, 2)}, 2) == 0  # data parallelism
   assert idle_devices({"a": (0, 2), "b": (0, 1)}, 2) == 1
@@ -81,44 +103,30 @@ def test_idle_devices_counts_the_devices_some_layer_leaves_idle():
 
 
 def test_a_plan_with_no_idle_device_is_said_in_the_story_not_left_as_a_zero():
-  from omegaconf import OmegaConf
-
-  from dp_jax.pipeline import story
-
-  cfg = OmegaConf.create({"planner": {"amplification_limit": 1.5}, "comparison": {
-      "tolerance": 0.083}, "background": {"name": "same_family", "batch_per_device": 8,
-                                          "slowdown_cap": 0.1}})
+  job = facts()
   local = {"devices": (2, "config"), "devices_idle_in_some_layer": (0, "predicted"),
            "background_steps": (0, "measured"), "background_failures": (0, "measured")}
-  lines = story(cfg, [], local)
+  lines = story(job, [], local)
   (said,) = [s for s in lines if "no device is ever idle" in s]
   assert "all 2 devices in every layer" in said and "1.5x" in said
   local["devices_idle_in_some_layer"] = (1, "predicted")
-  assert not any("no device is ever idle" in s for s in story(cfg, [], local))
+  assert not any("no device is ever idle" in s for s in story(job, [], local))
 
 
 def test_the_pinned_step_is_explained_by_what_the_plan_has():
-  from dp_jax.pipeline import _pinned_causes
-
-  one_device = _pinned_causes({"devices": 2, "burst_devices_per_layer": "1", "plan_stages": 1})
+  one_device = pinned_causes({"devices": 2, "burst_devices_per_layer": "1", "plan_stages": 1})
   assert "one core" in one_device and "gloo" not in one_device
-  dp = _pinned_causes({"devices": 2, "burst_devices_per_layer": "2", "plan_stages": 1})
+  dp = pinned_causes({"devices": 2, "burst_devices_per_layer": "2", "plan_stages": 1})
   assert "gloo" in dp and "one core" not in dp
-  both = _pinned_causes({"devices": 2, "burst_devices_per_layer": "2/1", "plan_stages": 3})
+  both = pinned_causes({"devices": 2, "burst_devices_per_layer": "2/1", "plan_stages": 3})
   assert "gloo" in both and "one core" in both
 
 
 def test_a_measured_slowdown_above_the_cap_is_said_with_why():
-  from omegaconf import OmegaConf
-
-  from dp_jax.pipeline import story
-
-  cfg = OmegaConf.create({"planner": {"amplification_limit": 1.5}, "comparison": {
-      "tolerance": 0.083}, "background": {"name": "same_family", "batch_per_device": 8,
-                                          "slowdown_cap": 0.1}})
+  job = facts()
   local = {"devices": (2, "config"), "devices_idle_in_some_layer": (1, "predicted"),
            "background_steps": (9, "measured"), "background_failures": (0, "measured"),
            "foreground_slowdown": (0.169, "measured")}
-  assert any("above the 10% cap" in s for s in story(cfg, [], local))
+  assert any("above the 10% cap" in s for s in story(job, [], local))
   local["foreground_slowdown"] = (0.047, "measured")
-  assert not any("above the" in s for s in story(cfg, [], local))
+  assert not any("above the" in s for s in story(job, [], local))

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.workflow import check_made_for, cluster_config, cluster_spec
+from dp_jax.config.files import cluster_file
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.hardware.cluster import load_cluster
 from dp_jax.planner import make_plan
-from dp_jax.planner.plan import PLAN_SCHEMA, Plan, as_plan, check_plan, layout_plan
+from dp_jax.planner.plan import PLAN_SCHEMA, Plan, as_plan, check_made_for, check_plan, layout_plan
 from dp_jax.planner.synthetic import analytic_profile, resnet_like
 from dp_jax.runtime.batch_norm import batch_norm_mode
 
@@ -51,7 +52,7 @@ def test_the_runtime_check_returns_the_planner_type_in_graph_order():
 def test_a_planner_plan_goes_to_the_runtime_as_it_is():
   graph = resnet_like(blocks=(1,), width=8)
   plan = make_plan(graph, analytic_profile(graph, (1, 2, 4, 8)),
-                   cluster_spec(cluster_config("a100_nvlink_8")), num_devices=4, global_batch=8)
+                   load_cluster(cluster_file("a100_nvlink_8")), num_devices=4, global_batch=8)
   checked = check_plan(plan, graph, available_devices=4, global_batch=8)
   assert [lp.devices for lp in checked.layers] == [plan.layer(n).devices for n in graph.names]
   again = check_plan(json.loads(json.dumps(plan.to_json())), graph, available_devices=4)

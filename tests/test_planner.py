@@ -130,10 +130,11 @@ def test_data_parallel_plan(resnet):
 
 
 @pytest.mark.parametrize("kw,needle", [
-    (dict(num_devices=0), "num_devices must be a positive integer, got 0"),
-    (dict(global_batch=0), "global_batch must be a positive integer, got 0"),
-    (dict(num_devices=64, global_batch=32), "num_devices (64) is larger than global_batch (32)"),
-    (dict(amplification_limit=0.5), "amplification_limit must be a number >= 1"),
+    (dict(num_devices=0), "cluster.num_devices=0 must be >= 1"),
+    (dict(global_batch=0), "batch_size=0 must be >= 1"),
+    (dict(num_devices=64, global_batch=32), "64 devices (cluster.num_devices) for a global batch "
+                                             "of 32 (batch_size)"),
+    (dict(amplification_limit=0.5), "planner.amplification_limit=0.5 must be >= 1 (or inf)"),
     (dict(device_counts="all"), "device_counts 'all' is unknown"),
     (dict(mode="slowest"), "planner mode 'slowest' is unknown"),
     (dict(num_devices=256, global_batch=256), "cluster pods has at most 128 devices"),

@@ -34,7 +34,7 @@ def cluster(name):
 @functools.cache
 def graph(name, image_size=None):
   cfg = {"name": name} if image_size is None else {"name": name, "image_size": image_size}
-  return zoo.graph_of(OmegaConf.create(cfg))
+  return zoo.ModelSpec.from_config(OmegaConf.create(cfg)).graph()
 
 
 @functools.cache

@@ -145,7 +145,8 @@ def test_sharded_checkpoint_resumes_under_another_plan(tmp_path):
   def run(folder, steps, shardings):
     model = build_model("gpt2_small", **TINY_GPT2)
     graph = structure_graph(model, "gpt2_small")
-    plan = layout_plan(graph, GPT2_LAYOUT, global_batch=8, num_devices=8, shardings=shardings)
+    plan = check_plan(layout_plan(graph, GPT2_LAYOUT, global_batch=8, num_devices=8,
+                                  shardings=shardings), graph, available_devices=8)
     return train(model, graph, plan, steps=steps, optimizer=optax.adam(1e-2),
                  data=datalib.synthetic(model, seed=7), checkpoint_dir=folder / "ckpt",
                  checkpoint_every=2)

@@ -12,7 +12,7 @@ from runtime_helpers import TINY_GPT2
 
 from dp_jax.base.errors import UserError
 from dp_jax.models.zoo import build_model
-from dp_jax.planner.plan import data_parallel_layout_plan, layout_plan
+from dp_jax.planner.plan import check_plan, data_parallel_layout_plan, layout_plan
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime.stages import structure_graph
 from dp_jax.runtime.train_loop import train
@@ -24,7 +24,8 @@ LAYOUT = {"embed": [0, 1, 2, 3], "h.0": [0, 1, 2, 3], "h.1": [4, 5], "ln_f": [4,
 def run(tmp, steps, layout=LAYOUT, name="gpt2_small", **kw):
   model = build_model(name, **TINY_GPT2)
   graph = structure_graph(model, name)
-  plan = layout_plan(graph, layout, global_batch=8, num_devices=8)
+  plan = check_plan(layout_plan(graph, layout, global_batch=8, num_devices=8), graph,
+                    available_devices=8)
   return train(model, graph, plan, steps=steps, optimizer=optax.adam(1e-2),
                data=datalib.synthetic(model, seed=7), checkpoint_dir=tmp / "ckpt",
                checkpoint_every=2, **kw)
@@ -76,15 +77,18 @@ def test_timeline_of_the_timed_step(full):
   assert ends == sorted(ends) and t["alone"]["iteration_ms"] == ends[-1]
 
 
-def test_bad_plan_fails_before_touching_the_checkpoints(full, tmp_path):
+def test_train_takes_a_checked_plan_only(full, tmp_path):
+  """The caller checks the plan once (check_plan, before any file); train refuses a raw one."""
   before = folder_digest(copy_checkpoints(full[0], tmp_path))
   model = build_model("gpt2_small", **TINY_GPT2)
   graph = structure_graph(model, "gpt2_small")
-  bad = data_parallel_layout_plan(graph, global_batch=8, num_devices=8)
-  bad["layers"][1]["name"] = "h.9"
-  with pytest.raises(UserError, match="plan layers do not match model gpt2_small"):
-    train(model, graph, bad, steps=4, optimizer=optax.adam(1e-2),
+  raw = data_parallel_layout_plan(graph, global_batch=8, num_devices=8)
+  with pytest.raises(TypeError, match="takes a Plan checked by planner.plan.check_plan"):
+    train(model, graph, raw, steps=4, optimizer=optax.adam(1e-2),
           data=datalib.synthetic(model), checkpoint_dir=tmp_path / "ckpt")
+  raw["layers"][1]["name"] = "h.9"
+  with pytest.raises(UserError, match="plan layers do not match model gpt2_small"):
+    check_plan(raw, graph, available_devices=8)
   assert folder_digest(tmp_path / "ckpt") == before
 
 
@@ -92,7 +96,8 @@ def test_checkpoints_of_another_model_size_are_refused_untouched(full, tmp_path)
   before = folder_digest(copy_checkpoints(full[0], tmp_path))
   model = build_model("gpt2_small", **{**TINY_GPT2, "d_model": 16})
   graph = structure_graph(model, "gpt2_small")
-  plan = data_parallel_layout_plan(graph, global_batch=8, num_devices=8)
+  plan = check_plan(data_parallel_layout_plan(graph, global_batch=8, num_devices=8), graph,
+                    available_devices=8)
   with pytest.raises(UserError, match="holds checkpoints of a different gpt2_small"):
     train(model, graph, plan, steps=2, optimizer=optax.adam(1e-2),
           data=datalib.synthetic(model), checkpoint_dir=tmp_path / "ckpt")

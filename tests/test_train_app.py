@@ -177,7 +177,7 @@ def test_importing_the_app_leaves_jax_unloaded():
 
 
 def test_host_device_count_flag_is_replaced_not_duplicated(monkeypatch):
-  from dp_jax.train import set_host_device_count
+  from dp_jax.runtime.local_devices import set_host_device_count
 
   monkeypatch.setenv("XLA_FLAGS", "--foo=1 --xla_force_host_platform_device_count=2")
   set_host_device_count(8)

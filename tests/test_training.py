@@ -1,22 +1,20 @@
 """The apps' training path: honest devices for a cap, background failures, merged processes."""
 
+import json
 import math
 
 import jax
 import pytest
-from omegaconf import OmegaConf
 
 from dp_jax.base.errors import UserError
-from dp_jax.models.zoo import build
+from dp_jax.models.zoo import ModelSpec
+from dp_jax.multiplex.background import BackgroundSpec
 from dp_jax.multiplex.runners import DeviceRunner
-from dp_jax.planner.plan import layout_plan
+from dp_jax.planner.plan import check_plan, layout_plan
 from dp_jax.runtime import training
 from dp_jax.runtime.stages import structure_graph
 
-TINY = {"name": "gpt2_small", "n_layer": 1, "d_model": 16, "n_head": 2, "seq_len": 8,
-        "vocab_size": 32}
-BACKGROUND = {"name": "same_family", "model": None, "batch_per_device": 2,
-              "slowdown_cap": math.inf, "on_failure": "fail"}
+TINY = ModelSpec.named("gpt2_small", n_layer=1, d_model=16, n_head=2, seq_len=8, vocab_size=32)
 
 
 def test_a_cap_on_more_devices_than_cores_is_refused_naming_the_way_to_run_it_anyway():
@@ -30,9 +28,18 @@ def test_a_cap_on_more_devices_than_cores_is_refused_naming_the_way_to_run_it_an
 
 
 def test_on_failure_takes_fail_or_continue_only():
-  assert training.check_on_failure({"on_failure": "continue"}) == "continue"
+  assert BackgroundSpec("same_family", on_failure="continue").on_failure == "continue"
   with pytest.raises(UserError, match="background.on_failure=maybe must be one of fail, continue"):
-    training.check_on_failure({"on_failure": "maybe"})
+    BackgroundSpec("same_family", on_failure="maybe")
+
+
+def test_optimizer_and_run_options_are_checked_when_typed():
+  with pytest.raises(UserError, match="optimizer.lr=nan must be a finite number"):
+    training.OptimizerSpec(lr=math.nan)
+  with pytest.raises(UserError, match="optimizer.name 'lamb' is unknown"):
+    training.OptimizerSpec(name="lamb")
+  with pytest.raises(UserError, match="data.source 'csv' is unknown"):
+    training.DataSpec(source="csv")
 
 
 def test_a_multi_process_summary_keeps_process_0s_foreground_and_sums_the_background():
@@ -52,14 +59,24 @@ def test_a_multi_process_summary_keeps_process_0s_foreground_and_sums_the_backgr
           out["background_samples_per_s"], out["background_errors"]) == (3, 30, 1, 6.0, ["x"])
 
 
-def spec(tmp_path, **background):
-  model = build(OmegaConf.create(TINY), seed=0)
-  graph = structure_graph(model, "gpt2_small")
+def spec(tmp_path, steps=6, **background):
+  graph = structure_graph(TINY.build(), "gpt2_small")
   plan = layout_plan(graph, lambda n: [0, 1] if n in ("embed", "h.0") else [0], global_batch=4,
                      num_devices=2)
-  return training.TrainSpec(model=TINY, plan=plan, steps=6, output_dir=str(tmp_path),
-                            background={**BACKGROUND, **background}, alone_steps=4,
-                            progress=False)
+  job = BackgroundSpec(**{"name": "same_family", "batch_per_device": 2,
+                          "slowdown_cap": math.inf, **background})
+  return training.TrainSpec(model=TINY, plan=check_plan(plan, graph, available_devices=2),
+                            steps=steps, output_dir=str(tmp_path), background=job,
+                            optimizer=training.OptimizerSpec("adam", lr=0.02),
+                            alone_steps=4, progress=False)
+
+
+def test_a_spec_travels_to_pinned_processes_as_json_unchanged(tmp_path):
+  """train_pinned writes the spec as JSON; each pinned process reads the same spec back."""
+  sent = spec(tmp_path, on_failure="continue")
+  received = training.TrainSpec.from_json(json.loads(json.dumps(sent.to_json())))
+  assert received == sent and math.isinf(received.background.cap)
+  assert received.optimizer.name == "adam" and received.plan.layers[0].devices == (0, 1)
 
 
 @pytest.fixture

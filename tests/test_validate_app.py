@@ -6,17 +6,17 @@ import json
 import pytest
 from apps import assert_one_line_error, run_app
 
-QUICK_PROFILE = ["validate.profile_repeats=1", "validate.profile_passes=1",
-                 "validate.profile_cuts=1"]
+QUICK_PROFILE = ["local.profile_repeats=1", "local.profile_passes=1",
+                 "local.profile_cuts=1"]
 TINY = ["model=gpt2", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
         "model.seq_len=8", "model.vocab_size=64", "batch_size=8", "logger=disabled"]
 
 
 @pytest.mark.slow
 def test_validate_writes_csv_metrics_and_scatter(tmp_path):
-  result = run_app("validate", *TINY, "validate.plans=2", "validate.steps=2",
-                   "validate.warmup=1", "validate.num_devices=2", *QUICK_PROFILE,
-                   "validate.amplification_limits=[1.5]", f"validate.cache_dir={tmp_path}/c",
+  result = run_app("validate", *TINY, "validate.plans=2", "local.steps=2",
+                   "local.warmup=1", "local.num_devices=2", *QUICK_PROFILE,
+                   "validate.amplification_limits=[1.5]", f"local.cache_dir={tmp_path}/c",
                    cwd=tmp_path)
   assert result.returncode == 0, result.stderr[-3000:]
   run = tmp_path / "run"
@@ -38,9 +38,9 @@ def test_validate_writes_csv_metrics_and_scatter(tmp_path):
 
 
 def test_validate_one_device_one_plan_quick(tmp_path):
-  result = run_app("validate", *TINY, "validate.plans=0", "validate.steps=1", "validate.warmup=1",
-                   "validate.num_devices=1", *QUICK_PROFILE,  # on 1 device burst = data parallel
-                   "validate.amplification_limits=[1]", f"validate.cache_dir={tmp_path}/c",
+  result = run_app("validate", *TINY, "validate.plans=0", "local.steps=1", "local.warmup=1",
+                   "local.num_devices=1", *QUICK_PROFILE,  # on 1 device burst = data parallel
+                   "validate.amplification_limits=[1]", f"local.cache_dir={tmp_path}/c",
                    cwd=tmp_path)
   assert result.returncode == 0, result.stderr[-3000:]
   rows = list(csv.DictReader((tmp_path / "run" / "validation.csv").open()))
@@ -51,5 +51,5 @@ def test_validate_one_device_one_plan_quick(tmp_path):
 
 
 def test_more_devices_than_cores_is_a_one_line_error(tmp_path):
-  result = run_app("validate", *TINY, "validate.num_devices=4096", cwd=tmp_path)
+  result = run_app("validate", *TINY, "local.num_devices=4096", cwd=tmp_path)
   assert_one_line_error(result, "one per core")

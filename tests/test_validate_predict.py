@@ -1,20 +1,18 @@
-"""validate predicts with the planner's own evaluation (dp_jax.config.workflow.predicted_step): a
-plan's
-predicted time is validate's."""
+"""validate and the main job predict with the planner's own evaluation
+(dp_jax.validation.local.predicted_step): a plan's predicted time is validate's."""
 
 import dataclasses
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 from test_planner_stage_terms import mlp
 
-from dp_jax.config.schema import PlannerConfig
-from dp_jax.config.workflow import cluster_config, plan_options, predicted_step
-from dp_jax.hardware.cluster import load_cluster
-from dp_jax.planner import data_parallel_plan, make_plan
+from dp_jax.config.files import cluster_file
+from dp_jax.hardware.cluster import job_from_config
+from dp_jax.planner import PlanOptions, plan_with
 from dp_jax.planner.synthetic import linear_profile
 from dp_jax.profiling.local_links import LocalCalibration
+from dp_jax.validation.local import predicted_step
 
 
 def calibration(g: int) -> LocalCalibration:
@@ -39,18 +37,16 @@ def test_plan_prediction_is_validates_prediction(includes):
   profile = in_context_like(graph, b, (1, 2))
   if not includes:  # the loaded profile: update and all-reduce priced from the calibration
     profile = dataclasses.replace(profile, meta={"boundary_ms": profile.meta["boundary_ms"]})
-  base = load_cluster(cluster_config("local_cpu"))
+  base, _ = job_from_config(cluster_file("local_cpu"))
   cluster = calibration(g).cluster(base)
-  cfg = OmegaConf.create({"planner": OmegaConf.structured(PlannerConfig(
-      overlap_allreduce=False)), "batch_size": b})
-  opts = plan_options(cfg.planner, g, b)
-  plans = [data_parallel_plan(graph, profile, cluster, **opts),
-           make_plan(graph, profile, cluster, **{**opts, "amplification_limit": float("inf")})]
+  opts = PlanOptions(num_devices=g, global_batch=b, overlap_allreduce=False)
+  plans = [plan_with(graph, profile, cluster, dataclasses.replace(opts, strategy="data_parallel")),
+           plan_with(graph, profile, cluster, opts)]
   staged = {n: ((0, 2) if i < 3 else (0, 1)) for i, n in enumerate(graph.names)}
   for plan in plans:
-    got = predicted_step(graph, profile, cluster, cfg, plan.assignment(), g)
+    got = predicted_step(graph, profile, cluster, opts, plan.assignment())
     assert got["predicted_ms"] == pytest.approx(plan.predicted["iteration_ms"], rel=1e-12)
-  got = predicted_step(graph, profile, cluster, cfg, staged, g)
+  got = predicted_step(graph, profile, cluster, opts, staged)
   # what validate added before the cost model priced it: one dispatch, stage_us per added
   # stage, the boundary's mean cost at k = 3 over both stages' batches (4 and 8)
   cal = calibration(g)

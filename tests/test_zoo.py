@@ -12,8 +12,8 @@ def tiny(**more):
 
 
 def test_graph_of_is_cached_by_the_config_values():
-  first = zoo.graph_of(tiny())
-  assert zoo.graph_of(tiny()) is first  # an equal config (another object) hits the cache
-  other = zoo.graph_of(tiny(seq_len=16))
+  first = zoo.ModelSpec.from_config(tiny()).graph()
+  assert zoo.ModelSpec.from_config(tiny()).graph() is first  # an equal config hits the cache
+  other = zoo.ModelSpec.from_config(tiny(seq_len=16)).graph()
   assert other is not first and other.node(other.source).out_shape != first.node(
       first.source).out_shape

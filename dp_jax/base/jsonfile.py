@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,6 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 1) -> Path:
   Atomic: written beside the target, then renamed over it, so a kill or a full disk leaves the
   previous file whole (a failed write removes its partial copy and names the path).
   """
-  import os
-
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   text = dumps(obj, indent)

@@ -14,7 +14,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from dp_jax.base.errors import UserError
+from dp_jax.config.schema import CONF_DIR
 
 FILE_GROUPS = ("model", "cluster")
 SUFFIXES = (".yaml", ".yml")
@@ -40,8 +43,6 @@ def expand_yaml_overrides(args: list[str], conf_dir: str | Path) -> list[str]:
 
 def load_yaml(group: str, path: str | Path) -> dict:
   """A group's YAML file as a plain dict (one-line errors for a missing or bad file)."""
-  from omegaconf import OmegaConf
-
   path = Path(path).expanduser()
   if not path.is_file():
     raise UserError(f"{group} file not found: {path}; give a path to a YAML file "
@@ -53,6 +54,18 @@ def load_yaml(group: str, path: str | Path) -> dict:
   if not isinstance(data, dict):
     raise UserError(f"{group} file {path} must hold a mapping of {group} options")
   return data
+
+
+def cluster_file(name: str) -> dict:
+  """The cluster config conf/cluster/<name>.yaml, or the YAML file `name` names, as a dict."""
+  if str(name).endswith(SUFFIXES):
+    return load_yaml("cluster", name)
+  path = Path(CONF_DIR) / "cluster" / f"{name}.yaml"
+  if not path.is_file():
+    valid = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+    raise UserError(f"unknown cluster '{name}' (valid cluster options: {valid}; or a YAML "
+                    "file: path/to/cluster.yaml)")
+  return load_yaml("cluster", path)
 
 
 def _link(root: Path, group: str, path: Path, conf_dir: Path) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import logging
@@ -13,8 +14,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hydra
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import MissingConfigException, OverrideParseException
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from dp_jax.base.errors import UserError
-from dp_jax.config.schema import CONF_DIR
+from dp_jax.base.jsonfile import write_json
+from dp_jax.config.files import FILE_GROUPS as YAML_FILE_GROUPS
+from dp_jax.config.files import expand_yaml_overrides
+from dp_jax.config.schema import CONF_DIR, check_known_keys, check_required
+from dp_jax.runtime import distributed
+from dp_jax.tracking import run as tracking
+from dp_jax.tracking import run_folder
 from dp_jax.tracking.sweep_summary import SweepSummary
 
 log = logging.getLogger("dp_jax")
@@ -29,28 +46,19 @@ WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO,
 
 def one_line(exc: BaseException) -> str:
   """The message of `exc` (and of what caused it) as one readable line."""
-  from hydra.errors import MissingConfigException
-  from omegaconf.errors import OmegaConfBaseException
-
   if isinstance(exc, UserError):
     return _squash(str(exc))
   failed_write = _failed_write(exc)
   if failed_write is not None:
-    from dp_jax.tracking.run_folder import write_error
-
-    return _squash(write_error(failed_write))
+    return _squash(run_folder.write_error(failed_write))
   if isinstance(exc, MissingConfigException) and exc.options is not None:
     group = (exc.missing_cfg_file or "").rsplit("/", 1)
     name = group[-1]
     group_name = group[0] if len(group) == 2 else "config"
     valid = ", ".join(o for o in sorted(exc.options) if not o.endswith("_schema"))
-    from dp_jax.config.files import FILE_GROUPS
-
     hint = (f"; or a YAML file: {group_name}=path/to/{name}.yaml (docs/extending.md)"
-            if group_name in FILE_GROUPS else "")
+            if group_name in YAML_FILE_GROUPS else "")
     return f"unknown {group_name} '{name}' (valid {group_name} options: {valid}){hint}"
-  from hydra.errors import OverrideParseException
-
   if isinstance(exc, OverrideParseException):
     return (f"malformed override: {_squash(str(exc)).split('; See ')[0]} (quote a value with "
             "spaces, non-ASCII or special characters: key='value')")
@@ -81,8 +89,6 @@ def _failed_write(exc: BaseException) -> OSError | None:
 
 
 def _omegaconf_message(e: Any) -> str:
-  import dataclasses
-
   first = str(e).splitlines()[0] if str(e) else type(e).__name__
   key = getattr(e, "full_key", None)
   if key and key not in first:
@@ -112,9 +118,6 @@ def hydra_app[Schema](config_name: str,
   def decorate(task: TaskFn[Schema]) -> Callable[[], None]:
     @functools.wraps(task)
     def main() -> None:
-      import hydra
-      from hydra.core.config_store import ConfigStore
-
       ConfigStore.instance().store(name=f"{config_name}_schema", node=schema)
       # Hydra re-raises instead of printing its own multi-line report; we print one line.
       os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -147,8 +150,6 @@ def hydra_app[Schema](config_name: str,
         print(f"error: {message or one_line(e)}", file=sys.stderr)
         sys.exit(2)
       finally:
-        from dp_jax.tracking import run as tracking
-
         tracking.cleanup()
 
     main.schema = schema  # type: ignore[attr-defined] - the app's typed config, for tests
@@ -160,10 +161,6 @@ def hydra_app[Schema](config_name: str,
 
 def _null_parent_message(config_name: str, argv: list[str]) -> str | None:
   """For `a.b.c=v` where a.b is null in the composed config: a line naming the override."""
-  from hydra import compose, initialize_config_dir
-  from hydra.core.global_hydra import GlobalHydra
-  from omegaconf import OmegaConf
-
   overrides = [a for a in argv if "=" in a and not a.startswith(("-", "hydra."))]
   dotted = [a for a in overrides if "." in a.partition("=")[0]]
   plain = [a for a in overrides if a not in dotted]
@@ -196,8 +193,6 @@ FILE_GROUPS = {"profile": "file"}
 def expand_file_overrides(args: list[str]) -> list[str]:
   """Rewrite `group=<path>.json` overrides of FILE_GROUPS into the group's file option, and
   `model=` / `cluster=<path>.yaml` into an option on the search path (dp_jax/config/files.py)."""
-  from dp_jax.config.files import expand_yaml_overrides
-
   args = expand_yaml_overrides(args, CONF_DIR)
   out = []
   for arg in args:
@@ -218,11 +213,6 @@ def _run_job(task: TaskFn[Any], app: str, schema: type, cfg: Any) -> dict[str, A
   use is
   refused before it writes anything.
   """
-  from hydra.core.hydra_config import HydraConfig
-  from hydra.types import RunMode
-
-  from dp_jax.tracking import run_folder
-
   hc = HydraConfig.get()
   _quiet_third_party_loggers()
   logging.raiseExceptions = False  # a full disk under the log file: no traceback per record
@@ -251,16 +241,11 @@ def _refused(message: str, multirun: bool, hc: Any) -> dict[str, Any]:
 
 def _run_locked(task: TaskFn[Any], app: str, schema: type, cfg: Any, hc: Any, output_dir: Path,
                 writer: bool, multirun: bool) -> dict[str, Any] | None:
-  from dp_jax.config.rules import check_options
-  from dp_jax.config.schema import check_known_keys, check_required
-  from dp_jax.tracking import run as tracking
-
   run = tracking.start(cfg, app=app, output_dir=output_dir, writer=writer,
                        sweep_name=Path(hc.sweep.dir).name if multirun else None)
   try:
-    check_known_keys(cfg, schema)
-    check_required(cfg)
-    check_options(cfg)
+    check_known_keys(cfg, schema)  # every key known, required values set; each value's range is
+    check_required(cfg)  # checked by the typed option the task decodes it into, first thing
     summary = task(cfg, run) or {}
   except Exception as e:  # noqa: BLE001
     message = one_line(e)
@@ -300,10 +285,6 @@ def _join_processes(cfg: Any, output_dir: Path) -> tuple[Path, bool]:
   written; every process then uses process 0's folder, and only process 0 writes the run's
   files (the others log to process_<i>.log there).
   """
-  from omegaconf import OmegaConf
-
-  from dp_jax.runtime import distributed
-
   dist = OmegaConf.select(cfg, "runtime.distributed")
   if not distributed.configured(dist):
     return output_dir, True
@@ -316,8 +297,6 @@ def _join_processes(cfg: Any, output_dir: Path) -> tuple[Path, bool]:
 
 
 def _write_status(output_dir: Path, status: dict[str, Any]) -> None:
-  from dp_jax.base.jsonfile import write_json
-
   write_json(output_dir / "status.json", status)
 
 

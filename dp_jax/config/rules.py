@@ -1,5 +1,6 @@
-"""Numeric and list options checked where they enter: every app's composed config, before any
-work, with the option's own name in the one-line message."""
+"""The range of every numeric and list option, stated once (RULES) and checked by `check`: the
+typed option that holds the value calls it when the app decodes its config, before any work,
+with the option's own name in the one-line message."""
 
 from __future__ import annotations
 
@@ -62,48 +63,38 @@ RULES: tuple[Rule, ...] = (
     Rule("accuracy.max_epochs", 0, low_open=True),
     Rule("accuracy.eval_every_samples", 1, integer=True),
     Rule("accuracy.devices", 1, integer=True, each=True),
-    # validate (dp_jax/validate.py)
+    # the local measurement of validate and the main job (dp_jax/validation/local.py)
+    Rule("local.num_devices", 1, integer=True),
+    Rule("local.steps", 1, integer=True),
+    Rule("local.warmup", 0, integer=True),
+    Rule("local.runs_per_turn", 1, integer=True),
+    Rule("local.profile_repeats", 1, integer=True),
+    Rule("local.profile_passes", 1, integer=True),
+    Rule("local.profile_cuts", 0, integer=True),
+    # validate's plan set (dp_jax/validate.py)
     Rule("validate.plans", 0, integer=True),
     Rule("validate.amplification_limits", 1, inf=True, each=True),
-    Rule("validate.num_devices", 1, integer=True),
-    Rule("validate.steps", 1, integer=True),
-    Rule("validate.warmup", 0, integer=True),
     Rule("validate.group", 1, integer=True),
-    Rule("validate.runs_per_turn", 1, integer=True),
     Rule("validate.max_segments", 1, integer=True),
-    Rule("validate.profile_repeats", 1, integer=True),
-    Rule("validate.profile_passes", 1, integer=True),
-    Rule("validate.profile_cuts", 0, integer=True),
+    Rule("train.alone_steps", 3, integer=True),
     # pipeline's A100 setting (dp_jax/pipeline.py)
     Rule("paper.batch_size", 1, integer=True),
     Rule("paper.amplification_limit", 1, inf=True),
 )
-MODEL_SIZES = ("image_size", "num_classes", "seq_len", "n_layer", "d_model", "n_head",
-               "vocab_size")
+BY_KEY = {rule.key: rule for rule in RULES}
 
 
-def check_options(cfg: Any) -> None:
-  """Raise a one-line UserError naming the first option out of its range (or not finite)."""
-  from omegaconf import OmegaConf
-
-  rules = list(RULES)
-  for prefix in ("model", "background.model"):
-    rules += [Rule(f"{prefix}.{k}", 1, integer=True) for k in MODEL_SIZES]
-  for rule in rules:
-    value = OmegaConf.select(cfg, rule.key, default=None, throw_on_missing=False)
-    if value is None:
-      continue
-    if rule.each:
-      _check_list(rule, value)
-    elif _is_number(value):
-      check_value(rule, value)
-  for key, value in _cluster_link_values(cfg):
-    check_value(Rule(key, 0, low_open="bandwidth" in key), value)
-  sharding = OmegaConf.select(cfg, "planner.sharding", default=None)
-  if sharding is not None:
-    from dp_jax.planner.options import check_sharding_choices
-
-    check_sharding_choices(sharding if isinstance(sharding, str) else [str(v) for v in sharding])
+def check(key: str, value: Any) -> Any:
+  """`value` of option `key` against its rule (a UserError naming the key); None passes (an
+  unset optional)."""
+  if value is None:
+    return value
+  rule = BY_KEY[key]
+  if rule.each:
+    _check_list(rule, value)
+  else:
+    check_value(rule, value)
+  return value
 
 
 def check_value(rule: Rule, value: float, key: str | None = None) -> None:
@@ -146,16 +137,3 @@ def _range(rule: Rule) -> str:
 
 def _is_number(value: Any) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _cluster_link_values(cfg: Any) -> list[tuple[str, float]]:
-  """The cluster's bandwidth (> 0) and latency (>= 0) options, whatever their names."""
-  cluster = cfg.get("cluster") if hasattr(cfg, "get") else None
-  if cluster is None or not hasattr(cluster, "items"):
-    return []
-  out = []
-  for k in cluster:
-    v = cluster.get(k)
-    if ("bandwidth" in k or "latency" in k) and _is_number(v):
-      out.append((f"cluster.{k}", v))
-  return out

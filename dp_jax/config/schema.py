@@ -11,7 +11,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from dp_jax.base.errors import UserError
 
@@ -185,8 +185,6 @@ def check_known_keys(cfg: Any, schema: type, where: str = "") -> None:
   Walks the composed config beside the dataclass: `+key=...` additions and keys a group file
   adds are checked the same way. Only fields typed as a mapping (dict) are open.
   """
-  from omegaconf import DictConfig, ListConfig
-
   kind = _unwrap(schema)
   if kind is None:
     return
@@ -225,8 +223,6 @@ def _unknown_key_message(key: str, name: str, valid: list[str], where: str) -> s
 
 def check_required(cfg: Any) -> None:
   """Raise a one-line UserError naming the first required option the composed config lacks."""
-  from omegaconf import OmegaConf
-
   missing = sorted(OmegaConf.missing_keys(cfg))
   if not missing:
     return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -265,8 +266,6 @@ def topological_sort(nodes: Sequence[LayerNode], where: str = "graph") -> list[L
   for n in nodes:
     for p in set(n.inputs):
       consumers[p].append(n.name)
-  import heapq
-
   ready = [(order_index[name], name) for name, deg in indegree.items() if deg == 0]
   heapq.heapify(ready)
   out: list[LayerNode] = []

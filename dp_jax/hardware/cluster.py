@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
 from typing import Any
 
 import numpy as np
 
 from dp_jax.base.errors import UserError
+from dp_jax.config.rules import check
 
 BYTES_PER_MS_PER_GBPS = 1e6  # 1 GB/s moves 1e6 bytes per millisecond
 
@@ -190,6 +191,21 @@ def load_cluster(config: Mapping[str, Any]) -> ClusterSpec:
   spec = ClusterSpec(**values)
   check_plausible(spec)
   return spec
+
+
+def job_from_config(cfg: Mapping[str, Any]) -> tuple[ClusterSpec, int]:
+  """(the pod, G) of a cluster group: its ClusterSpec (load_cluster) and the job's device
+  count, cluster.num_devices if set, else every device of the pod (checked against it)."""
+  spec = load_cluster({k: cfg[k] for k in cfg if k != "num_devices"})
+  g = cfg.get("num_devices")
+  g = spec.num_devices if g is None else check("cluster.num_devices", g)
+  spec.with_num_devices(g)  # G within the pod
+  return spec, g
+
+
+def to_record(spec: ClusterSpec, num_devices: int) -> dict[str, Any]:
+  """What a plan records of the cluster it was made for: every field and G."""
+  return {**asdict(spec), "num_devices": num_devices}
 
 
 # --- collective and move costs (pure, numpy-vectorised over device ranges) ---------------------

@@ -10,12 +10,21 @@ model and reading its traced graph from the disk cache import no JAX; building o
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
 import inspect
 import json
+import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph
 
 # The zoo: name -> _target_ (the same `_target_`s as conf/model/*.yaml); JAX-free, so a known
 # graph plans without importing the models.
@@ -37,85 +46,120 @@ SIZE_KEYS = ("image_size", "num_classes", "seq_len", "n_layer", "d_model", "n_he
              "vocab_size")
 
 
-def _get(model_cfg: Any, key: str) -> Any:
-  """model_cfg[key], None when absent or missing (???), for DictConfigs and dicts alike."""
-  from omegaconf import DictConfig, OmegaConf
+@dataclass(frozen=True)
+class ModelSpec:
+  """A model as a config names it, checked once: its target (an importable GraphModel class or
+  factory), its label, the options passed to the target (size options and `kwargs`) and its
+  dtype. The model group's typed form: apps decode `cfg.model` into it at their edge."""
 
-  if isinstance(model_cfg, DictConfig):
-    if key not in model_cfg or OmegaConf.is_missing(model_cfg, key):
+  target: str
+  name: str
+  options: Mapping[str, Any] = field(default_factory=dict)
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    if not isinstance(self.target, str) or "." not in self.target:
+      raise UserError(f"model {self.name}: _target_ {self.target!r} must be a dotted path such "
+                      "as 'my_models.vit.ViT'")
+    if self.name in ZOO and ZOO[self.name] != self.target:  # names pick recipes, label plans
+      raise UserError(f"model name '{self.name}' is the zoo's {ZOO[self.name]}, not "
+                      f"{self.target}; pick the zoo model with model={self.name}, or give your "
+                      "model another model.name")
+    if self.dtype not in DTYPES:
+      raise UserError(f"unknown dtype '{self.dtype}' for model {self.name}; valid: "
+                      f"{', '.join(DTYPES)}")
+    for k in SIZE_KEYS:
+      if k in self.options:
+        positive(self.name, f"model.{k}", self.options[k])
+    object.__setattr__(self, "options", dict(self.options))
+
+  @classmethod
+  def named(cls, name: str, **options: Any) -> ModelSpec:
+    """The zoo model `name` with `options` (dtype among them, or float32)."""
+    if name not in ZOO:
+      raise UserError(f"unknown model '{name}'; valid models: {', '.join(MODEL_NAMES)} (or a "
+                      "model config with a _target_: docs/extending.md)")
+    dtype = options.pop("dtype", "float32")
+    return cls(ZOO[name], name, {k: v for k, v in options.items() if v is not None}, dtype)
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> ModelSpec:
+    """The model group of a config (a DictConfig or a mapping), or a zoo name."""
+    if isinstance(cfg, str):
+      return cls.named(cfg)
+    target, name = _get(cfg, "_target_"), _get(cfg, "name")
+    if not target:
+      if name not in ZOO:
+        raise UserError(f"unknown model '{name}'; valid models: {', '.join(MODEL_NAMES)}, or "
+                        "give model._target_ (an importable GraphModel class or factory; "
+                        "docs/extending.md)")
+      target = ZOO[name]
+    options = {k: _get(cfg, k) for k in SIZE_KEYS if _get(cfg, k) is not None}
+    extra = _get(cfg, "kwargs") or {}
+    if not isinstance(extra, dict):
+      raise UserError(f"model.kwargs must be a mapping of argument names to values, got "
+                      f"{extra!r}")
+    both = sorted(set(extra) & (set(options) | {"rngs", "dtype"}))
+    if both:
+      raise UserError(f"model.kwargs.{both[0]} repeats an option of the model config; set it "
+                      f"as model.{both[0]} instead")
+    return cls(str(target), str(name or str(target).rsplit(".", 1)[-1]),
+               {**options, **extra}, str(_get(cfg, "dtype") or "float32"))
+
+  def to_json(self) -> dict[str, Any]:
+    """The spec as plain JSON (it travels to pinned processes; from_json reads it back)."""
+    return {"target": self.target, "name": self.name, "options": dict(self.options),
+            "dtype": self.dtype}
+
+  @classmethod
+  def from_json(cls, d: Mapping[str, Any]) -> ModelSpec:
+    return cls(d["target"], d["name"], dict(d.get("options") or {}), d.get("dtype", "float32"))
+
+  def build(self, seed: int = 0, abstract: bool = False):
+    """The model (abstract: parameter shapes only, nothing allocated)."""
+    return _build(self, seed, abstract)
+
+  def graph(self, seed: int = 0):
+    """Its LayerGraph (cached: multirun cells share it, and later processes read it from the
+    disk cache without importing JAX)."""
+    key = json.dumps({**self.options, "dtype": self.dtype}, sort_keys=True, default=str)
+    return _traced(self.target, self.name, seed, key)
+
+
+def _get(cfg: Any, key: str) -> Any:
+  """cfg[key], None when absent or missing (???), for DictConfigs and mappings alike."""
+  if isinstance(cfg, DictConfig):
+    if key not in cfg or OmegaConf.is_missing(cfg, key):
       return None
     try:
-      value = model_cfg[key]
+      value = cfg[key]
     except Exception:  # noqa: BLE001 - the default name interpolates a missing _target_
       return None
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
-  return model_cfg.get(key) if model_cfg is not None else None
-
-
-def target_of(model_cfg: Any) -> str:
-  """The `_target_` of a model config (a zoo name's target when only `name` is given)."""
-  target, name = _get(model_cfg, "_target_"), _get(model_cfg, "name")
-  if target:
-    if name in ZOO and ZOO[name] != target:  # names pick DeepPool recipes and label plans
-      raise UserError(f"model name '{name}' is the zoo's {ZOO[name]}, not {target}; pick the "
-                      f"zoo model with model={name}, or give your model another model.name")
-    return str(target)
-  if name in ZOO:
-    return ZOO[name]
-  raise UserError(f"unknown model '{name}'; valid models: {', '.join(MODEL_NAMES)}, or give "
-                  "model._target_ (an importable GraphModel class or factory; "
-                  "docs/extending.md)")
-
-
-def name_of(model_cfg: Any) -> str:
-  """The model's name: `name`, else the last component of `_target_`."""
-  return str(_get(model_cfg, "name") or target_of(model_cfg).rsplit(".", 1)[-1])
-
-
-def model_kwargs(model_cfg: Any) -> dict[str, Any]:
-  """The options a config passes to its target: size options set, dtype, and `kwargs`."""
-  out = {k: _get(model_cfg, k) for k in SIZE_KEYS if _get(model_cfg, k) is not None}
-  if _get(model_cfg, "dtype") is not None:
-    out["dtype"] = _get(model_cfg, "dtype")
-  extra = _get(model_cfg, "kwargs") or {}
-  if not isinstance(extra, dict):
-    raise UserError(f"model.kwargs must be a mapping of argument names to values, got {extra!r}")
-  both = sorted(set(extra) & (set(out) | {"rngs", "dtype"}))
-  if both:
-    raise UserError(f"model.kwargs.{both[0]} repeats an option of the model config; set it "
-                    f"as model.{both[0]} instead")
-  return {**out, **extra}
+  return cfg.get(key) if cfg is not None else None
 
 
 DTYPES = ("float32", "bfloat16", "float16")  # model dtypes, as jax.numpy names
 
 
-def build_model(name: str, *, seed: int = 0, abstract: bool = False, dtype: str = "float32",
-                **options: Any):
-  """The named zoo model; abstract=True gives ShapeDtypeStruct params (nothing allocated)."""
-  if name not in ZOO:
-    raise UserError(f"unknown model '{name}'; valid models: {', '.join(MODEL_NAMES)} (or a "
-                    "model config with a _target_: docs/extending.md)")
-  return build_target(ZOO[name], options, name=name, dtype=dtype, seed=seed, abstract=abstract)
+def build_model(name: str, *, seed: int = 0, abstract: bool = False, **options: Any):
+  """The named zoo model with `options` (dtype among them); abstract=True gives
+  ShapeDtypeStruct params (nothing allocated)."""
+  return ModelSpec.named(name, **options).build(seed=seed, abstract=abstract)
 
 
-def build_target(target: str, options: Mapping[str, Any], *, name: str, dtype: str = "float32",
-                 seed: int = 0, abstract: bool = False):
-  """`target(**options, dtype=..., rngs=nnx.Rngs(seed))`, checked; options: only those set."""
+def _build(spec: ModelSpec, seed: int, abstract: bool):
+  """`target(**options, dtype=..., rngs=nnx.Rngs(seed))` of a checked spec; what the target
+  accepts is checked here, where it is imported."""
   import jax.numpy as jnp  # JAX only to build a model: a known graph is read without it
   from flax import nnx
 
-  from dp_jax.models.base import GraphModel
+  from dp_jax.models.base import GraphModel  # JAX: the models' base class is a flax module
 
-  if dtype not in DTYPES:
-    raise UserError(f"unknown dtype '{dtype}' for model {name}; valid: {', '.join(DTYPES)}")
+  name, target, options = spec.name, spec.target, dict(spec.options)
   if isinstance(seed, bool) or not isinstance(seed, int):
     raise UserError(f"seed={seed!r} for model {name} must be an integer")
   make = locate(target, name)
-  options = {k: v for k, v in options.items() if v is not None}
-  for k in SIZE_KEYS:
-    if k in options:
-      positive(name, k, options[k])
   accepted = _arguments(make)
   if accepted is not None:
     extra = sorted((k for k in options if k not in accepted), key=_option_order)
@@ -130,15 +174,14 @@ def build_target(target: str, options: Mapping[str, Any], *, name: str, dtype: s
   if min_size is not None and options.get("image_size", min_size) < min_size:
     raise UserError(f"image_size={options['image_size']} is too small for {name}; use at least "
                     f"{min_size}")
-  kw = dict(options)
   if accepted is None or "dtype" in accepted:
-    kw["dtype"] = getattr(jnp, dtype)
-  elif dtype != "float32":
+    options["dtype"] = getattr(jnp, spec.dtype)
+  elif spec.dtype != "float32":
     raise UserError(f"option dtype does not apply to model {name} ({target} takes no dtype); "
                     "remove it")
 
   def build() -> Any:
-    return make(rngs=nnx.Rngs(seed), **kw)
+    return make(rngs=nnx.Rngs(seed), **options)
 
   model = nnx.eval_shape(build) if abstract else build()
   if not isinstance(model, GraphModel):
@@ -149,7 +192,7 @@ def build_target(target: str, options: Mapping[str, Any], *, name: str, dtype: s
 
 def locate(target: str, name: str) -> Callable[..., Any]:
   """The object a dotted path names (module attributes, nested), as a one-line error if not."""
-  from hydra.utils import get_object
+  from hydra.utils import get_object  # hydra: only to import a target (zoo names need none)
 
   if not isinstance(target, str) or "." not in target:
     raise UserError(f"model {name}: _target_ {target!r} must be a dotted path such as "
@@ -188,16 +231,8 @@ def _option_order(key: str) -> tuple[int, str]:
 def positive(name: str, option: str, value: Any) -> int:
   """value, if a positive integer; else a one-line error naming the option."""
   if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise UserError(f"{option}={value!r} for model {name} must be a positive integer")
+    raise UserError(f"{option}={value!r} must be a positive integer (model {name})")
   return value
-
-
-def build(model_cfg: Any, seed: int = 0, abstract: bool = False):
-  """The model a config names (abstract: parameter shapes only, nothing allocated)."""
-  options = model_kwargs(model_cfg)
-  dtype = options.pop("dtype", "float32")
-  return build_target(target_of(model_cfg), options, name=name_of(model_cfg), dtype=dtype,
-                      seed=seed, abstract=abstract)
 
 
 # Traced graphs are kept here as graph JSON (DP_JAX_GRAPH_CACHE overrides; empty: no disk cache),
@@ -207,18 +242,9 @@ GRAPH_CACHE = ".cache/dp_jax/graphs"
 _TRACING_CODE = ("models", "graph")
 
 
-def graph_of(model_cfg: Any, seed: int = 0):
-  """The LayerGraph of the model a config names (cached: multirun cells share it, and later
-  processes read it from the disk cache without importing JAX)."""
-  key = json.dumps(model_kwargs(model_cfg), sort_keys=True, default=str)
-  return _traced(target_of(model_cfg), name_of(model_cfg), seed, key)
-
-
 @functools.lru_cache(maxsize=32)
 def _traced(target: str, name: str, seed: int, options_json: str):
   """Trace a model once per (target, name, seed, options); LayerGraph is immutable."""
-  from dp_jax.graph.layer_graph import LayerGraph
-
   path = _cache_path(target, name, seed, options_json)
   if path is not None and path.is_file():
     return LayerGraph.load(path)
@@ -226,8 +252,7 @@ def _traced(target: str, name: str, seed: int, options_json: str):
 
   options = json.loads(options_json)
   dtype = options.pop("dtype", "float32")
-  model = build_target(target, options, name=name, dtype=dtype, seed=seed, abstract=True)
-  graph = trace_graph(model, name)
+  graph = trace_graph(ModelSpec(target, name, options, dtype).build(seed, abstract=True), name)
   if path is not None:
     graph.save(path)
   return graph
@@ -236,12 +261,6 @@ def _traced(target: str, name: str, seed: int, options_json: str):
 def _cache_path(target: str, name: str, seed: int, options_json: str):
   """Where the traced graph of these options lives in the disk cache (None: no cache). The key
   holds the target's own source file, so editing a model from outside the package retraces."""
-  import hashlib
-  import importlib.util
-  import os
-  from importlib import metadata
-  from pathlib import Path
-
   folder = os.environ.get("DP_JAX_GRAPH_CACHE", GRAPH_CACHE)
   if not folder:
     return None

@@ -1,52 +1,56 @@
-"""From a background config to a running hook: validate, check memory, build, warm up.
+"""From a background spec to a running hook: check memory, build, warm up.
 
-Bad settings (slowdown cap, batch, a job that cannot fit beside the foreground) raise one-line
-UserErrors before anything is built. Anything that fails while building or compiling the job
-is logged and gives a stopped hook (its failure counted); the foreground runs regardless.
+The spec's cap and batch are checked where it is decoded (multiplex.background.BackgroundSpec);
+a job that cannot fit beside the foreground is a one-line UserError before anything is built.
+Anything that fails while building or compiling the job is logged and gives a stopped hook (its
+failure counted); the foreground runs regardless.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import optax
 
 from dp_jax.base.errors import UserError
-from dp_jax.multiplex.policy import DEFAULT_PIECE_MS, busy_in_every_layer, check_cap
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.models.zoo import ModelSpec
+from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.multiplex.policy import DEFAULT_PIECE_MS, busy_in_every_layer, layer_groups
 from dp_jax.multiplex.runners import (
   build_runners,
-  check_batch,
   job_of_runner,
   measured_pieces,
   piece_gap_ms,
 )
 from dp_jax.multiplex.scheduler import BackgroundScheduler, load_checkpoint
 from dp_jax.planner import memory
-from dp_jax.planner.plan import as_plan
+from dp_jax.planner.plan import Plan
 
 log = logging.getLogger(__name__)
 GB = 1e9
 
 
-def memory_bytes(graph, batch: int, state_copies: int = 3) -> float:
+def memory_bytes(graph: LayerGraph, batch: int, state_copies: int = 3) -> float:
   """Params, grads and momentum (state_copies x param bytes) + saved activations at `batch`
   (the planner's memory model, dp_jax/planner/memory.py)."""
   return memory.job_bytes(graph, batch, grad_bytes_per_param=4,
                           optimizer_bytes_per_param=4 * (state_copies - 2))
 
 
-def foreground_bytes(plan: Mapping[str, Any], graph) -> dict[int, float]:
+def foreground_bytes(plan: Plan, graph: LayerGraph | None) -> dict[int, float]:
   """Device -> bytes the foreground holds: the planner's peak if the plan has it, else the
   memory model's params+grads+momentum and saved activations per device (traced graph)."""
-  peak = (plan.get("predicted") or {}).get("memory_peak_gb")
-  devices = range(int(plan["num_devices"]))
+  peak = plan.predicted.get("memory_peak_gb")
+  devices = range(plan.num_devices)
   if peak is not None:
     return {d: float(peak) * GB for d in devices}
-  used = memory.placed_bytes(graph, as_plan(plan), optimizer_bytes_per_param=4)
+  used = memory.placed_bytes(graph, plan, optimizer_bytes_per_param=4)
   return {d: float(used[d]) for d in devices}
 
 
@@ -62,55 +66,50 @@ def check_fits(name: str, batch: int, need: float, used: Mapping[int, float],
         "in all); use a smaller background batch_per_device, a smaller model or background=none")
 
 
-def start_background(bg_cfg: Any, fg_model_cfg: Any, plan: Mapping[str, Any],
+def start_background(background: BackgroundSpec, foreground: ModelSpec, plan: Plan,
                      devices: Sequence[jax.Device], *, memory_gb_per_device: float,
                      learning_rate: float = 0.01, seed: int = 0, start_after: int = 0,
                      piece_ms: float = DEFAULT_PIECE_MS, margin: float = 0.0,
                      checkpoint_dir: str | Path | None = None,
                      checkpoint_every: int = 0) -> BackgroundScheduler | None:
-  """The hook of background job `bg_cfg` on `devices` (None for background=none).
+  """The hook of `background` beside the foreground model's `plan` on `devices` (None for
+  background=none).
 
   Pieces: consecutive layers grouped while a group's measured forward and backward stay within
   piece_ms; their times, measured here on the first device, are the policy's profile. With a
   checkpoint_dir, the job resumes from its background checkpoint there and saves beside the
   foreground's (every checkpoint_every steps and at the end).
   """
-  import optax
-
-  from dp_jax.models import zoo
-
-  if bg_cfg is None or bg_cfg.name in (None, "none"):
+  if not background.active:
     return None
-  cap = check_cap(math.inf if bg_cfg.slowdown_cap is None else bg_cfg.slowdown_cap)
-  batch = check_batch(bg_cfg.batch_per_device)
-  model_cfg = bg_cfg.model if bg_cfg.model is not None else fg_model_cfg
-  need = memory_bytes(zoo.graph_of(model_cfg, seed), batch)
-  fg_graph = None if "memory_peak_gb" in (plan.get("predicted") or {}) else zoo.graph_of(
-      fg_model_cfg, seed)
-  check_fits(model_cfg.name, batch, need, foreground_bytes(plan, fg_graph), memory_gb_per_device)
-  name = f"{bg_cfg.name}:{model_cfg.name}"
-  kw = dict(start_after=start_after, slowdown_cap=process_cap(
-      cap, [layer["devices"] for layer in plan["layers"]], devices), margin=margin)
+  cap, batch = background.cap, background.batch_per_device
+  spec = background.model_for(foreground)
+  need = memory_bytes(spec.graph(seed), batch)
+  fg_graph = None if "memory_peak_gb" in plan.predicted else foreground.graph(seed)
+  check_fits(spec.name, batch, need, foreground_bytes(plan, fg_graph), memory_gb_per_device)
+  name = f"{background.name}:{spec.name}"
+  placed = [layer.devices for layer in plan.layers]
+  kw = dict(start_after=start_after, slowdown_cap=process_cap(cap, placed, devices),
+            margin=margin)
   if jax.process_count() > 1:
     kw["own_devices"] = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
   # several processes: each dispatches only to the devices it owns; a device every layer uses
   # is never idle and gets no copy of the job (nor its compile time on that device's core)
-  layers = plan["layers"]
-  busy = busy_in_every_layer((lp["devices"] for lp in layers), len(devices)) if layers else set()
+  busy = busy_in_every_layer(placed, len(devices)) if placed else set()
   devs = {i: d for i, d in enumerate(devices)
           if d.process_index == jax.process_index() and i not in busy}
   if not devs:
     log.info("background job %s: no device of this process is ever idle", name)
     return BackgroundScheduler(None, {}, **kw)
   try:
-    model = zoo.build(model_cfg, seed=seed + 1)
+    model = spec.build(seed=seed + 1)
     opt = optax.sgd(learning_rate, momentum=0.9)
     first = next(iter(devs))
-    runners = build_runners(model, model_cfg.name, [], opt, batch, devs, seed=seed)
+    runners = build_runners(model, spec.name, [], opt, batch, devs, seed=seed)
     pieces = measured_pieces(runners[first])
     groups = _groups(runners[first], pieces, piece_ms)
     if any(len(g) > 1 for g in groups):
-      runners = build_runners(model, model_cfg.name, groups, opt, batch, devs, seed=seed)
+      runners = build_runners(model, spec.name, groups, opt, batch, devs, seed=seed)
       pieces = measured_pieces(runners[first])
     kw["switch_ms"] = piece_gap_ms(runners[first])  # the policy's switch, as the simulator's
     for r in runners.values():
@@ -144,8 +143,6 @@ def process_cap(cap: float, placed: Iterable[Iterable[int]],
 
 def _groups(runner, layer_pieces_ms, piece_ms: float) -> list[list[str]]:
   """Layer groups of at most piece_ms forward and backward, from a one-layer-per-stage step."""
-  from dp_jax.multiplex.policy import layer_groups
-
   stages = runner.program.stages
   n = len(stages)
   names = [s.stage.layers[0] for s in stages]
@@ -166,8 +163,6 @@ def measure(step_ms: Sequence[float], hook: BackgroundScheduler | None) -> dict[
 
   Means, not medians: a background step that delays one foreground step is a real cost.
   """
-  import statistics
-
   if hook is None:
     alone = list(step_ms[2:]) or list(step_ms[1:]) or list(step_ms)
     return {"measured_step_ms": statistics.fmean(alone) if alone else None}

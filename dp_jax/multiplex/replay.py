@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dp_jax.multiplex.scheduler import BackgroundScheduler
+from dp_jax.sim.measured import fill_measured
 
 
 def measured_chain(hook: BackgroundScheduler, num_devices: int) -> list:
@@ -40,8 +41,6 @@ def replay(hook: BackgroundScheduler | None, num_devices: int, iterations: int
   if (hook is None or hook.job is None or hook.admission is None or not hook.runners
       or iterations < 1):
     return {}
-  from dp_jax.sim.measured import fill_measured
-
   sim = fill_measured(measured_chain(hook, num_devices), num_devices, hook.job, cap=hook.cap,
                       iterations=iterations, switch_ms=hook.switch_ms,
                       alone_steps_ms=hook.alone_steps_ms)

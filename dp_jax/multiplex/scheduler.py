@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from dp_jax.base.errors import UserError
@@ -441,16 +442,12 @@ def load_checkpoint(runners: dict[int, DeviceRunner], directory: str | Path) -> 
           raise UserError(f"{path} holds a different background job ({key}); use another "
                           "checkpoint folder or the same background model and batch")
         leaves.append(saved[key])
-      import jax
-
       treedef = jax.tree.structure(r.state)
       r.load({"state": jax.tree.unflatten(treedef, leaves), "steps": int(saved[f"{d}/steps"])})
   return True
 
 
 def _flatten(tree) -> list[tuple[str, np.ndarray]]:
-  import jax
-
   return [(jax.tree_util.keystr(p), np.asarray(v))
           for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -25,50 +26,88 @@ from dp_jax.planner.baseline import data_parallel
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
-from dp_jax.planner.options import MODES, PlanOptions
-from dp_jax.planner.plan import LayerPlan, Plan
+from dp_jax.planner.options import PlanOptions, candidate_counts
+from dp_jax.planner.plan import LayerPlan, Plan, recorded
 from dp_jax.planner.search import SHARDING_RULES, build_tables, lower_bound, search
 from dp_jax.planner.sharded import Sharding
 from dp_jax.planner.sharding import layer_sharding, sample_ranges
 from dp_jax.profiling.table import ProfileTable
 
+log = logging.getLogger(__name__)
 # Lagrange multipliers (ms per GB of saved activations) tried when the fastest plan overflows
 # device memory; the fastest plan that fits wins.
 MEMORY_PENALTIES_MS_PER_GB = (0.01, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e6)
 
 
-def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
-              num_devices: int, global_batch: int, amplification_limit: float = math.inf,
-              device_counts: str = "divisors", overlap_allreduce: bool = True,
-              amplification_floor_ms: float = 0.3, gradient_precision: str = "fp32",
-              optimizer: str = "momentum", param_bytes_per_param: float = 4,
-              check_memory: bool = True, batch_norm: str = "sync", mode: str = "fastest",
-              frontier_limits: Iterable[float] = DEFAULT_LIMITS,
-              sharding: Iterable[str] = ("samples",)) -> Plan:
-  """The fastest burst-parallel plan under the amplification limit (mode="frontier" also
-  attaches the Pareto front of (iteration_ms, gpu_ms) over frontier_limits)."""
+def plan_with(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+              options: PlanOptions, frontier_limits: Iterable[float] = DEFAULT_LIMITS) -> Plan:
+  """The plan `options.strategy` names: the fastest burst-parallel plan under the amplification
+  limit (mode="frontier" also attaches the Pareto front of (iteration_ms, gpu_ms) over
+  frontier_limits), or the data-parallel baseline."""
   start = time.perf_counter()
-  if mode not in MODES:
-    raise UserError(f"planner mode '{mode}' is unknown (valid: {', '.join(MODES)})")
-  opts = PlanOptions(
-      num_devices=num_devices, global_batch=global_batch,
-      amplification_limit=amplification_limit, device_counts=device_counts,
-      overlap_allreduce=overlap_allreduce, amplification_floor_ms=amplification_floor_ms,
-      gradient_precision=gradient_precision, optimizer=optimizer,
-      param_bytes_per_param=param_bytes_per_param, check_memory=check_memory,
-      batch_norm=batch_norm, sharding=tuple(sharding) if not isinstance(sharding, str)
-      else sharding)
-  model = build_cost_model(graph, profile, cluster, opts)
-  fits = memory.fits_alone(model)
+  model = build_cost_model(graph, profile, cluster, options)
   baseline = data_parallel(model)
-  best = plan_for_limit(model, opts.amplification_limit, fits, baseline, bound=True)
+  if options.strategy == "data_parallel":
+    count, ev = baseline
+    return build_plan(model, data_parallel_assignment(model, count), ev, baseline,
+                      seconds=time.perf_counter() - start, extra={"strategy": "data_parallel"})
+  fits = memory.fits_alone(model)
+  best = plan_for_limit(model, options.amplification_limit, fits, baseline, bound=True)
   extra: dict[str, Any] = {"strategy": "burst", "optimality": optimality(best)}
-  if mode == "frontier":
+  if options.mode == "frontier":
     front = sweep(lambda a: plan_for_limit(model, a, fits, baseline), frontier_limits)
     extra["frontier"] = [p.to_json() for p in front]
   return build_plan(model, dict(best.assignment),
                     evaluate(model, best.assignment, best.shardings), baseline,
                     seconds=time.perf_counter() - start, extra=extra, shardings=best.shardings)
+
+
+def plan_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+             options: PlanOptions, *, model: Mapping[str, Any] | None = None,
+             cluster_record: Mapping[str, Any] | None = None) -> Plan:
+  """`plan`, recording what it was made for (the model record, the cluster, the profile with
+  the per-device batches it had to extrapolate to, warned once: planner/plan.py, `recorded`)."""
+  made = plan_with(graph, profile, cluster, options)
+  # the per-device batches this search priced: B / d for its device counts d <= G
+  b = options.global_batch
+  extrapolated = extrapolated_batches(profile, graph,
+                                      sorted(b // int(d) for d in candidate_counts(options)))
+  if extrapolated:
+    log.warning("profile of %s (%s) has no measurement at per-device batch(es) %s for some "
+                "layers: extrapolated on a log-log line (recorded in the plan)", graph.model,
+                profile.source, ", ".join(map(str, extrapolated)))
+  return recorded(made, model=model, cluster=cluster_record, profile={
+      "source": profile.source, "device": profile.device, "dtype": profile.dtype,
+      "extrapolated_batches": extrapolated,
+      "estimated_layers": sorted(profile.meta.get("estimated_layers", {})),
+      "other_device": profile.meta.get("other_device"),
+      "calibration": profile.meta.get("calibration")})
+
+
+def extrapolated_batches(profile: ProfileTable, graph: LayerGraph,
+                         batches: list[int]) -> list[int]:
+  """Per-device batches outside some layer's measured range (priced by extrapolation)."""
+  out = set()
+  for name in graph.names:
+    measured = profile.batches(name)
+    if measured:
+      out |= {b for b in batches if b < measured[0] or b > measured[-1]}
+  return sorted(out)
+
+
+def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
+              frontier_limits: Iterable[float] = DEFAULT_LIMITS, **options: Any) -> Plan:
+  """The fastest burst-parallel plan; `options`: PlanOptions' fields (num_devices,
+  global_batch, amplification_limit, ...)."""
+  return plan_with(graph, profile, cluster, PlanOptions(**options), frontier_limits)
+
+
+def data_parallel_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+                       **options: Any) -> Plan:
+  """The data-parallel plan with predicted and data-parallel numbers (they coincide);
+  `options`: PlanOptions' fields."""
+  options.pop("amplification_limit", None)
+  return plan_with(graph, profile, cluster, PlanOptions(**options, strategy="data_parallel"))
 
 
 def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
@@ -247,15 +286,3 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
               layers=tuple(layers), predicted=predicted, planner_seconds=seconds, extra=more)
 
 
-def data_parallel_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
-                       num_devices: int, global_batch: int, overlap_allreduce: bool = True,
-                       **options) -> Plan:
-  """The data-parallel plan with predicted and data-parallel numbers (they coincide)."""
-  start = time.perf_counter()
-  opts = PlanOptions(num_devices=num_devices, global_batch=global_batch,
-                     overlap_allreduce=overlap_allreduce, amplification_limit=math.inf,
-                     **options)
-  model = build_cost_model(graph, profile, cluster, opts)
-  count, ev = data_parallel(model)
-  return build_plan(model, data_parallel_assignment(model, count), ev, (count, ev),
-                    seconds=time.perf_counter() - start, extra={"strategy": "data_parallel"})

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from dp_jax.base.errors import UserError
+from dp_jax.config.rules import check
 
 DEVICE_COUNT_MODES = ("divisors", "powers_of_two")
 BATCH_NORM_MODES = ("sync", "local")  # statistics over a stage's whole batch / per device
 MODES = ("fastest", "frontier")
+STRATEGIES = ("burst", "data_parallel")  # the planner group's name
 SHARDING_CHOICES = ("samples", "weights")  # split samples / also weights (out, in, heads)
 # Gradient precision of the all-reduce: bytes per parameter sent (docs/cost_model.md,
 # "Gradient precision").
@@ -37,20 +40,30 @@ class PlanOptions:
   check_memory: bool = True
   batch_norm: str = "sync"  # sync: statistics all-reduced over a layer's devices (priced)
   sharding: tuple[str, ...] = ("samples",)  # what a layer may split (planner.sharding)
+  strategy: str = "burst"  # burst: the fastest plan under the limit; data_parallel: the baseline
+  mode: str = "fastest"  # fastest plan, or also the Pareto frontier over amplification limits
 
   def __post_init__(self):
-    for key in ("num_devices", "global_batch"):
-      value = getattr(self, key)
-      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise UserError(f"{key} must be a positive integer, got {value!r}")
+    for field_name, key in (("num_devices", "cluster.num_devices"),
+                            ("global_batch", "batch_size")):
+      value = getattr(self, field_name)
+      if isinstance(value, np.integer):
+        object.__setattr__(self, field_name, value := int(value))
+      check(key, value)
     if self.num_devices > self.global_batch:
-      raise UserError(f"num_devices ({self.num_devices}) is larger than global_batch "
-                      f"({self.global_batch}): every device needs at least one sample; "
-                      "use num_devices <= global_batch")
+      raise UserError(f"{self.num_devices} devices (cluster.num_devices) for a global batch of "
+                      f"{self.global_batch} (batch_size): every device needs at least one "
+                      "sample; use cluster.num_devices <= batch_size")
     a = self.amplification_limit
-    if isinstance(a, bool) or not isinstance(a, (int, float)) or math.isnan(a) or a < 1:
-      raise UserError(f"amplification_limit must be a number >= 1 (1: no layer may use more "
-                      f"device-time than on one device; inf: fastest plan), got {a!r}")
+    if isinstance(a, bool) or not isinstance(a, (int, float)):
+      raise UserError(f"planner.amplification_limit={a!r} must be a number >= 1 (1: no layer "
+                      "may use more device-time than on one device; inf: fastest plan)")
+    check("planner.amplification_limit", a)
+    check("planner.amplification_floor_ms", self.amplification_floor_ms)
+    if self.strategy not in STRATEGIES:
+      raise UserError(f"planner '{self.strategy}' is unknown (valid: {', '.join(STRATEGIES)})")
+    if self.mode not in MODES:
+      raise UserError(f"planner mode '{self.mode}' is unknown (valid: {', '.join(MODES)})")
     if self.batch_norm not in BATCH_NORM_MODES:
       raise UserError(f"batch_norm '{self.batch_norm}' is unknown "
                       f"(valid: {', '.join(BATCH_NORM_MODES)})")
@@ -58,9 +71,6 @@ class PlanOptions:
     if self.device_counts not in DEVICE_COUNT_MODES:
       raise UserError(f"device_counts '{self.device_counts}' is unknown "
                       f"(valid: {', '.join(DEVICE_COUNT_MODES)})")
-    f = self.amplification_floor_ms
-    if isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 0:
-      raise UserError(f"amplification_floor_ms must be a number >= 0, got {f!r}")
     if self.gradient_precision not in GRADIENT_BYTES:
       raise UserError(f"gradient_precision '{self.gradient_precision}' is unknown "
                       f"(valid: {', '.join(GRADIENT_BYTES)})")
@@ -70,6 +80,33 @@ class PlanOptions:
     value = self.param_bytes_per_param
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
       raise UserError(f"param_bytes_per_param must be > 0, got {value!r}")
+
+  @classmethod
+  def from_config(cls, planner: Any, num_devices: int, global_batch: int) -> PlanOptions:
+    """The planner group of a config (a DictConfig or a mapping) for G devices and batch B."""
+    get = planner.get
+
+    def plain(key: str, default: Any) -> Any:
+      value = get(key, default)
+      return getattr(value, "value", value)  # a config enum's value
+
+    sharding = get("sharding", ["samples"])
+    return cls(num_devices=num_devices, global_batch=global_batch,
+               amplification_limit=float(get("amplification_limit", math.inf)),
+               device_counts=plain("device_counts", "divisors"),
+               overlap_allreduce=bool(get("overlap_allreduce", True)),
+               amplification_floor_ms=float(get("amplification_floor_ms", 0.3)),
+               gradient_precision=str(get("gradient_precision", "fp32")),
+               optimizer=str(get("optimizer", "momentum")),
+               batch_norm=str(get("batch_norm", "sync")),
+               sharding=sharding if isinstance(sharding, str) else tuple(map(str, sharding)),
+               strategy=str(get("name", "burst")), mode=plain("mode", "fastest"))
+
+  def describe(self) -> str:
+    """What a verdict about plans made with these options rests on: gradient precision and
+    amplification limit ('fp32 gradients, A=2')."""
+    a = self.amplification_limit
+    return f"{self.gradient_precision} gradients, A={'inf' if math.isinf(a) else f'{a:g}'}"
 
   @property
   def grad_bytes_per_param(self) -> int:

@@ -291,6 +291,48 @@ def _ranges(samples: Any, count: int, where: str) -> list[tuple[int, int]]:
   return out
 
 
+# --- what a plan was made for --------------------------------------------------------------
+
+
+def recorded(plan: Plan, *, model: Mapping[str, Any] | None, cluster: Mapping[str, Any] | None,
+             profile: Mapping[str, Any]) -> Plan:
+  """The plan with what it was made for: the model (`made_for`: name, input shape, layers,
+  options; ModelSpec.record), the cluster (`cluster_config`: its fields and G) and the profile
+  (source, device, precision, extrapolated batches, the calibration it rests on)."""
+  return dataclasses.replace(plan, extra={**plan.extra, "made_for": dict(model or {}) or None,
+                                          "cluster_config": None if cluster is None else
+                                          dict(cluster), "profile": dict(profile)})
+
+
+def model_record(graph: LayerGraph, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """What a plan was made for: the model's name, per-sample input shape, layer count and size
+  options (none known for a graph file)."""
+  return {"name": graph.model, "input_shape": list(graph.input_shape),
+          "layers": len(graph.nodes), "options": dict(options or {})}
+
+
+def check_made_for(plan: Plan, record: Mapping[str, Any], where: str) -> None:
+  """Refuse a plan recorded as made for another model config (one line naming both)."""
+  made = plan.made_for
+  if made is None:
+    return  # a plan from before plans recorded it: the layer names are still checked
+  keys = ["name", "input_shape", "layers"]
+  differs = [k for k in keys if k in made and k in record and made[k] != record[k]]
+  ours, theirs = record.get("options", {}), made.get("options") or {}
+  differs += [f"options.{k}" for k in ours if k in theirs and ours[k] != theirs[k]]
+  if differs:
+    raise UserError(f"{where} was made for {describe_record(made)}, not "
+                    f"{describe_record(record)}; use the model options it was made with or "
+                    "make a plan for this model")
+
+
+def describe_record(record: Mapping[str, Any]) -> str:
+  """'vgg16 (input 32x32x3, 22 layers, image_size=32)'."""
+  shape = "x".join(map(str, record.get("input_shape") or [])) or "?"
+  opts = "".join(f", {k}={v}" for k, v in sorted((record.get("options") or {}).items()))
+  return f"{record.get('name')} (input {shape}, {record.get('layers')} layers{opts})"
+
+
 # --- checked against a model and its devices ---------------------------------------------
 
 

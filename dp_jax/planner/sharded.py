@@ -35,6 +35,7 @@ from dp_jax.hardware.cluster import link_class, strided_link_classes
 from dp_jax.hardware.devices import DTYPE_BYTES, canonical_dtype, get_device
 from dp_jax.planner.sharding import SPLITS, splits_for
 from dp_jax.profiling.analytic import default_params, layer_cost, layer_times_ms
+from dp_jax.profiling.calibrated import layer_model
 
 if TYPE_CHECKING:
   from dp_jax.planner.plan import Plan
@@ -137,8 +138,6 @@ def whole_times(graph: LayerGraph, node: LayerNode, batch: int, device: str, dty
   if dev is None:
     return None
   if source == "calibrated" and dev.name != "cpu":
-    from dp_jax.profiling.calibrated import layer_model
-
     whole, params = layer_model(graph, node, dtype)
   else:
     whole, params = layer_cost(graph, node, dtype), default_params(dev)

@@ -31,8 +31,14 @@ import numpy as np
 import optax
 
 from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.models.zoo import build_model
+from dp_jax.planner.options import PlanOptions
+from dp_jax.planner.plan import staged_data_parallel_plan
+from dp_jax.planner.stage_terms import update_bytes_per_param
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.local_devices import cpu_cores
+from dp_jax.runtime.plan_timing import stepper, timed, turns
+from dp_jax.runtime.stages import structure_graph
 
 CALIBRATION_SCHEMA = "dp_jax.local_calibration/3"
 SIZES_BYTES = (4 << 10, 256 << 10, 2 << 20, 8 << 20, 32 << 20)
@@ -58,9 +64,6 @@ class LocalCalibration:
     stage terms: a stage's program launch (dispatch_us), the host work a boundary adds beyond
     the added stage's launch (stage_us - dispatch_us, so k stages cost dispatch_us + (k - 1)
     stage_us) and the update bandwidth of the measured momentum SGD update."""
-    from dp_jax.planner.options import PlanOptions
-    from dp_jax.planner.stage_terms import update_bytes_per_param
-
     momentum = update_bytes_per_param(PlanOptions(num_devices=1, global_batch=1,
                                                   optimizer="momentum"))
     return replace(base, name=f"{base.name}_calibrated", num_nodes=1,
@@ -141,11 +144,6 @@ def update_ns_per_param(devices, repeats: int, params: int = 4 << 20) -> float:
 
 def stage_us(devices, steps: int = 15) -> float:
   """Runtime cost of one more stage: toy model as 1 stage vs one stage per layer, same devices."""
-  from dp_jax.models.zoo import build_model
-  from dp_jax.planner.plan import staged_data_parallel_plan
-  from dp_jax.runtime.plan_timing import stepper, timed, turns
-  from dp_jax.runtime.stages import structure_graph
-
   def toy():
     return build_model("gpt2_small", n_layer=1, d_model=8, n_head=1, seq_len=4, vocab_size=16)
 

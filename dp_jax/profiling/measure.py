@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
@@ -191,8 +192,6 @@ class _progress:
   def __enter__(self):
     if not self.enabled:
       return lambda *_: None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[at]}"))
     self.bar.__enter__()

@@ -1,18 +1,131 @@
-"""Profile from config (analytic / deeppool_a100 / measure / file): the one place apps get costs."""
+"""Where a plan's per-layer costs come from (calibrated / analytic / deeppool_a100 / measure /
+file), as typed options, and the one place a ProfileTable is made from them."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dp_jax.base.errors import UserError
+from dp_jax.config.rules import check
 from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.profiling.analytic import analytic_profile
+from dp_jax.profiling.calibrated import DEFAULT_DTYPE, calibrated_profile
+from dp_jax.profiling.deeppool_import import import_deeppool_a100
 from dp_jax.profiling.table import ProfileTable
+
+if TYPE_CHECKING:
+  from dp_jax.models.zoo import ModelSpec
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
+SOURCES = ("calibrated", "analytic", "deeppool_a100", "measure", "file")
+DEFAULT_CACHE = ".cache/dp_jax/profiles"
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+  """The profile group, checked: the source and what it needs.
+
+  device: the roofline's device (None: the cluster's); dtype: the roofline's precision (None:
+  the source's default); batches: per-device batches to profile (None: every one a plan of B
+  can use); allow_other_device: a profile of another device than the cluster's is accepted
+  (and recorded in the plan) instead of refused.
+  """
+
+  source: str = "calibrated"
+  path: str | None = None
+  device: str | None = None
+  dtype: str | None = None
+  batches: tuple[int, ...] | None = None
+  max_batch: int | None = None
+  repeats: int = 5
+  warmup: int = 2
+  cache_dir: str = DEFAULT_CACHE
+  data_dir: str | None = None
+  allow_other_device: bool = False
+
+  def __post_init__(self):
+    if self.source not in SOURCES:
+      raise UserError(f"profile source '{self.source}' is unknown (valid: "
+                      f"{', '.join(SOURCES)})")
+    if self.source == "file" and not self.path:
+      raise UserError("profile.source=file needs profile.path=<profile.json>")
+    check("profile.repeats", self.repeats)
+    check("profile.warmup", self.warmup)
+    check("profile.max_batch", self.max_batch)
+    if self.batches is not None:
+      check("profile.batches", list(self.batches))
+      object.__setattr__(self, "batches", tuple(int(b) for b in self.batches))
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> ProfileOptions:
+    """The profile group of a config (a DictConfig or a mapping)."""
+    get = cfg.get
+    source = get("source", "calibrated")
+    batches = get("batches")
+    return cls(source=str(getattr(source, "value", source)), path=get("path"),
+               device=get("device"), dtype=get("dtype"),
+               batches=None if batches is None else tuple(batches), max_batch=get("max_batch"),
+               repeats=get("repeats", 5), warmup=get("warmup", 2),
+               cache_dir=get("cache_dir") or DEFAULT_CACHE, data_dir=get("data_dir"),
+               allow_other_device=bool(get("allow_other_device", False)))
+
+  def load(self, graph: LayerGraph, device: str, batches: Sequence[int],
+           model: ModelSpec | None = None) -> ProfileTable:
+    """The ProfileTable of `graph` at per-device `batches` (`device`: the cluster's)."""
+    batches = list(self.batches or batches)
+    if self.source == "analytic":
+      return analytic_profile(graph, self.device or device, self.dtype or "bfloat16", batches)
+    if self.source == "calibrated":
+      return calibrated_profile(graph, self.device or device, self.dtype or DEFAULT_DTYPE,
+                                batches)
+    if self.source == "deeppool_a100":
+      table, report = import_deeppool_a100(graph, data_dir(self.data_dir))
+      warn_filled(graph.model, report.filled)
+      if report.estimated:
+        log.info("backward estimated from forward for: %s", ", ".join(report.estimated))
+      return table
+    if self.source == "file":
+      table = ProfileTable.load(self.path)
+      if table.model != graph.model:
+        raise UserError(f"profile file {self.path} is for {table.model}, not {graph.model}; "
+                        f"pass a profile of {graph.model}")
+      return table
+    from dp_jax.profiling.measure import measure_profile  # JAX: measures on this backend
+
+    if model is None:
+      raise UserError("profile.source=measure needs a zoo model config to build the layers")
+    return measure_profile(model.build(), graph, batches, cache_dir=self.cache_dir,
+                           repeats=self.repeats, warmup=self.warmup)
+
+  def for_cluster(self, graph: LayerGraph, cluster_device: str, global_batch: int,
+                  *extra_batches: int, model: ModelSpec | None = None) -> ProfileTable:
+    """The profile that prices a cluster of `cluster_device`: every per-device batch a plan of
+    `global_batch` can use (and `extra_batches`), of the cluster's device (check_device)."""
+    table = self.load(graph, cluster_device, profile_batches(global_batch, *extra_batches),
+                      model)
+    return self.check_device(table, cluster_device)
+
+  def check_device(self, table: ProfileTable, device: str) -> ProfileTable:
+    """`table` if it is a profile of the cluster's `device`; else a one-line UserError naming
+    both, unless allow_other_device (then recorded in the table's meta, and so in the plan's
+    `profile.other_device`)."""
+    if table.device == device:
+      return table
+    if not self.allow_other_device:
+      raise UserError(f"profile {self.source} is of {table.device} devices but the cluster has "
+                      f"{device}; use a profile of {device} (e.g. profile=analytic) or pass "
+                      "profile.allow_other_device=true to plan with it on purpose (recorded in "
+                      "the plan)")
+    log.warning("planning %s devices with a profile of %s (profile.allow_other_device=true)",
+                device, table.device)
+    other = {"profile_device": table.device, "cluster_device": device, "accepted": True}
+    return dataclasses.replace(table, meta={**table.meta, "other_device": other})
 
 
 def divisors(n: int) -> list[int]:
@@ -22,11 +135,6 @@ def divisors(n: int) -> list[int]:
 def profile_batches(global_batch: int, *extra: int) -> list[int]:
   """Per-device batches a plan can use (B / d for every divisor d of B), plus `extra`."""
   return sorted({global_batch // d for d in divisors(global_batch)} | {int(e) for e in extra})
-
-
-def _source(cfg: Any) -> str:
-  value = cfg.get("source", "analytic")
-  return str(getattr(value, "value", value))
 
 
 def data_dir(path: str | None) -> str | None:
@@ -44,70 +152,3 @@ def warn_filled(model: str, filled: list[str]) -> None:
   if filled:
     log.warning("DeepPool A100 tables lack %d layer(s) of %s, estimated from the analytic model "
                 "calibrated on the matched rows: %s", len(filled), model, ", ".join(filled))
-
-
-def load_profile(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
-                 model_cfg: Any = None) -> ProfileTable:
-  """The ProfileTable the profile config names, for `graph` at per-device `batches`
-  (`device`: the analytic profile's device unless profile.device names one)."""
-  return _load(cfg, graph, device, batches, model_cfg)
-
-
-def check_device(table: ProfileTable, device: str, cfg: Any) -> ProfileTable:
-  """`table` if it is a profile of the cluster's `device`; else a one-line UserError naming
-  both, unless profile.allow_other_device (then recorded in the table's meta, and so in the
-  plan's `profile.other_device`). Used where a profile prices a cluster (workflow)."""
-  allow, source = bool(cfg.get("allow_other_device", False)), _source(cfg)
-  if table.device == device:
-    return table
-  if not allow:
-    raise UserError(f"profile {source} is of {table.device} devices but the cluster has "
-                    f"{device}; use a profile of {device} (e.g. profile=analytic) or pass "
-                    "profile.allow_other_device=true to plan with it on purpose (recorded in "
-                    "the plan)")
-  log.warning("planning %s devices with a profile of %s (profile.allow_other_device=true)",
-              device, table.device)
-  other = {"profile_device": table.device, "cluster_device": device, "accepted": True}
-  return dataclasses.replace(table, meta={**table.meta, "other_device": other})
-
-
-def _load(cfg: Any, graph: LayerGraph, device: str, batches: list[int],
-          model_cfg: Any = None) -> ProfileTable:
-  source = _source(cfg)
-  if source == "analytic":
-    from dp_jax.profiling.analytic import analytic_profile
-
-    return analytic_profile(graph, cfg.get("device") or device, cfg.get("dtype", "bfloat16"),
-                            cfg.get("batches") or batches)
-  if source == "calibrated":
-    from dp_jax.profiling.calibrated import DEFAULT_DTYPE, calibrated_profile
-
-    return calibrated_profile(graph, cfg.get("device") or device,
-                              cfg.get("dtype") or DEFAULT_DTYPE, cfg.get("batches") or batches)
-  if source == "deeppool_a100":
-    from dp_jax.profiling.deeppool_import import import_deeppool_a100
-
-    table, report = import_deeppool_a100(graph, data_dir(cfg.get("data_dir")))
-    warn_filled(graph.model, report.filled)
-    if report.estimated:
-      log.info("backward estimated from forward for: %s", ", ".join(report.estimated))
-    return table
-  if source == "file":
-    if not cfg.get("path"):
-      raise UserError("profile.source=file needs profile.path=<profile.json>")
-    table = ProfileTable.load(cfg.path)
-    if table.model != graph.model:
-      raise UserError(f"profile file {cfg.path} is for {table.model}, not {graph.model}; pass "
-                      f"a profile of {graph.model}")
-    return table
-  if source == "measure":
-    from dp_jax.models import zoo
-    from dp_jax.profiling.measure import measure_profile
-
-    if model_cfg is None:
-      raise UserError("profile.source=measure needs a zoo model config to build the layers")
-    return measure_profile(zoo.build(model_cfg), graph, cfg.get("batches") or batches,
-                           cache_dir=cfg.get("cache_dir", ".cache/dp_jax/profiles"),
-                           repeats=cfg.get("repeats", 5), warmup=cfg.get("warmup", 2))
-  raise UserError(f"profile source '{source}' is unknown (valid: calibrated, analytic, "
-                  "deeppool_a100, measure, file)")

@@ -65,10 +65,10 @@ def check_tolerance(tolerance: Any) -> float:
   return t
 
 
-def tolerance_of(cfg: Any, device: str) -> float:
-  """cfg.comparison.tolerance, checked; the validated tolerance of `device` when it is unset."""
-  group = cfg.get("comparison") if hasattr(cfg, "get") else None
-  value = None if group is None else group.get("tolerance")
+def tolerance_from_config(comparison: Any, device: str) -> float:
+  """The comparison group's tolerance (a DictConfig, a mapping or None), checked; the validated
+  tolerance of `device` when it is unset (null)."""
+  value = None if comparison is None else comparison.get("tolerance")
   return validated_tolerance(device) if value is None else check_tolerance(value)
 
 

@@ -8,8 +8,33 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dp_jax.planner import memory
+from dp_jax.planner.evaluate import data_parallel_assignment
+from dp_jax.report.compare import compare, describe, fields
+from dp_jax.sim.engine import cost_model_for, data_parallel_evaluations
+from dp_jax.sim.metrics import fastest_data_parallel
+
 COLUMNS = ["layer", "kind", "devices", "first device", "per-device batch", "compute ms",
            "sync ms", "move-in ms", "amplification", "stage", "split"]
+
+
+def plan_summary(plan, fair: dict[str, Any], path: Path) -> dict[str, Any]:
+  """The plan app's summary (status.json, W&B, a sweep's cells): the plan, its predictions and
+  the fair comparison (comparisons())."""
+  p = plan.predicted
+  optimality = plan.extra.get("optimality", {})
+  return {"model": plan.model, "num_devices": plan.num_devices, "global_batch": plan.global_batch,
+          "cluster": plan.cluster, "amplification_limit": plan.amplification_limit,
+          "iteration_ms": p["iteration_ms"], "gpu_ms": p["gpu_ms"],
+          "data_parallel_iteration_ms": p["data_parallel_iteration_ms"],
+          "data_parallel_gpu_ms": p["data_parallel_gpu_ms"],
+          **fair, "fair_comparison": fair_comparison(plan, fair),
+          "gpu_time_saving": 1 - p["gpu_ms"] / p["data_parallel_gpu_ms"],
+          "weight_sharded_layers": sum(lp.sharding.split != "samples" for lp in plan.layers),
+          "memory_peak_gb": p.get("memory_peak_gb"),
+          "lower_bound_ms": optimality.get("lower_bound_ms"),
+          "optimality_gap": optimality.get("gap"),
+          "planner_seconds": plan.planner_seconds, "plan": str(path)}
 
 
 def layer_rows(plan) -> list[list[Any]]:
@@ -39,10 +64,6 @@ def _r(v: Any) -> Any:
 def comparisons(graph, profile, cluster, plan, tolerance: float) -> dict[str, Any]:
   """Predicted: the burst plan against the fastest data parallelism on d <= G devices (the fair
   baseline) and against data parallelism on all G, each with its margin and verdict."""
-  from dp_jax.report.compare import compare, fields
-  from dp_jax.sim.engine import cost_model_for, data_parallel_evaluations
-  from dp_jax.sim.metrics import fastest_data_parallel
-
   p = plan.predicted
   model = cost_model_for(graph, profile, cluster, plan)
   dp = data_parallel_evaluations(model)
@@ -62,9 +83,6 @@ def dominating_data_parallel(model, data_parallel: dict[int, Any], iteration_ms:
   time, both beyond the tolerance, and fits in memory (the fastest such d), or None: a plan the
   amplification limit forced off data parallelism can lose on both (the limit is per layer).
   data_parallel: d -> its evaluation (sim.engine.data_parallel_evaluations)."""
-  from dp_jax.planner import memory
-  from dp_jax.planner.evaluate import data_parallel_assignment
-
   best = None
   for c, e in sorted(data_parallel.items()):
     if (e.iteration_ms * (1 + tolerance) < iteration_ms and e.gpu_ms * (1 + tolerance) < gpu_ms
@@ -91,8 +109,6 @@ def dominated_note(plan, c: dict[str, Any]) -> str | None:
 
 def fair_comparison(plan, c: dict[str, Any]) -> str:
   """The predicted comparisons in words: fastest data parallelism on <= G first."""
-  from dp_jax.report.compare import describe
-
   p, g, t = plan.predicted, plan.num_devices, c["comparison_tolerance"]
   return (f"predicted: burst {p['iteration_ms']:.3f} ms/iter vs fastest data parallelism on "
           f"<= {g} devices ({c['best_data_parallel_devices']} devices, "
@@ -104,7 +120,7 @@ def fair_comparison(plan, c: dict[str, Any]) -> str:
 def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) -> None:
   """The per-layer table, then the predicted comparisons (`fair`: from comparisons(); without
   it only data parallelism on all G is known, and the line says so)."""
-  from rich.console import Console
+  from rich.console import Console  # rich: only to print (its import is not free)
   from rich.table import Table
 
   p = plan.predicted
@@ -135,8 +151,6 @@ def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) 
 def chart_title(plan, fair: dict[str, Any] | None = None) -> str:
   """Predicted; model, B, G, cluster, the amplification limit A, the profile, and the burst
   plan against the fastest data parallelism on <= G (when `fair` is given) and on all G."""
-  from dp_jax.report.compare import describe
-
   p = plan.predicted
   prof = plan.extra.get("profile") or {}
   source = " ".join(str(prof[k]) for k in ("source", "device") if prof.get(k)) or "unrecorded"
@@ -152,9 +166,10 @@ def chart_title(plan, fair: dict[str, Any] | None = None) -> str:
 
 def plot_devices_per_layer(plan, path: Path, fair: dict[str, Any] | None = None) -> Path:
   """Bar chart of each layer's device count (PNG, and PDF beside it)."""
-  import matplotlib
+  import matplotlib  # matplotlib: only to draw (chart=false plans without it)
 
   matplotlib.use("Agg")
+  # pyplot once the file-only backend is chosen (matplotlib: only to draw)
   import matplotlib.pyplot as plt
 
   counts = [len(lp.devices) for lp in plan.layers]

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +67,7 @@ def open_manager(directory: str | Path, signature: dict[str, Any], *, max_to_kee
 
 
 def _new_manager(directory: Path, max_to_keep: int = 2):
-  import orbax.checkpoint as ocp
+  import orbax.checkpoint as ocp  # orbax: only when a run checkpoints (its import is slow)
 
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                          cleanup_tmp_directories=True)
@@ -75,7 +80,7 @@ def save(manager, step: int, state: Any, everywhere=None) -> None:
   everywhere (several processes): a sharding over all devices; arrays of stages on one
   process's devices are saved from a copy there (orbax refuses process-local arrays).
   """
-  import orbax.checkpoint as ocp
+  import orbax.checkpoint as ocp  # orbax: only when a run checkpoints (its import is slow)
 
   try:
     manager.save(step, args=ocp.args.StandardSave(_portable(state, everywhere)), force=True)
@@ -94,8 +99,6 @@ def finish(manager, failing: bool = False) -> None:
                       "the checkpoints already written are kept")
     if not failing:
       raise error from e
-    import logging
-
     logging.getLogger(__name__).warning("%s", error)
   finally:
     manager.close()
@@ -103,7 +106,7 @@ def finish(manager, failing: bool = False) -> None:
 
 def restore_latest(manager, like: Any, everywhere=None) -> tuple[int, Any] | None:
   """(step, state) of the newest checkpoint, placed like `like`; None if there is none."""
-  import orbax.checkpoint as ocp
+  import orbax.checkpoint as ocp  # orbax: only when a run checkpoints (its import is slow)
 
   step = manager.latest_step()
   if step is None:
@@ -125,8 +128,6 @@ def restore_newest_good(manager, like: Any, everywhere=None):
   every checkpoint is damaged, a one-line UserError names them and nothing is moved. The
   manager is reopened after a move (it caches its steps).
   """
-  import logging
-
   directory = Path(manager.directory)
   damaged: list[tuple[int, str]] = []
   restored, step = None, None
@@ -177,11 +178,6 @@ def _abandoned_reads_dropped():
   """fd 2 through a file while restoring: after a failed restore, tensorstore still completes
   the reads orbax abandoned, and each callback prints a traceback from native code ("Event loop
   is closed"); those lines are dropped (the damage is named once), everything else is kept."""
-  import os
-  import sys
-  import tempfile
-  import time
-
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile() as f:
@@ -214,15 +210,13 @@ _ABANDONED_TASKS = _AbandonedTasks()
 
 
 def _quiet_abandoned_tasks() -> None:
-  import logging
-
   logger = logging.getLogger("asyncio")
   if _ABANDONED_TASKS not in logger.filters:
     logger.addFilter(_ABANDONED_TASKS)
 
 
 def _restore(manager, step: int, like: Any, everywhere) -> Any:
-  import orbax.checkpoint as ocp
+  import orbax.checkpoint as ocp  # orbax: only when a run checkpoints (its import is slow)
 
   abstract = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),

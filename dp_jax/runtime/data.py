@@ -213,7 +213,7 @@ def _read_image(path: Path, src: DataSource) -> np.ndarray:
   if path.suffix.lower() == ".npy":
     a = np.load(path)
   else:
-    from PIL import Image
+    from PIL import Image  # Pillow: only for image files (.npy folders need none)
 
     with Image.open(path) as im:
       a = np.asarray(im.convert("RGB"))

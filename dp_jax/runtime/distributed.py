@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dp_jax.base.errors import UserError
 from dp_jax.runtime import fatal_filter
 
@@ -78,6 +80,7 @@ def initialize(cfg: DistributedConfig | None = None, *, num_devices: int | None 
   c = _checked(resolve(cfg))
   if c.coordinator_address is None:
     return False
+  # JAX: only for a multi-process job (every app's Hydra edge imports this module)
   import jax
 
   if jax.distributed.is_initialized():
@@ -120,7 +123,7 @@ def process_index() -> int:
   """This process's index (0 without jax.distributed)."""
   if "jax" not in sys.modules:
     return 0
-  import jax
+  import jax  # JAX: already imported (checked above); an app without it reads 0
 
   return jax.process_index() if jax.distributed.is_initialized() else 0
 
@@ -146,8 +149,7 @@ def gather_json(value: Any) -> list[Any]:
   """Every process's value of a JSON object, in process order ([value] in one process)."""
   if not _several():
     return [value]
-  import numpy as np
-  from jax.experimental import multihost_utils
+  from jax.experimental import multihost_utils  # JAX: only across processes (see _several)
 
   raw = np.frombuffer(json.dumps(value, default=str).encode(), np.uint8)
   sizes = np.asarray(multihost_utils.process_allgather(np.array([raw.size], np.int32)))
@@ -158,6 +160,7 @@ def gather_json(value: Any) -> list[Any]:
 
 
 def _several() -> bool:
+  # JAX: only for a multi-process job (every app's Hydra edge imports this module)
   import jax
 
   return jax.distributed.is_initialized() and jax.process_count() > 1
@@ -166,8 +169,7 @@ def _several() -> bool:
 def _from_process_0_bytes(raw: bytes) -> bytes:
   if not _several():
     return raw
-  import numpy as np
-  from jax.experimental import multihost_utils
+  from jax.experimental import multihost_utils  # JAX: only across processes (see _several)
 
   size_1 = multihost_utils.broadcast_one_to_all(np.array([len(raw)], np.int32))
   size = int(np.asarray(size_1)[0])

@@ -137,7 +137,7 @@ def busy_threads(fn: Callable[[], Any], share: float = 0.1) -> list[str]:
 
 def timing_devices(requested: int | None = None) -> list:
   """Devices to time on: one per core on the CPU backend, else the first `requested` (or all)."""
-  import jax
+  import jax  # JAX: not at import, so set_host_device_count can run before JAX starts
 
   available = jax.devices()
   if jax.default_backend() == "cpu":

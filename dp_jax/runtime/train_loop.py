@@ -1,9 +1,9 @@
 """The training loop: a plan's program, checkpoints, metrics, progress, a measured timeline.
 
-train() checks the plan against the model and devices before touching any file, resumes from
-the newest checkpoint in checkpoint_dir, saves every `checkpoint_every` steps (0: only at the
-end) and at the end, and writes metrics.jsonl (one line per step) and timeline.json (the
-second step of the call, every stage call waited for) to output_dir (default: the parent of
+train() runs a plan its caller checked (planner.plan.check_plan, once, at the app's edge),
+resumes from the newest checkpoint in checkpoint_dir, saves every `checkpoint_every` steps (0:
+only at the end) and at the end, and writes metrics.jsonl (one line per step) and timeline.json
+(the second step of the call, every stage call waited for) to output_dir (default: the parent of
 checkpoint_dir). With several processes every one trains and checkpoints (orbax writes
 collectively), and process 0 alone writes metrics.jsonl and timeline.json. Batches depend
 only on the step index, so a resumed run repeats exactly what an uninterrupted one does.
@@ -15,9 +15,10 @@ import json
 import logging
 import math
 import os
+import signal
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ import jax
 import optax
 
 from dp_jax.base.errors import UserError
+from dp_jax.base.jsonfile import dumps
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.planner.plan import check_plan
+from dp_jax.planner.plan import Plan
 from dp_jax.runtime import checkpoint as ckpt
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime import distributed
@@ -66,7 +68,7 @@ class TrainResult:
     return statistics.median(times) if times else None
 
 
-def train(model, graph: LayerGraph, plan: Any, *, steps: int,
+def train(model, graph: LayerGraph, plan: Plan, *, steps: int,
           optimizer: optax.GradientTransformation, data: datalib.DataSource,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
           log_fn: LogFn | None = None, output_dir: str | Path | None = None,
@@ -75,18 +77,19 @@ def train(model, graph: LayerGraph, plan: Any, *, steps: int,
           on_start: Callable[[], None] | None = None) -> TrainResult:
   """Train `model` under `plan` until `steps` steps in total are done (see the module doc).
 
+  `plan`: checked for `graph` and the devices by the caller (planner.plan.check_plan).
   on_stage(stage_program, phase) is passed to every train_step (background job hook);
-  on_start() runs once the plan and the checkpoint folder are known to fit, before any write.
+  on_start() runs once the checkpoint folder is known to fit, before any write.
   A non-finite loss stops training with a UserError; the last good checkpoint is kept.
   """
-  if steps < 0 or checkpoint_every < 0:
-    raise UserError(f"steps ({steps}) and checkpoint_every ({checkpoint_every}) must be >= 0")
+  if not isinstance(plan, Plan):
+    raise TypeError(f"train() takes a Plan checked by planner.plan.check_plan, not "
+                    f"{type(plan).__name__}")
   devices = devices or meshlib.job_devices()
   _check_model_graph(model, graph)
-  checked = check_plan(plan, graph, available_devices=len(devices))
-  set_statistics_groups(model, checked)
+  set_statistics_groups(model, plan)
   defs, params, stats = split_layers(model)
-  program = build_program(graph, defs, checked, optimizer, devices)
+  program = build_program(graph, defs, plan, optimizer, devices)
   state = init_state(program, params, stats, optimizer)
   del params, stats
   if output_dir is None and checkpoint_dir is not None:
@@ -172,8 +175,6 @@ def _die_at(where: str, step: int, path: Path | None = None, line: str = "") -> 
   """The DIE_AT_ENV test hook (see there); a no-op unless it names this point."""
   if os.environ.get(DIE_AT_ENV) != f"{where}:{step}":
     return
-  import signal
-
   if path is not None:  # half a line, on disk, as a kill during the write leaves it
     with path.open("a") as f:
       f.write(line[: len(line) // 2])
@@ -249,26 +250,21 @@ CONFIG_FILE = "config.json"  # the run's recorded config (dp_jax/tracking/run.py
 PLAN_FILE = "plan.json"
 
 
-def check_same_job(output_dir: str | Path, config: Any, plan: dict[str, Any],
+def check_same_job(output_dir: str | Path, config: Mapping[str, Any], plan: Mapping[str, Any],
                    steps: int) -> None:
   """Refuse (reading only) to continue a run folder's job with other settings.
 
-  The folder's config.json and plan.json record the job: JOB_KEYS, the plan's layers and global
-  batch must match; only `steps` may grow. A folder without a checkpoint or a metrics line (or
-  without config.json) holds no job yet.
+  The folder's config.json and plan.json record the job: JOB_KEYS of `config` (the app's
+  config as plain JSON, as config.json records it), the layers and global batch of `plan` (its
+  JSON: Plan.to_json) must match; only `steps` may grow. A folder without a checkpoint or a
+  metrics line (or without config.json) holds no job yet.
   """
-  from dp_jax.base.jsonfile import dumps
-
   out = Path(output_dir)
   if not _trained(out):
     return  # nothing trained there yet (e.g. a run refused before its first step): a new job
   recorded = _read_record(out / CONFIG_FILE)
   if recorded is None:
     return
-  if not isinstance(config, dict):  # a DictConfig: as tracking.start records it
-    from omegaconf import OmegaConf
-
-    config = OmegaConf.to_container(config, resolve=True, enum_to_str=True)
   config, plan = json.loads(dumps(config)), json.loads(dumps(plan))
   differs = []
   for key in JOB_KEYS:
@@ -325,6 +321,7 @@ def _layout(plan: dict[str, Any]) -> list[Any]:
 
 
 def _progress(enabled: bool):
+  # rich: only when a run trains (its import is not free)
   from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
   return Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),

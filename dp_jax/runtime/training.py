@@ -1,10 +1,11 @@
 """The training path of the apps: a plan trained on local devices, with its background job.
 
-`train` and `pipeline` both describe a run as a `TrainSpec` (plain values: it travels as JSON)
-and call `train_spec` (in this process, on given devices) or `train_pinned` (N processes, each
-pinned to its own core with one CPU device, joined by jax.distributed on localhost; the only
-way on XLA:CPU that an idle device is an idle core, so that a background job's slowdown cap
-means what it says: dp_jax/runtime/pinned.py, docs/orchestrator.md).
+`train` and `pipeline` both describe a run as a typed `TrainSpec` (its plan checked once, at
+the app's edge; to_json / from_json carry it to other processes) and call `train_spec` (in this
+process, on given devices) or `train_pinned` (N processes, each pinned to its own core with one
+CPU device, joined by jax.distributed on localhost; the only way on XLA:CPU that an idle device
+is an idle core, so that a background job's slowdown cap means what it says:
+dp_jax/runtime/pinned.py, docs/orchestrator.md).
 
 A background job that fails to start, or dies while the foreground trains, fails the run with
 one line (the foreground's files kept) unless its `on_failure` is `continue`; its failures are
@@ -15,34 +16,94 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from dp_jax.base.errors import UserError
+from dp_jax.config.rules import check
+from dp_jax.models.zoo import ModelSpec
+from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.planner.plan import Plan
+from dp_jax.runtime import distributed, pinned
 from dp_jax.runtime.local_devices import cpu_cores
 
 log = logging.getLogger("dp_jax.runtime.training")
-ON_FAILURE = ("fail", "continue")
 SHARE_CORES = "runtime.share_cores=true"  # the option that runs a cap on shared cores anyway
 
 
-@dataclass
-class TrainSpec:
-  """Everything one training run needs, as plain (JSON) values."""
+OPTIMIZERS = ("sgd", "adam", "adamw")
+DATA_SOURCES = ("synthetic", "npz", "folder")
 
-  model: dict[str, Any]  # the model config
-  plan: dict[str, Any]  # plan JSON (planner.plan.PLAN_SCHEMA)
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+  """An element-wise optax optimizer (applied per stage, so no global-norm transforms): sgd
+  (with momentum), adam or adamw (momentum: their b1)."""
+
+  name: str = "sgd"
+  lr: float = 0.01
+  momentum: float = 0.9
+  weight_decay: float = 0.0
+
+  def __post_init__(self):
+    if self.name not in OPTIMIZERS:
+      raise UserError(f"optimizer.name '{self.name}' is unknown (valid: {', '.join(OPTIMIZERS)})")
+    check("optimizer.lr", self.lr)
+    check("optimizer.momentum", self.momentum)
+    check("optimizer.weight_decay", self.weight_decay)
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> OptimizerSpec:
+    name = cfg.get("name", "sgd")
+    return cls(str(getattr(name, "value", name)), float(cfg.get("lr", 0.01)),
+               float(cfg.get("momentum", 0.9)), float(cfg.get("weight_decay", 0.0)))
+
+  def build(self):
+    """The optax optimizer."""
+    import optax  # JAX: only when a run trains
+
+    if self.name == "sgd":
+      return optax.sgd(self.lr, momentum=self.momentum or None)
+    if self.name == "adam":
+      return optax.adam(self.lr, b1=self.momentum)
+    return optax.adamw(self.lr, b1=self.momentum, weight_decay=self.weight_decay)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+  """Training data: synthetic (seeded), an .npz with x and y, or a class-per-folder tree."""
+
+  source: str = "synthetic"
+  path: str | None = None
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.source not in DATA_SOURCES:
+      raise UserError(f"data.source '{self.source}' is unknown (valid: "
+                      f"{', '.join(DATA_SOURCES)})")
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> DataSpec:
+    source = cfg.get("source", "synthetic")
+    return cls(str(getattr(source, "value", source)), cfg.get("path"), int(cfg.get("seed", 0)))
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+  """Everything one training run needs, typed and checked once (the train app and the main job
+  build it at their edge); to_json / from_json carry it to pinned processes."""
+
+  model: ModelSpec
+  plan: Plan  # checked against the model's graph and the devices (planner.plan.check_plan)
   steps: int  # steps in all (alone ones included)
   output_dir: str
-  optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "sgd", "lr": 0.01,
-                                                             "momentum": 0.9})
-  data: dict[str, Any] = field(default_factory=lambda: {"source": "synthetic", "seed": 0})
-  background: dict[str, Any] | None = None  # a background config (none: alone)
+  optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+  data: DataSpec = field(default_factory=DataSpec)
+  background: BackgroundSpec = field(default_factory=BackgroundSpec)  # name none: alone
   alone_steps: int | None = None  # steps before the background job starts (None: the default)
   memory_gb_per_device: float = 2.0
   checkpoint_dir: str | None = None
@@ -51,32 +112,18 @@ class TrainSpec:
   progress: bool = True
   seed: int = 0
 
+  def to_json(self) -> dict[str, Any]:
+    d = {f.name: getattr(self, f.name) for f in fields(self)}
+    return {**d, "model": self.model.to_json(), "plan": self.plan.to_json(),
+            "optimizer": asdict(self.optimizer), "data": asdict(self.data),
+            "background": self.background.to_json()}
 
-def background_active(bg: Any) -> bool:
-  """Whether a background config names a job (not none)."""
-  return bg is not None and _get(bg, "name") not in (None, "none")
-
-
-def check_on_failure(bg: Any) -> str:
-  value = str(_get(bg, "on_failure") or "fail")
-  if value not in ON_FAILURE:
-    raise UserError(f"background.on_failure={value} must be one of {', '.join(ON_FAILURE)}")
-  return value
-
-
-def make_optimizer(cfg: Any):
-  """An element-wise optax optimizer (sgd | adam | adamw) from an optimizer config."""
-  import optax
-
-  name = str(getattr(_get(cfg, "name"), "value", _get(cfg, "name")))
-  lr, momentum = float(_get(cfg, "lr")), _get(cfg, "momentum")
-  if not math.isfinite(lr) or lr <= 0:
-    raise UserError(f"optimizer.lr={lr} must be a finite number > 0")
-  if name == "sgd":
-    return optax.sgd(lr, momentum=momentum or None)
-  if name == "adam":
-    return optax.adam(lr, b1=momentum)
-  return optax.adamw(lr, b1=momentum, weight_decay=_get(cfg, "weight_decay") or 0.0)
+  @classmethod
+  def from_json(cls, d: dict[str, Any]) -> TrainSpec:
+    return cls(**{**d, "model": ModelSpec.from_json(d["model"]),
+                  "plan": Plan.from_json(d["plan"], "plan", planned=False),
+                  "optimizer": OptimizerSpec(**d["optimizer"]), "data": DataSpec(**d["data"]),
+                  "background": BackgroundSpec.from_json(d["background"])})
 
 
 def honest_processes(num_devices: int | None, background: str, *,
@@ -101,8 +148,6 @@ def train_spec(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> dict[
   """Train spec.plan on `devices` (with its background job); the summary of every process
   of the job (`merged`; in one process, its own).
   """
-  from dp_jax.runtime import distributed
-
   return merged(distributed.gather_json(
       train_process(spec, devices, log_fn=log_fn, on_start=on_start)))
 
@@ -113,31 +158,26 @@ def train_process(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> di
   The foreground trains even if its background job failed to start or died (it never reads
   background arrays); `check_background` then decides whether the run fails.
   """
-  from omegaconf import OmegaConf
-
-  from dp_jax.models import zoo
+  # JAX: these modules import it, only once a process trains
   from dp_jax.multiplex import launch as orchestrator
   from dp_jax.multiplex.replay import replay
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime.stages import structure_graph
   from dp_jax.runtime.train_loop import train
 
-  model_cfg = OmegaConf.create(spec.model)
-  bg = OmegaConf.create(spec.background) if background_active(spec.background) else None
-  on_failure = check_on_failure(bg) if bg is not None else "fail"
-  model = zoo.build(model_cfg, seed=spec.seed)
-  graph = structure_graph(model, model_cfg.name)
+  model = spec.model.build(seed=spec.seed)
+  graph = structure_graph(model, spec.model.name)
   alone = (orchestrator.alone_steps(spec.steps) if spec.alone_steps is None
            else spec.alone_steps)
   hook = orchestrator.start_background(
-      bg, model_cfg, spec.plan, devices, memory_gb_per_device=spec.memory_gb_per_device,
-      learning_rate=float(spec.optimizer.get("lr", 0.01)), seed=spec.seed, start_after=alone,
-      checkpoint_dir=spec.background_checkpoint_dir, checkpoint_every=spec.checkpoint_every)
-  data = datalib.make_source(str(spec.data.get("source", "synthetic")), model,
-                             path=spec.data.get("path"), seed=int(spec.data.get("seed", 0)))
+      spec.background, spec.model, spec.plan, devices,
+      memory_gb_per_device=spec.memory_gb_per_device, learning_rate=spec.optimizer.lr,
+      seed=spec.seed, start_after=alone, checkpoint_dir=spec.background_checkpoint_dir,
+      checkpoint_every=spec.checkpoint_every)
+  data = datalib.make_source(spec.data.source, model, path=spec.data.path, seed=spec.data.seed)
   out = Path(spec.output_dir)
-  result = train(model, graph, spec.plan, steps=spec.steps,
-                 optimizer=make_optimizer(spec.optimizer), data=data,
+  result = train(model, graph, spec.plan, steps=spec.steps, optimizer=spec.optimizer.build(),
+                 data=data,
                  checkpoint_dir=spec.checkpoint_dir, checkpoint_every=spec.checkpoint_every,
                  log_fn=with_background(log_fn, hook), output_dir=out, devices=list(devices),
                  progress=spec.progress, on_stage=hook, on_start=on_start)
@@ -150,12 +190,12 @@ def train_process(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> di
       "alone_steps": alone if hook is not None else None,
       "gantt": str(png) if png is not None else None,
       **orchestrator.measure(result.step_ms, hook),
-      **replay(hook, int(spec.plan["num_devices"]), spec.steps - alone)}
+      **replay(hook, spec.plan.num_devices, spec.steps - alone)}
   if result.median_step_ms:
     summary["samples_per_s"] = result.program.global_batch / result.median_step_ms * 1e3
   if hook is not None:
-    summary.update(background=str(bg.name), background_errors=list(hook.stats.errors),
-                   background_on_failure=on_failure)
+    summary.update(background=spec.background.name, background_errors=list(hook.stats.errors),
+                   background_on_failure=spec.background.on_failure)
   return summary
 
 
@@ -220,6 +260,7 @@ def with_background(log_fn, hook):
 def gantt(timeline_path: Path) -> Path | None:
   """gantt.png of the measured step, drawn by the simulator's plotter (None if absent)."""
   try:
+    # the plotter: only when a run wrote a timeline
     from dp_jax.sim.gantt import plot_gantt
     from dp_jax.sim.timeline import Event
   except ImportError:
@@ -242,11 +283,9 @@ def train_pinned(spec: TrainSpec, processes: int, *, timeout_s: float = WORKER_T
   Process 0 prints to this terminal (echo) and writes the run's files; the summary comes back
   from it. A failed run raises its one-line UserError (a failed process: its last log line).
   """
-  from dp_jax.runtime import pinned
-
   with tempfile.TemporaryDirectory(prefix="dp_jax_pinned_") as tmp:
     spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-    spec_path.write_text(json.dumps(asdict(spec)))
+    spec_path.write_text(json.dumps(spec.to_json()))
     procs = pinned.start(["-m", "dp_jax.runtime.training", str(spec_path), str(result_path)],
                          processes, tmp, echo_first=echo, cwd=os.getcwd())
     codes = pinned.wait(procs, timeout_s)
@@ -267,8 +306,6 @@ def train_pinned(spec: TrainSpec, processes: int, *, timeout_s: float = WORKER_T
 
 def _worker(spec_path: str, result_path: str) -> int:
   """One pinned process of train_pinned: join, train, process 0 writes the result."""
-  from dp_jax.runtime import distributed, pinned
-
   summary, error, code = None, None, 0
   try:
     pinned.check_pinned()  # before JAX sizes its thread pools
@@ -277,9 +314,9 @@ def _worker(spec_path: str, result_path: str) -> int:
     # context, whose set-up waits 30 s at most; later collectives wait as long as a peer needs
     # (one process may set up a background job for longer than that)
     distributed.gather_json("joined")
-    import jax
+    import jax  # JAX: only now, in a pinned and joined process
 
-    spec = TrainSpec(**json.loads(Path(spec_path).read_text()))
+    spec = TrainSpec.from_json(json.loads(Path(spec_path).read_text()))
     summary = check_background(train_spec(spec, jax.devices()))
   except BackgroundFailed as e:
     summary, error, code = e.summary, str(e), 2
@@ -293,12 +330,6 @@ def _worker(spec_path: str, result_path: str) -> int:
   elif error is not None:
     print(f"error: {error}", file=sys.stderr)
   return code
-
-
-def _get(cfg: Any, key: str) -> Any:
-  if cfg is None:
-    return None
-  return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,10 @@ def plot_gantt(events: Iterable[Event], num_devices: int, path: str | Path, *, t
                max_rows: int = MAX_ROWS) -> Path:
   """Draw `events` (device spans) to a PNG and a PDF beside it; more than max_rows devices:
   representatives. The title should say whether the events are simulated or measured."""
-  import matplotlib
+  import matplotlib  # matplotlib: only to draw (the simulator's numbers need none)
 
   matplotlib.use("Agg")
+  # pyplot once the file-only backend is chosen (matplotlib: only to draw)
   import matplotlib.pyplot as plt
   from matplotlib.collections import PolyCollection
   from matplotlib.patches import Patch

@@ -1,34 +1,68 @@
-"""A plan simulated alone and with the config's background job, written as metrics, timeline
-JSON and a Gantt chart (the simulate app's and the pipeline's one path; no JAX)."""
+"""A plan simulated alone and with its background job, written as metrics, timeline JSON and a
+Gantt chart (the simulate app's and the pipeline's one path; no JAX), and the typed options of
+a simulation."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import write_json
+from dp_jax.config.rules import check
+from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.multiplex.policy import DEFAULT_PIECE_MS
+from dp_jax.report.compare import describe
+from dp_jax.sim.background import background_job
+from dp_jax.sim.engine import plan_options, simulate
+from dp_jax.sim.fill import POLICIES
+from dp_jax.sim.gantt import plot_gantt
+from dp_jax.sim.metrics import metrics as compute_metrics
 from dp_jax.sim.timeline import TIMELINE_SCHEMA
 
 
-def background_for(cfg: Any, graph, profile, cluster, plan):
-  """The background job the config names (None for background=none)."""
-  from dp_jax.profiling.sources import load_profile, profile_batches
-  from dp_jax.sim.background import background_job
-  from dp_jax.sim.engine import plan_options
+@dataclass(frozen=True)
+class SimulationOptions:
+  """How the simulator runs a plan (the interference group and the iteration count, typed and
+  checked once): the fill policy, the background piece length, the foreground's delay when a
+  device is handed back (None: the device's per-kernel cost), iterations after a warm-up one."""
 
-  bg = cfg.background
-  if bg.name == "none":
+  policy: str = "fit"
+  piece_ms: float = DEFAULT_PIECE_MS
+  switch_ms: float | None = None
+  iterations: int = 4
+
+  def __post_init__(self):
+    check("interference.piece_ms", self.piece_ms)
+    check("iterations", self.iterations)
+    if self.switch_ms is not None:
+      check("interference.switch_us", self.switch_ms * 1e3)
+    if self.policy not in POLICIES:
+      raise UserError(f"interference policy '{self.policy}' is unknown (valid: "
+                      f"{', '.join(POLICIES)})")
+
+  @classmethod
+  def from_config(cls, interference: Any, iterations: int = 4) -> SimulationOptions:
+    """The interference group of a config (a DictConfig or a mapping) and the iterations."""
+    policy = interference.get("policy", "fit")
+    switch_us = interference.get("switch_us")
+    return cls(policy=str(getattr(policy, "value", policy)),
+               piece_ms=float(interference.get("piece_ms", DEFAULT_PIECE_MS)),
+               switch_ms=None if switch_us is None else float(switch_us) / 1e3,
+               iterations=iterations)
+
+
+def background_job_for(background: BackgroundSpec, graph, profile, cluster, plan,
+                       options: SimulationOptions, job_graph=None, job_profile=None):
+  """The simulator's view of `background` (None when no job runs): its own model's
+  `job_graph` and `job_profile` when it has one, else the foreground's graph and profile."""
+  if not background.active:
     return None
-  if bg.model is not None:  # another model than the foreground's: trace and profile it
-    from dp_jax.models import zoo
-
-    graph = zoo.graph_of(bg.model, seed=cfg.seed)
-    profile = load_profile(cfg.profile, graph, cluster.device,
-                           profile_batches(bg.batch_per_device), bg.model)
   opts = plan_options(plan)
-  return background_job(graph, profile, cluster, int(bg.batch_per_device),
-                        piece_ms=float(cfg.interference.piece_ms),
+  return background_job(job_graph or graph, job_profile or profile, cluster,
+                        background.batch_per_device, piece_ms=options.piece_ms,
                         gradient_precision=opts.gradient_precision, optimizer=opts.optimizer,
                         param_bytes_per_param=opts.param_bytes_per_param)
 
@@ -52,8 +86,6 @@ def timeline_json(sim, metrics: dict[str, Any]) -> dict[str, Any]:
 def gantt_title(m: dict[str, Any], with_background: bool) -> str:
   """The Gantt headline: simulated, the fair baseline first (matched DP + background, the
   fastest DP on <= G devices), data parallelism on all G last, each with its margin."""
-  from dp_jax.report.compare import describe
-
   t, g = m["comparison_tolerance"], m["num_devices"]
   head = (f"simulated: {m['model']}, G={g}, B={m['global_batch']}, {m['cluster']} | burst alone "
           f"{m['alone_iteration_ms']:.2f} ms (planner {m['planner_iteration_ms']:.2f})")
@@ -75,8 +107,6 @@ def gantt_title(m: dict[str, Any], with_background: bool) -> str:
 
 
 def gantt(sim, metrics: dict[str, Any], path: Path) -> Path:
-  from dp_jax.sim.gantt import plot_gantt
-
   m = metrics
   marks = [("alone iteration", m["alone_iteration_ms"])]
   events = sim.timeline.events()
@@ -87,31 +117,19 @@ def gantt(sim, metrics: dict[str, Any], path: Path) -> Path:
                     title=gantt_title(m, sim.fill is not None), classes=sim.classes, marks=marks)
 
 
-def interference(cfg: Any) -> tuple[str, float | None]:
-  """(fill policy, switch ms) of the config, after checking the cap, policy and iterations."""
-  from dp_jax.config import workflow
-  from dp_jax.sim.fill import validate
-
-  policy = workflow.enum_value(cfg.interference.policy)
-  switch_ms = None if cfg.interference.switch_us is None else cfg.interference.switch_us / 1e3
-  validate(float(cfg.background.slowdown_cap), switch_ms or 0.0, policy, cfg.iterations)
-  return policy, switch_ms
-
-
-def simulate_and_write(cfg: Any, graph, profile, cluster, plan, out_dir: Path) -> dict[str, Any]:
-  """Simulate `plan` alone and with cfg.background; write metrics, timeline and Gantt chart."""
-  from dp_jax.report.compare import tolerance_of
-  from dp_jax.sim.engine import simulate
-  from dp_jax.sim.metrics import metrics as compute_metrics
-
-  tolerance = tolerance_of(cfg, cluster.device)
-  policy, switch_ms = interference(cfg)
-  job = background_for(cfg, graph, profile, cluster, plan)
+def simulate_and_write(graph, profile, cluster, plan, out_dir: Path, *,
+                       background: BackgroundSpec, options: SimulationOptions, tolerance: float,
+                       job_graph=None, job_profile=None) -> dict[str, Any]:
+  """Simulate `plan` alone and with `background`; write metrics, timeline and Gantt chart."""
+  job = background_job_for(background, graph, profile, cluster, plan, options, job_graph,
+                           job_profile)
   t0 = time.perf_counter()
-  sim = simulate(graph, profile, cluster, plan, job=job, cap=float(cfg.background.slowdown_cap),
-                 switch_ms=switch_ms, policy=policy, iterations=cfg.iterations)
+  sim = simulate(graph, profile, cluster, plan, job=job, cap=background.cap,
+                 switch_ms=options.switch_ms, policy=options.policy,
+                 iterations=options.iterations)
   m = compute_metrics(sim, tolerance)
   m.update(simulation_s=time.perf_counter() - t0, profile_source=profile.source)
+  out_dir.mkdir(parents=True, exist_ok=True)
   write_json(out_dir / "metrics.json", m)
   write_json(out_dir / "timeline.json", timeline_json(sim, m), indent=None)
   png = gantt(sim, m, out_dir / "gantt.png")

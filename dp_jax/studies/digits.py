@@ -24,6 +24,7 @@ class Split:
 
 def load(seed: int = 0) -> Split:
   """The digits split into train/test, stratified by class, with a fixed seed."""
+  # scikit-learn (and scipy under it): only to load the data, not to name its Split
   from sklearn.datasets import load_digits
   from sklearn.model_selection import train_test_split
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import gc
+import hashlib
 import json
 import logging
 import os
@@ -16,6 +18,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from dp_jax.base.jsonfile import dumps, write_json
 
@@ -57,7 +61,7 @@ def package_versions() -> dict[str, str | None]:
 
 def device_summary() -> dict[str, Any]:
   """The JAX backend and its devices (imports jax: call after the app has configured it)."""
-  import jax
+  import jax  # JAX: only for an app that already runs it (finish() checks)
 
   devices = jax.devices()
   return {"backend": jax.default_backend(), "device_count": len(devices),
@@ -116,7 +120,7 @@ class Run:
       w.writerow(columns)
       w.writerows(rows)
     if self.wandb_run is not None:
-      import wandb
+      import wandb  # W&B: only with a W&B run (logger=disabled imports none)
 
       self._safe(lambda: self.wandb_run.log({key: wandb.Table(columns=columns, data=rows)}))
     return path
@@ -124,7 +128,7 @@ class Run:
   def log_image(self, key: str, path: str | Path) -> None:
     self.begin()
     if self.wandb_run is not None:
-      import wandb
+      import wandb  # W&B: only with a W&B run (logger=disabled imports none)
 
       self._safe(lambda: self.wandb_run.log({key: wandb.Image(str(path))}))
 
@@ -151,7 +155,7 @@ class Run:
     """The job's input files as used artifacts and its outputs as logged ones (W&B lineage);
     names are `<type>-<model>-<content digest>`, so a file one job wrote and another read is
     one artifact version."""
-    import wandb
+    import wandb  # W&B: only with a W&B run (logger=disabled imports none)
 
     used, logged = [], []
     for kind, path in self.inputs:
@@ -188,8 +192,6 @@ def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None
 
   writer=False (processes other than 0 of a multi-process job): no files, no W&B run.
   """
-  from omegaconf import OmegaConf
-
   output_dir = Path(output_dir)
   if not writer:
     return Run(output_dir, writes=False)
@@ -241,9 +243,7 @@ def job_files(cfg: dict[str, Any], app: str,
 
 def file_artifact(kind: str, path: Path):
   """A W&B artifact of one JSON file, named by type, model and content digest."""
-  import hashlib
-
-  import wandb
+  import wandb  # W&B: only with a W&B run (logger=disabled imports none)
 
   data = path.read_bytes()
   try:
@@ -303,7 +303,7 @@ def _start_wandb(resolved: dict[str, Any], prov: dict[str, Any], logger_cfg: Any
                  app: str, output_dir: Path, sweep_name: str | None) -> Any | None:
   """The W&B run of this job (resumed by the id stored in its folder); None if W&B fails."""
   try:
-    import wandb
+    import wandb  # W&B: only with a W&B run (logger=disabled imports none)
 
     id_file = output_dir / RUN_ID_FILE
     run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
@@ -335,8 +335,6 @@ def cleanup() -> None:
   if artifact_module is not None:
     artifact_cls = artifact_module.Artifact
     folders.append(getattr(artifact_cls, "_TMP_DIR", None))
-    import gc
-
     # Each logged wandb.Table builds an Artifact holding a temporary folder of its own.
     folders += [getattr(o, "_tmp_dir", None) for o in gc.get_objects()
                 if isinstance(o, artifact_cls)]

@@ -16,6 +16,8 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from dp_jax.tracking.run import plan_file_json
+
 CSV_FILE, MARKDOWN_FILE = "sweep_summary.csv", "sweep_summary.md"
 IDENTITY = [("model", "model"), ("cluster", "cluster"), ("num_devices", "G"),
             ("global_batch", "B"), ("amplification_limit", "A")]
@@ -91,8 +93,6 @@ def sweep_cells(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:
   """model, cluster, G, B, A of a cell's resolved config (config.json)."""
-  from dp_jax.tracking.run import plan_file_json
-
   model, cluster = config.get("model") or {}, config.get("cluster") or {}
   planner, runtime = config.get("planner") or {}, config.get("runtime") or {}
   g = cluster.get("num_devices") or runtime.get("num_devices")
@@ -143,7 +143,7 @@ def write_tables(sweep_dir: Path, columns: list[str], rows: list[list[Any]]) -> 
 
 def print_sweep_summary(columns: list[str], rows: list[list[Any]], sweep_dir: Path,
                         failed: int) -> None:
-  from rich.console import Console
+  from rich.console import Console  # rich: only to print (its import is not free)
   from rich.table import Table
 
   table = Table(title=f"sweep {sweep_dir}: {len(rows) - failed} ok, {failed} failed "

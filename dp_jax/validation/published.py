@@ -24,7 +24,20 @@ from typing import Any
 import yaml
 
 from dp_jax.base.errors import UserError
-from dp_jax.profiling.calibrated import CALIBRATION, Calibration, calibrated_profile
+from dp_jax.config.files import cluster_file
+from dp_jax.hardware.cluster import allreduce_ms, load_cluster
+from dp_jax.hardware.devices import get_device
+from dp_jax.models.zoo import ModelSpec
+from dp_jax.planner import evaluate_plan
+from dp_jax.profiling.analytic import analytic_profile
+from dp_jax.profiling.calibrated import (
+  CALIBRATION,
+  Calibration,
+  calibrated_profile,
+  precision_class,
+)
+from dp_jax.profiling.deeppool_import import import_deeppool_a100
+from dp_jax.profiling.sources import profile_batches
 
 ANCHORS_FILE = Path(__file__).resolve().parents[1] / "profiling" / "data" / "published_anchors.yaml"
 SCHEMA = "dp_jax.anchors/1"
@@ -131,7 +144,6 @@ def predict(anchor: Anchor, calibration: Calibration = CALIBRATION,
 def iteration_ms(anchor: Anchor, calibration: Calibration = CALIBRATION,
                  source: str = "calibrated") -> float:
   """The planner's evaluation of the row's model, every layer on all its GPUs."""
-  from dp_jax.planner import evaluate_plan
 
   graph = _graph(anchor)
   g, b, m = anchor.gpus, anchor.batch, int(anchor.tensor_parallel)
@@ -159,18 +171,13 @@ def row_profile(anchor: Anchor, graph, source: str = "calibrated",
                 calibration: Calibration = CALIBRATION):
   """The row's per-layer times from profile `source` (DeepPool's tables: A100-SXM4-40GB's,
   whatever the row's A100)."""
-  from dp_jax.profiling.sources import profile_batches
 
   device, batches = anchor.device or _cluster(anchor).device, profile_batches(anchor.batch)
   if source == "calibrated":
     return calibrated_profile(graph, device, anchor.precision, batches, calibration)
   if source == "analytic":
-    from dp_jax.profiling.analytic import analytic_profile
-
     return analytic_profile(graph, device, anchor.precision, batches)
   if source == "deeppool_a100":
-    from dp_jax.profiling.deeppool_import import import_deeppool_a100
-
     return import_deeppool_a100(graph)[0]
   raise UserError(f"profile source '{source}' is not one of {', '.join(PROFILE_SOURCES)}")
 
@@ -196,8 +203,6 @@ def model_flops(anchor: Anchor) -> float:
 
 def _busbw(anchor: Anchor) -> float:
   """nccl-tests' bus bandwidth of the modelled all-reduce of size_bytes (latency included)."""
-  from dp_jax.hardware.cluster import allreduce_ms
-
   base = _cluster_spec(anchor.cluster)
   spec = dataclasses.replace(base, num_nodes=anchor.nodes, devices_per_node=anchor.gpus_per_node,
                              nics_per_node=anchor.nics_per_node)
@@ -208,8 +213,6 @@ def _busbw(anchor: Anchor) -> float:
 
 def _cluster(anchor: Anchor):
   """The row's cluster with its device (memory from the datasheet) and enough nodes."""
-  from dp_jax.hardware.devices import get_device
-
   base = _cluster_spec(anchor.cluster)
   device = anchor.device or base.device
   nodes = max(base.num_nodes, math.ceil(anchor.gpus / base.devices_per_node))
@@ -219,18 +222,11 @@ def _cluster(anchor: Anchor):
 
 @cache
 def _cluster_spec(name: str):
-  from dp_jax.config.workflow import cluster_config
-  from dp_jax.hardware.cluster import load_cluster
-
-  return load_cluster(cluster_config(name))
+  return load_cluster(cluster_file(name))
 
 
 def _graph(anchor: Anchor):
-  from omegaconf import OmegaConf
-
-  from dp_jax.models import zoo
-
-  return zoo.graph_of(OmegaConf.create(dict(anchor.model or {})))
+  return ModelSpec.from_config(dict(anchor.model or {})).graph()
 
 
 # --- errors ---------------------------------------------------------------------------------
@@ -285,8 +281,6 @@ def fit_calibration(anchors: Iterable[Anchor] | None = None, rounds: int = 2) ->
   """The calibrated profile's efficiencies solved on the fit rows alone: per precision, the
   convolution efficiency on the convolution row, then the matrix efficiency on the matrix row,
   `rounds` times (each row barely depends on the other class)."""
-  from dp_jax.profiling.calibrated import precision_class
-
   fit = [a for a in (load_anchors() if anchors is None else anchors)
          if a.role == "fit" and a.kind == "training"]
   eff = dict(CALIBRATION.efficiency)
