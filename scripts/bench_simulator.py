@@ -34,8 +34,8 @@ def main() -> None:
   from dp_jax.planner import make_plan
   from dp_jax.profiling.analytic import analytic_profile
   from dp_jax.profiling.sources import profile_batches
-  from dp_jax.sim.background import background_job
   from dp_jax.sim.engine import simulate
+  from dp_jax.sim.job import background_job
   from dp_jax.sim.metrics import metrics
 
   t = time.perf_counter()

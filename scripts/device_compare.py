@@ -51,7 +51,7 @@ def compare_model(name: str, args, out: Path) -> list[dict]:
   import jax
 
   from dp_jax.graph.trace import trace_graph
-  from dp_jax.profiling import validate
+  from dp_jax.profiling import layer_errors
   from dp_jax.profiling.analytic import analytic_profile
   from dp_jax.profiling.deeppool_import import import_deeppool_a100
   from dp_jax.profiling.measure import measure_profile, pow2_batches
@@ -78,7 +78,7 @@ def compare_model(name: str, args, out: Path) -> list[dict]:
   rows = []
   for label, pred in refs:
     layers = [n for n in graph.names if pred.batches(n)]
-    s = validate.summarize(validate.compare(measured, pred, layers, batches))
+    s = layer_errors.summarize(layer_errors.compare(measured, pred, layers, batches))
     rows.append({"model": name, "reference": f"measured {dev.device_kind}", "predicted": label,
                  "points": s.n, "median_abs_pct_error": 100 * s.median,
                  "worst_abs_pct_error": 100 * s.worst, "worst_at": s.worst_at,

@@ -33,8 +33,8 @@ def run_one(graph, profile, model: str, g: int, b: int, *, cap=0.1, switch_us=No
             policy="fit", amp=2.0, flat=False, precision="fp32"):
   from dp_jax.hardware.cluster import load_cluster
   from dp_jax.planner import make_plan
-  from dp_jax.sim.background import background_job
   from dp_jax.sim.engine import simulate
+  from dp_jax.sim.job import background_job
   from dp_jax.sim.metrics import metrics
 
   name = "a100_nvlink_8" if g <= 8 else "dgx_a100"

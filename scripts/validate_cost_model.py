@@ -21,7 +21,7 @@ from pathlib import Path
 from dp_jax.graph.trace import trace_graph
 from dp_jax.hardware.devices import get_device
 from dp_jax.models.zoo import build_model
-from dp_jax.profiling import analytic, calibrate, validate
+from dp_jax.profiling import analytic, analytic_fit, layer_errors
 from dp_jax.profiling.deeppool_import import DEFAULT_DATA_DIR, import_deeppool_a100
 from dp_jax.profiling.measure import measure_profile, pow2_batches
 from dp_jax.profiling.table import ProfileTable
@@ -37,8 +37,8 @@ def _pct(x: float) -> str:
 
 
 def error_row(label: str, ref: ProfileTable, pred: ProfileTable, layers, batches, groups) -> str:
-  rows = validate.compare(ref, pred, layers, batches, groups)
-  s = validate.summarize(rows)
+  rows = layer_errors.compare(ref, pred, layers, batches, groups)
+  s = layer_errors.summarize(rows)
   lo, hi = min(batches), max(b for b in batches if all(b in ref.batches(n) for n in layers))
   return (f"| {label} | {s.n} | {_pct(s.median)} | {_pct(s.worst)} ({s.worst_at}) | "
           f"{s.median_ratio:.2f} | {ref.iteration_ms(lo, layers):.2f} / "
@@ -57,7 +57,7 @@ def a100_section(data_dir: Path, out: list[str]) -> None:
   imported = {m: import_deeppool_a100(g, data_dir) for m, g in graphs.items()}
   t0 = time.time()
   vgg_table, vgg_rep = imported["vgg16"]
-  fit, err = calibrate.fit_params(graphs["vgg16"], vgg_table, dev, "mixed fp16",
+  fit, err = analytic_fit.fit_params(graphs["vgg16"], vgg_table, dev, "mixed fp16",
                                   batches=A100_BATCHES, small_batch="tile")
   out.append(f"Refit on vgg16 ({time.time() - t0:.0f} s): {fit} (mean |log error| {err:.3f}); "
              f"analytic.A100_VGG16_FIT = {analytic.A100_VGG16_FIT}.\n")
@@ -83,15 +83,15 @@ def a100_section(data_dir: Path, out: list[str]) -> None:
   out.append("| small-batch term | fitted params | " + " | ".join(graphs) + " |")
   out.append("| --- | --- | " + " | ".join("---" for _ in graphs) + " |")
   for term in (None, "flops", "tile"):
-    p, _ = calibrate.fit_params(graphs["vgg16"], vgg_table, dev, "mixed fp16",
+    p, _ = analytic_fit.fit_params(graphs["vgg16"], vgg_table, dev, "mixed fp16",
                                 batches=A100_BATCHES, small_batch=term)
     meds = []
     for m, g in graphs.items():
       table, rep = imported[m]
       pred = analytic.analytic_profile(g, dev, "mixed fp16", A100_BATCHES, p)
       layers = [n for n in g.names if n in rep.matched]
-      meds.append(_pct(validate.summarize(
-          validate.compare(table, pred, layers, A100_BATCHES, rep.groups)).median))
+      meds.append(_pct(layer_errors.summarize(
+          layer_errors.compare(table, pred, layers, A100_BATCHES, rep.groups)).median))
     knobs = f"eff {p.compute_eff}/{p.memory_eff}, {p.kernel_overhead_us} us"
     knobs += {None: "", "flops": f", floor {p.small_batch_flops:.0e} FLOP",
               "tile": f", tile {p.tile}"}[term]

@@ -237,6 +237,7 @@ def test_build_failure_gives_a_stopped_hook(monkeypatch):
   def broken(*a, **k):
     raise RuntimeError("cannot build")
 
+  TINY_SPEC.graph()  # traced before the build breaks: the job's memory check reads the graph
   monkeypatch.setattr(ModelSpec, "build", broken)
   hook = start_background(bg_spec(), TINY_SPEC, PLAN, jax.devices()[:2], memory_gb_per_device=2)
   assert not hook.alive and hook.stats.failures == 1

@@ -17,9 +17,9 @@ from dp_jax.planner.make import build_plan, data_parallel_plan
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.synthetic import linear_profile
 from dp_jax.profiling.sources import profile_batches
-from dp_jax.sim.background import background_job
 from dp_jax.sim.engine import simulate
 from dp_jax.sim.fill import fill
+from dp_jax.sim.job import background_job
 from dp_jax.sim.windows import busy_intervals
 
 

@@ -59,7 +59,7 @@ class AnalyticParams:
 
 PLAIN = AnalyticParams()
 # Fitted on ONE table, DeepPool's A100 VGG16 (A100_vgg.prof, per-device batches 1-32, "mixed
-# fp16"), by calibrate.fit_params(..., small_batch="tile") on mean |log error|; reproduced and
+# fp16"), by analytic_fit.fit_params(..., small_batch="tile") on mean |log error|; reproduced and
 # checked against WRN-101-2, Inception-v3 and ResNet-50 by scripts/validate_cost_model.py (errors
 # in docs/cost_model.md). Used for every GPU: no other GPU's tables are at hand.
 A100_VGG16_FIT = AnalyticParams(compute_eff=0.2, memory_eff=1.0, tile=64, kernel_overhead_us=5.0)

@@ -19,8 +19,8 @@ from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.plan import Plan
 from dp_jax.planner.sharded import plan_shardings
 from dp_jax.profiling.table import ProfileTable
-from dp_jax.sim.background import BackgroundJob, check_memory
 from dp_jax.sim.fill import Fill, fill, validate
+from dp_jax.sim.job import BackgroundJob, check_memory
 from dp_jax.sim.timeline import Timeline, build_timeline
 from dp_jax.sim.windows import DeviceClasses, Window, device_classes, idle_windows
 

@@ -15,10 +15,10 @@ from dp_jax.config.rules import check
 from dp_jax.multiplex.background import BackgroundSpec
 from dp_jax.multiplex.policy import DEFAULT_PIECE_MS
 from dp_jax.report.compare import describe
-from dp_jax.sim.background import background_job
 from dp_jax.sim.engine import plan_options, simulate
 from dp_jax.sim.fill import POLICIES
 from dp_jax.sim.gantt import plot_gantt
+from dp_jax.sim.job import background_job
 from dp_jax.sim.metrics import metrics as compute_metrics
 from dp_jax.sim.timeline import TIMELINE_SCHEMA
 

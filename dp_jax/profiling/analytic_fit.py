@@ -10,8 +10,8 @@ from dataclasses import replace
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.devices import DeviceSpec
 from dp_jax.profiling.analytic import AnalyticParams, layer_cost, layer_times_ms
+from dp_jax.profiling.layer_errors import layer_groups
 from dp_jax.profiling.table import ProfileTable
-from dp_jax.profiling.validate import layer_groups
 
 COMPUTE_EFF = tuple(round(0.05 * i, 2) for i in range(1, 21))
 MEMORY_EFF = tuple(round(0.05 * i, 2) for i in range(1, 21))
