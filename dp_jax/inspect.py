@@ -12,6 +12,7 @@ from dp_jax.config.hydra_app import hydra_app
 from dp_jax.config.schema import LoggerConfig, ModelConfig
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.models.zoo import ModelSpec
+from dp_jax.report import tables
 from dp_jax.tracking.run import Run
 
 
@@ -36,14 +37,12 @@ def layer_rows(graph: LayerGraph) -> list[list[Any]]:
 
 def print_layer_table(graph: LayerGraph) -> None:
   from rich.console import Console  # rich: only to print (its import is not free)
-  from rich.table import Table
 
-  table = Table(title=f"{graph.model}: {len(graph.nodes)} layers, "
-                      f"{len(graph.fork_join_blocks())} fork/join blocks")
-  for c in COLUMNS:
-    table.add_column(c, justify="left" if c in ("name", "kind", "output shape") else "right")
-  for name, kind, params, shape, gflops in layer_rows(graph):
-    table.add_row(name, kind, f"{params:,}", shape, f"{gflops:.4f}")
+  table = tables.table(f"{graph.model}: {len(graph.nodes)} layers, "
+                       f"{len(graph.fork_join_blocks())} fork/join blocks", COLUMNS,
+                       [(name, kind, f"{params:,}", shape, f"{gflops:.4f}")
+                        for name, kind, params, shape, gflops in layer_rows(graph)],
+                       left=("kind", "output shape"))
   table.add_section()
   table.add_row("total", "", f"{graph.total_params:,}", "",
                 f"{graph.total_flops_per_sample / 1e9:.4f}")

@@ -21,6 +21,7 @@ from dp_jax.hardware.cluster import job_from_config
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.profiling.deeppool_import import import_deeppool_a100
 from dp_jax.profiling.sources import ProfileOptions, data_dir, warn_filled
+from dp_jax.report import tables
 from dp_jax.tracking.run import Run
 
 
@@ -85,7 +86,6 @@ def decode(cfg: ProfileAppConfig) -> ProfileInputs:
 def profile_task(cfg: ProfileAppConfig, run: Run) -> dict[str, Any]:
   """Build the profile the config names, print it, write its JSON, log it."""
   from rich.console import Console  # rich: only to print (its import is not free)
-  from rich.table import Table
 
   inputs = decode(cfg)
   model, options, batches = inputs.model, inputs.options, inputs.batches
@@ -104,12 +104,8 @@ def profile_task(cfg: ProfileAppConfig, run: Run) -> dict[str, Any]:
   columns = ["layer"] + [f"b={b} ms" for b in batches]
   rows = summary_rows(table, present, batches)
   totals = ["total"] + [f"{table.iteration_ms(b, present):.3f}" for b in batches]
-  rich_table = Table(title=f"{graph.model} on {table.device} ({table.source}, {table.dtype}): "
-                           "forward+backward ms per layer (* interpolated)")
-  for c in columns:
-    rich_table.add_column(c, justify="left" if c == "layer" else "right")
-  for row in rows:
-    rich_table.add_row(*row)
+  rich_table = tables.table(f"{graph.model} on {table.device} ({table.source}, {table.dtype}): "
+                            "forward+backward ms per layer (* interpolated)", columns, rows)
   rich_table.add_section()
   rich_table.add_row(*totals)
   Console(width=160).print(rich_table)

@@ -31,6 +31,7 @@ from dp_jax.planner import Plan, PlanOptions, plan_for
 from dp_jax.planner.plan import check_made_for, model_record
 from dp_jax.profiling.sources import ProfileOptions
 from dp_jax.report.compare import ComparisonConfig, tolerance_from_config
+from dp_jax.report.tables import table
 from dp_jax.sim.report import SimulationOptions, simulate_and_write
 from dp_jax.tracking.run import Run
 
@@ -55,21 +56,29 @@ class SimulateConfig:
 
 
 def print_metrics(metrics: dict[str, Any]) -> list[list[Any]]:
+  """The metrics as a table of full names and rounded values, the data-parallel frontier as a
+  small table of its own, then the verdicts in words; the rows of the first table."""
   from rich.console import Console  # rich: only to print (its import is not free)
-  from rich.table import Table
 
-  rows = [[k, round(v, 4) if isinstance(v, float) else v] for k, v in metrics.items()
-          if k != "fair_comparison"]
-  table = Table(title=f"simulation of {metrics['model']} on {metrics['num_devices']} devices "
-                      "(simulated)")
-  table.add_column("metric")
-  table.add_column("value", justify="right")
-  for k, v in rows:
-    table.add_row(k, str(v))
-  console = Console(width=100)
-  console.print(table)
-  console.print(metrics["fair_comparison"])
+  skip = ("fair_comparison", "data_parallel_frontier")
+  rows = [[k, _rounded(v)] for k, v in metrics.items() if k not in skip]
+  console = Console(width=110)
+  console.print(table(f"simulation of {metrics['model']} on {metrics['num_devices']} devices "
+                      "(simulated)", ["metric", "value"], rows))
+  frontier = metrics.get("data_parallel_frontier")
+  if frontier:
+    console.print(table(
+        "data parallelism on d devices, the background job alone on the other G - d "
+        "(simulated)", ["d", "iteration ms", "cluster samples/s"],
+        [(p["devices"], f"{p['iteration_ms']:.2f}", f"{p['cluster_samples_per_s']:.0f}")
+         for p in frontier]))
+  console.print(metrics["fair_comparison"], markup=False)
   return rows
+
+
+def _rounded(v: Any) -> Any:
+  """4 significant digits for a float (rounding a small float to places loses it)."""
+  return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,18 @@
 """Planner wall time per model and job size: python scripts/bench_planner.py [--quick].
 
 Graphs come from the model zoo (dp_jax.models.zoo.build_model + dp_jax.graph.trace.trace_graph)
-and timings from the analytic roofline profile (dp_jax.profiling.analytic); where those are not
+and timings from the calibrated GPU profile of the cluster's device in mixed bf16
+(dp_jax.profiling.calibrated, the default profile on GPU clusters); where those are not
 importable, synthetic graphs of the same size (dp_jax.planner.synthetic) stand in. Prints, per
 model, make_plan's wall and CPU seconds with samples only and with the joint (count x
 sharding) search (planner.sharding=[samples,weights]) side by side: G = 8 ... 1024 with
 B = G and B = 32 (where G < 32), B = G = 960 with all 28 divisors of 960 as candidate
 counts, and B = G = 16,384 (samples only; the cluster's node count raised to hold it).
-Then the plan app's process wall time (ResNet-50, G = B = 1024, graph JSON given, W&B off,
-no chart) beside `python -c "import jax"`, each the median of --repeats runs. `gap`: the
-(joint, else samples) plan's gap to the search's lower bound (plan JSON `optimality`).
+Then the joint search at G = B = 1024 against its target (JOINT_LIMIT s for every model; the
+slowest model named), and the plan app's process wall time (ResNet-50, G = B = 1024, graph
+JSON given, W&B off, no chart) beside `python -c "import jax"`, each the median of --repeats
+runs. `gap`: the (joint, else samples) plan's gap to the search's lower bound (plan JSON
+`optimality`).
 """
 
 from __future__ import annotations
@@ -38,20 +41,26 @@ BATCHES = [2 ** k for k in range(15)] + [3, 5, 15, 30, 60, 120, 240, 480, 960]
 JOINT = ("samples", "weights")
 LARGE = 16384  # samples only
 APP_LIMIT = 2.5  # the plan app's wall time may be at most this many `import jax`
+JOINT_G = 1024  # the joint search at G = B = JOINT_G ...
+JOINT_LIMIT = 1.0  # ... takes at most this many wall seconds for every model
+PROFILE_DTYPE = "mixed bf16"
 
 
-def load_graph(name: str, synthetic_only: bool = False):
-  """(graph, profile, where they came from) for a zoo model, synthetic if the zoo is missing."""
+def load_graph(name: str, device: str, synthetic_only: bool = False):
+  """(graph, profile, where they came from) for a zoo model on `device` (the calibrated
+  profile), synthetic if the zoo is missing."""
   try:
     if synthetic_only:
       raise ImportError("--synthetic", name="the zoo (--synthetic)")
+    # Imported here: the zoo and the tracer import JAX; without them the synthetic graphs stand in.
     from dp_jax.graph.trace import trace_graph
     from dp_jax.models.zoo import MODEL_NAMES, build_model
-    from dp_jax.profiling.analytic import analytic_profile
+    from dp_jax.profiling.calibrated import calibrated_profile
 
     zoo = name if name in MODEL_NAMES else f"{name}_small"
     graph = trace_graph(build_model(zoo, abstract=True), zoo)
-    return graph, analytic_profile(graph, "A100-SXM4-40GB", "bfloat16", BATCHES), "zoo+analytic"
+    profile = calibrated_profile(graph, device, PROFILE_DTYPE, BATCHES)
+    return graph, profile, f"zoo+calibrated ({device}, {PROFILE_DTYPE})"
   except ImportError as e:
     from dp_jax.planner import synthetic
 
@@ -109,6 +118,26 @@ def app_wall_time(graph, repeats: int) -> None:
         f"({verdict}, limit {APP_LIMIT}x); median of {repeats}")
 
 
+def joint_summary(seconds: dict[str, float | None]) -> None:
+  """The joint search at G = B = JOINT_G against JOINT_LIMIT: every model, the slowest named."""
+  label = f"joint search (planner.sharding=[samples,weights]) at G = B = {JOINT_G}"
+  if not seconds:
+    print(f"{label}: not run (no model reached G = {JOINT_G})")
+    return
+  failed = sorted(name for name, s in seconds.items() if s is None)
+  timed = {name: s for name, s in seconds.items() if s is not None}
+  over = sorted(name for name, s in timed.items() if s >= JOINT_LIMIT)
+  if timed:
+    worst = max(timed, key=timed.__getitem__)
+    verdict = (f"over the target: {', '.join(over)}" if over
+               else f"ok: every timed model under {JOINT_LIMIT:g} s")
+    print(f"{label}: worst {worst} {timed[worst]:.3f} s wall against the {JOINT_LIMIT:g} s "
+          f"target ({verdict}; {len(timed)} models: "
+          + ", ".join(f"{n} {s:.3f} s" for n, s in timed.items()) + ")")
+  if failed:
+    print(f"{label}: no plan for {', '.join(failed)} (see their rows)")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", nargs="*", default=list(MODELS))
@@ -125,9 +154,9 @@ def main() -> None:
   print(f"{'model':18} {'layers':>6} {'G':>6} {'B':>6} {'counts':>6} {'samples_s':>9} "
         f"{'cpu_s':>6} {'joint_s':>8} {'cpu_s':>6} {'iter_ms':>9} {'joint_ms':>9} "
         f"{'dp_iter_ms':>10} {'gap':>6}")
-  resnet = None
+  resnet, joint_at_target = None, {}
   for name in args.models:
-    graph, profile, source = load_graph(name, args.synthetic)
+    graph, profile, source = load_graph(name, base.device, args.synthetic)
     resnet = graph if name == "resnet50" else resnet
     print(f"# {name}: {len(graph.nodes)} layers, {len(graph.fork_join_blocks())} fork/join "
           f"blocks, from {source}")
@@ -140,18 +169,23 @@ def main() -> None:
       seconds, plan = timed_plan(graph, profile, cluster, g, b, counts, ("samples",))
       if seconds is None:
         print(f"{head}  skipped: {plan}")
+        if g == b == JOINT_G and joint:
+          joint_at_target[name] = None
         continue
       j_seconds, j_plan = (timed_plan(graph, profile, cluster, g, b, counts, JOINT) if joint
                            else (None, None))
       j_s = (f"{j_seconds[0]:8.3f} {j_seconds[1]:6.3f}" if j_seconds is not None
              else f"{'-':>8} {'-':>6}")
       j_ms = f"{j_plan.predicted['iteration_ms']:9.2f}" if j_seconds is not None else f"{'-':>9}"
-      p, gap = plan.predicted, (j_plan or plan).extra["optimality"]["gap"]
+      if g == b == JOINT_G and joint:
+        joint_at_target[name] = j_seconds[0] if j_seconds is not None else None
+      p, gap = plan.predicted, (j_plan if j_seconds else plan).extra["optimality"]["gap"]
       print(f"{head} {seconds[0]:9.3f} {seconds[1]:6.3f} {j_s} {p['iteration_ms']:9.2f} {j_ms} "
             f"{p['data_parallel_iteration_ms']:10.2f} {gap:6.1%}")
+  joint_summary(joint_at_target)
   if not args.no_app:
-    app_wall_time(resnet if resnet is not None else load_graph("resnet50", args.synthetic)[0],
-                  args.repeats)
+    app_wall_time(resnet if resnet is not None
+                  else load_graph("resnet50", base.device, args.synthetic)[0], args.repeats)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Run a study's Hydra multirun and aggregate it into CSV, PNG figures and a markdown table.
 #   scripts/reproduce.sh <study> [--quick] [--out DIR] [--sweep DIR] [extra Hydra overrides...]
-# Studies: strong_scaling amplification cluster_throughput network runtime time_to_accuracy
-# (experiments/<study>.py).
+# Studies: strong_scaling amplification cluster_throughput network weight_sharding runtime
+# time_to_accuracy validation (experiments/studies.py; experiments/<study>.py).
 # --quick runs conf/experiment/<study>_quick.yaml (a reduced grid). Outputs: --out, default
 # results/<study>/ for a full study and results/local/<study>_quick/ for --quick. The sweep
 # itself goes to --sweep, default multirun/<overlay>/<timestamp>/ (one folder per cell:
 # config.json, provenance.json, status.json, the W&B offline run; sweep.log: the apps' output).
+# Python: .venv/bin/python, after scripts/setup.sh makes or updates .venv (so this can be the
+# first command of a fresh clone); PYTHON=/path/to/python runs another interpreter that has the
+# locked dependencies instead (no setup).
 set -euo pipefail
 here="$PWD"
 abs() { case "$1" in /*) echo "$1" ;; *) echo "$here/$1" ;; esac; }
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-.venv/bin/python}"
 usage() {
   echo "usage: scripts/reproduce.sh <study> [--quick] [--out DIR] [--sweep DIR] [overrides...]" >&2
   exit 2
@@ -30,7 +32,20 @@ while [ $# -gt 0 ]; do
     *) extra+=("$1"); shift ;;
   esac
 done
-app="$("$PY" -m experiments.studies "$study")"
+if [ -n "${PYTHON:-}" ]; then
+  case "$PYTHON" in */*) PY="$(abs "$PYTHON")" ;; *) PY="$PYTHON" ;; esac
+else
+  bash scripts/setup.sh >&2
+  PY=.venv/bin/python
+fi
+studies_rc=0
+app="$("$PY" -m experiments.studies "$study")" || studies_rc=$?
+if [ "$studies_rc" -eq 2 ]; then exit 2; fi  # an unknown study: its error line is printed
+if [ "$studies_rc" -ne 0 ]; then
+  echo "error: $PY cannot run experiments.studies (exit $studies_rc); PYTHON must name a python" \
+    "with dp_jax's locked dependencies (unset it: scripts/setup.sh makes .venv)" >&2
+  exit 1
+fi
 overlay="$study${quick:+_quick}"
 out="${out:-$([ -n "$quick" ] && echo "results/local/${study}_quick" || echo "results/$study")}"
 sweep_dir="${sweep_dir:-multirun/$overlay/$(date +%Y-%m-%d_%H-%M-%S)}"

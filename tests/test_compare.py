@@ -89,7 +89,12 @@ def test_simulate_metrics_carry_margins_and_verdicts():
     assert strict[f"{name}_verdict"] == ("ahead" if strict[name] > 1 else "behind")
     assert loose[f"{name}_verdict"] == "tie"
   assert strict["comparison_tolerance"] == 0.0
-  assert strict["fair_comparison"].startswith("simulated: cluster throughput vs matched DP")
+  # the foreground against the fastest DP first, the cluster against the matched baseline
+  # before DP alone, what it rests on last
+  said = strict["fair_comparison"]
+  assert said.startswith("simulated: the burst foreground is") and said.endswith("A=1")
+  tail = said[said.index("the cluster throughput"):]
+  assert tail.index("against the matched DP") < tail.index("against data parallelism on")
 
 
 def test_a_small_margin_over_data_parallelism_is_not_reported_ahead():

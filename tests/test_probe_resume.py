@@ -145,7 +145,11 @@ def test_a_full_disk_is_one_line_naming_the_file_and_keeps_the_checkpoints(tmp_p
                           capture_output=True, text=True, timeout=300)
   line = assert_one_line_error(result, "could not write", "metrics.jsonl",
                                "No space left on device")
-  assert str(tmp_path / "run" / "metrics.jsonl") in line
+  assert str(tmp_path / "run" / "metrics.jsonl") in line and "disk full: " in line
+  # the status says so too: written in place over the bytes reserved at the start
+  status = json.loads((tmp_path / "run" / "status.json").read_text())
+  assert status["status"] == "failed" and status["error"].startswith("disk full: could not"), (
+      status)
   kept = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
                 if p.name.isdigit())
   assert kept == [2, 4], kept

@@ -26,7 +26,7 @@ def test_a_json_write_on_a_full_disk_keeps_the_old_file_and_names_the_path(tmp_p
   assert path.read_bytes() == before
   assert [p.name for p in tmp_path.iterdir()] == ["status.json"], "no partial copy left"
   line = one_line(e.value)
-  assert line == (f"could not write {path}: No space left on device; free some space or "
+  assert line == (f"disk full: could not write {path}: No space left on device; free some space or "
                   "choose another hydra.run.dir")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -28,23 +29,45 @@ def dumps(obj: Any, indent: int | None = 1) -> str:
                     allow_nan=False)
 
 
-def write_json(path: str | Path, obj: Any, indent: int | None = 1) -> Path:
+def write_json(path: str | Path, obj: Any, indent: int | None = 1, *,
+               reserve: int = 0) -> Path:
   """Write `obj` as strict, indented JSON, creating the parent folder.
 
   Atomic: written beside the target, then renamed over it, so a kill or a full disk leaves the
   previous file whole (a failed write removes its partial copy and names the path).
+  reserve: pad the file with trailing spaces to at least this many bytes, so that a later write
+  of at most that size can overwrite it in place when the disk is full (overwriting blocks a
+  file already has needs no new ones): a run's status can still say that the disk filled.
   """
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   text = dumps(obj, indent)
-  tmp = path.with_name(f".{path.name}.tmp")
+  text += " " * max(0, reserve - len(text.encode()) - 1) + "\n" if reserve else ""
+  # this process's own partial copy: two processes writing one file (a shared cache) must not
+  # rename each other's half-written copy, or find theirs gone
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
   try:
     tmp.write_text(text)
     os.replace(tmp, path)
   except OSError as e:
     tmp.unlink(missing_ok=True)
-    raise OSError(e.errno, e.strerror, str(path)) from e
+    if not (reserve and e.errno == errno.ENOSPC and _overwrite(path, text)):
+      raise OSError(e.errno, e.strerror, str(path)) from e
   return path
+
+
+def _overwrite(path: Path, text: str) -> bool:
+  """Overwrite `path` in place with `text` when it is at least as large (True: done)."""
+  data = text.encode()
+  try:
+    if not path.is_file() or path.stat().st_size < len(data):
+      return False
+    with path.open("r+b") as f:
+      f.write(data)
+      f.truncate()
+    return True
+  except OSError:
+    return False
 
 
 def read_json(path: str | Path, what: str) -> Any:

@@ -243,6 +243,8 @@ def _run_locked(task: TaskFn[Any], app: str, schema: type, cfg: Any, hc: Any, ou
                 writer: bool, multirun: bool) -> dict[str, Any] | None:
   run = tracking.start(cfg, app=app, output_dir=output_dir, writer=writer,
                        sweep_name=Path(hc.sweep.dir).name if multirun else None)
+  if writer and not _EXISTING.covers(output_dir):  # a new folder: its status reserved
+    _write_status(output_dir, {"status": "running", "overrides": list(hc.overrides.task)})
   try:
     check_known_keys(cfg, schema)  # every key known, required values set; each value's range is
     check_required(cfg)  # checked by the typed option the task decodes it into, first thing
@@ -296,8 +298,13 @@ def _join_processes(cfg: Any, output_dir: Path) -> tuple[Path, bool]:
   return shared, rank == 0
 
 
+# status.json is padded to this size, so that a failed run can still overwrite it in place
+# when the disk is full (base/jsonfile.py, write_json's reserve)
+STATUS_RESERVE_BYTES = 4096
+
+
 def _write_status(output_dir: Path, status: dict[str, Any]) -> None:
-  write_json(output_dir / "status.json", status)
+  write_json(output_dir / "status.json", status, reserve=STATUS_RESERVE_BYTES)
 
 
 class _FolderSnapshot:

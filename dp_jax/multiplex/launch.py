@@ -21,7 +21,12 @@ from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.multiplex.background import BackgroundSpec
-from dp_jax.multiplex.policy import DEFAULT_PIECE_MS, busy_in_every_layer, layer_groups
+from dp_jax.multiplex.policy import (
+  DEFAULT_PIECE_MS,
+  busy_in_every_layer,
+  layer_groups,
+  noise_threshold_ms,
+)
 from dp_jax.multiplex.runners import (
   build_runners,
   job_of_runner,
@@ -178,4 +183,8 @@ def measure(step_ms: Sequence[float], hook: BackgroundScheduler | None) -> dict[
   if alone and with_bg:
     out["foreground_slowdown"] = out["measured_step_ms_with_background"] / out[
         "measured_step_ms"] - 1.0
+    # the slowdown the alone steps' own noise reaches with probability 1% (the policy's test)
+    sd = statistics.stdev(alone) if len(alone) >= 2 else 0.0
+    out["foreground_slowdown_noise"] = (noise_threshold_ms(sd, len(alone), len(with_bg))
+                                        / out["measured_step_ms"] if len(alone) >= 2 else None)
   return out

@@ -49,6 +49,16 @@ T99 = (31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764, 2.
        2.485, 2.479, 2.473, 2.467, 2.462, 2.457)
 
 
+def noise_threshold_ms(alone_sd_ms: float, n: int, m: int) -> float:
+  """The excess of a mean of m steps over the mean of n alone steps (standard deviation
+  alone_sd_ms) that the steps' own noise passes with probability 1% (one-sided Student t,
+  n - 1 degrees of freedom): t_0.99(n - 1) x sd x sqrt(1/m + 1/n); 0 when n < 2 or m < 1 (the
+  noise is unknown). Admission.excess_threshold_ms says why."""
+  if n < 2 or m < 1:
+    return 0.0
+  return T99[min(n - 1, len(T99)) - 1] * alone_sd_ms * math.sqrt(1.0 / m + 1.0 / n)
+
+
 @dataclass(frozen=True, eq=False)
 class BackgroundJob:
   """A background model's step on one device: its pieces in order, their profiled ms, memory."""
@@ -273,10 +283,7 @@ class Admission:
     alone steps (n < 2) the noise is unknown and taken as 0.
     """
     m = len(self.recent) if m is None else m
-    if self.alone_n < 2 or m < 1:
-      return 0.0
-    t = T99[min(self.alone_n - 1, len(T99)) - 1]
-    return t * self.alone_sd_ms * math.sqrt(1.0 / m + 1.0 / self.alone_n)
+    return noise_threshold_ms(self.alone_sd_ms, self.alone_n, m)
 
   def next_iteration(self, measured_ms: float | None = None) -> None:
     """Start a new iteration; measured_ms (the one that ended) feeds the slowdown back: halve

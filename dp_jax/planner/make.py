@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -82,6 +82,44 @@ def plan_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
       "estimated_layers": sorted(profile.meta.get("estimated_layers", {})),
       "other_device": profile.meta.get("other_device"),
       "calibration": profile.meta.get("calibration")})
+
+
+def idle_device_limit(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+                      options: PlanOptions, limits: Iterable[float] = DEFAULT_LIMITS
+                      ) -> float | None:
+  """The highest of `limits` at or below options' amplification limit whose fastest plan
+  leaves some device idle in some layer (room for a background job); None when each is data
+  parallelism on all G devices.
+
+  A lower limit only removes device counts, so the plan under the highest such limit is the
+  fastest plan with an idle device among those the limits give.
+  """
+  for limit in sorted({float(a) for a in limits if a <= options.amplification_limit},
+                      reverse=True):
+    plan = plan_with(graph, profile, cluster, replace(options, amplification_limit=limit))
+    if any(count < options.num_devices for _, count in plan.assignment().values()):
+      return limit
+  return None
+
+
+def plan_with_idle_device(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+                          options: PlanOptions, **record: Any) -> tuple[Plan, float | None]:
+  """plan_for's plan if some layer leaves a device idle (room for a background job), with None;
+  else the fastest plan with an idle device (idle_device_limit) and the limit it was made
+  under. `record`: plan_for's model and cluster_record. A UserError when every limit gives
+  data parallelism."""
+  plan = plan_for(graph, profile, cluster, options, **record)
+  if any(count < options.num_devices for _, count in plan.assignment().values()):
+    return plan, None
+  limit = idle_device_limit(graph, profile, cluster, options)
+  if limit is None:
+    raise UserError(
+        f"every plan of {graph.model} on {options.num_devices} devices, down to amplification "
+        "limit 1, is data parallelism (its profile has every layer run at least twice as fast "
+        "on twice the devices): no device idles for a background job; profile it again on a "
+        "quieter machine, or run without the background job")
+  return plan_for(graph, profile, cluster, replace(options, amplification_limit=limit),
+                  **record), limit
 
 
 def extrapolated_batches(profile: ProfileTable, graph: LayerGraph,

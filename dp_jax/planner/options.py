@@ -102,12 +102,6 @@ class PlanOptions:
                sharding=sharding if isinstance(sharding, str) else tuple(map(str, sharding)),
                strategy=str(get("name", "burst")), mode=plain("mode", "fastest"))
 
-  def describe(self) -> str:
-    """What a verdict about plans made with these options rests on: gradient precision and
-    amplification limit ('fp32 gradients, A=2')."""
-    a = self.amplification_limit
-    return f"{self.gradient_precision} gradients, A={'inf' if math.isinf(a) else f'{a:g}'}"
-
   @property
   def grad_bytes_per_param(self) -> int:
     """Bytes per parameter of the gradient all-reduce (gradient_precision)."""

@@ -114,6 +114,26 @@ class Plan:
     return dict(options) if isinstance(options, Mapping) else {}
 
   @property
+  def data_parallel_devices(self) -> int | None:
+    """d when the plan is data parallelism on d devices (every layer on devices 0..d-1 with its
+    samples split, no weight split), else None."""
+    counts = {lp.devices[0] == 0 and lp.sharding.split == "samples" and len(lp.devices)
+              for lp in self.layers}
+    return counts.pop() if len(counts) == 1 and next(iter(counts)) else None
+
+  def basis(self) -> str:
+    """What a verdict about this plan rests on: its gradient precision, profile (source, device,
+    dtype) and amplification limit, as recorded ('fp32 gradients; calibrated A100-SXM4-40GB
+    mixed bf16 profile; A=2')."""
+    prof = dict(self.extra.get("profile") or {})
+    if prof.get("source") == "imported":  # the one importer: dp_jax/profiling/deeppool_import.py
+      prof["source"] = "DeepPool's measured"
+    profile = " ".join(str(prof[k]) for k in ("source", "device", "dtype") if prof.get(k))
+    a = self.amplification_limit
+    return (f"{self.options.get('gradient_precision', 'fp32')} gradients; "
+            f"{profile or 'unrecorded'} profile; A={'inf' if math.isinf(a) else f'{a:g}'}")
+
+  @property
   def made_for(self) -> dict[str, Any] | None:
     """What the plan was made for (model name, input shape, layers, options), if recorded."""
     made = self.extra.get("made_for")

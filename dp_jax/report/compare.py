@@ -113,3 +113,13 @@ def describe(ratio: float | None, tolerance: float, verdict_text: str | None = N
   v = verdict_text or verdict(ratio, tolerance)
   within = f" within {tolerance:.1%}" if v == "tie" else ""
   return f"{ratio:.2f}x ({ratio - 1:+.0%}, {v}{within})"
+
+
+def data_parallel_on_all(g: int, d: int, global_batch: int) -> str:
+  """The data-parallel baseline on the job's devices, named as it runs: 'data parallelism on
+  all 32', or on d < G devices when G does not divide the batch ('data parallelism on 24 of
+  the 32 devices (32 does not divide B=48)')."""
+  if d == g:
+    return f"data parallelism on all {g}"
+  return (f"data parallelism on {d} of the {g} devices ({g} does not divide B={global_batch}; "
+          f"{d} is the largest count that does)")

@@ -2,7 +2,7 @@
 simulated or measured, the tables it prints and the story in plain words (no JAX).
 
 The local part's numbers travel as {quantity: (value, kind)}, kind one of config, predicted,
-simulated, measured; the paper part's as rows of dp_jax.studies.paper.COLUMNS.
+simulated, measured; the paper part's as rows keyed as dp_jax.studies.paper.COLUMNS.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 from dp_jax.multiplex.background import BackgroundSpec
 from dp_jax.multiplex.policy import busy_in_every_layer
-from dp_jax.report.compare import describe, validated_tolerance
+from dp_jax.report.compare import describe, validated_tolerance, verdict
+from dp_jax.report.tables import table
 from dp_jax.studies.paper import COLUMNS as PAPER_COLUMNS
 
 Measured = dict[str, tuple[Any, str]]  # quantity -> (value, kind)
@@ -20,7 +21,8 @@ KINDS = ("config", "predicted", "simulated", "measured")
 TRAINED_KEYS = ("final_step", "loss_first", "final_loss", "measured_step_ms",
                 "measured_step_ms_with_background", "foreground_slowdown",
                 "background_steps", "background_samples_per_s", "background_failures",
-                "background_pieces", "background_refused", "simulated_slowdown",
+                "background_pieces", "background_refused", "foreground_slowdown_noise",
+                "simulated_slowdown",
                 "simulated_background_samples_per_s")
 PINNED_KEYS = ("final_step", "measured_step_ms", "measured_step_ms_with_background")
 SIMULATED_KEYS = ("alone_iteration_ms", "iteration_ms", "alone_idle_fraction",
@@ -49,12 +51,18 @@ def idle_devices(assignment: dict[str, tuple[int, int]], g: int) -> int:
       (range(first, first + count) for first, count in assignment.values()), g))
 
 
-def plan_quantities(graph, plan, g: int, b: int) -> Measured:
-  """The local run's model, devices and batch, and the shape of its burst plan."""
+def plan_quantities(graph, plan, g: int, b: int, *, limit: float,
+                    planned_data_parallel: bool = False) -> Measured:
+  """The local run's model, devices and batch, and the shape of its burst plan, made under
+  amplification limit `limit`; planned_data_parallel: the planner's plan at the asked limit
+  was data parallelism on all g devices, and `plan` is the fastest with an idle device
+  (planner.idle_device_limit)."""
   burst = plan.assignment()
   stages = {lp.extra.get("stage") for lp in plan.layers} - {None}
   return {"model": (f"{graph.model} {'x'.join(map(str, graph.input_shape))}", "config"),
           "devices": (g, "config"), "global_batch": (b, "config"),
+          "planned_is_data_parallel": (planned_data_parallel, "predicted"),
+          "plan_amplification_limit": (limit, "config"), "basis": (plan.basis(), "config"),
           "plan_stages": (len(stages) or None, "predicted"),
           "burst_devices_per_layer": ("/".join(str(c) for c in sorted(
               {c for _, c in burst.values()}, reverse=True)), "predicted"),
@@ -84,33 +92,61 @@ def simulated_quantities(m: dict[str, Any]) -> Measured:
   return out
 
 
-def trained_quantities(trained: dict[str, Any]) -> Measured:
-  """The pinned training's summary: measured, but for the simulator's replay of it."""
-  return {f"pinned_{k}" if k in PINNED_KEYS else k: (
+def trained_quantities(trained: dict[str, Any], cap: float) -> Measured:
+  """The pinned training's summary: measured, but for the simulator's replay of it; and
+  whether the measured slowdown held the cap (cap_held)."""
+  out = {f"pinned_{k}" if k in PINNED_KEYS else k: (
       v, "simulated" if k.startswith("simulated") else "measured")
       for k, v in trained.items() if k in TRAINED_KEYS}
+  out["cap_held"] = (cap_held(cap, trained.get("foreground_slowdown"),
+                              trained.get("foreground_slowdown_noise")), "measured")
+  return out
+
+
+def cap_held(cap: float, slowdown: float | None, noise: float | None) -> bool | None:
+  """The measured foreground slowdown within the cap plus its noise (the slowdown the alone
+  steps' own scatter reaches with probability 1%, the policy's test; 0 when unknown); None
+  when no slowdown was measured."""
+  return None if slowdown is None else slowdown <= cap + (noise or 0.0)
+
+
+def background_failure(bg: BackgroundSpec, local: Measured) -> str | None:
+  """Why the main job failed to show what it exists for (one line), or None: the background
+  job ran no step beside the plan, or the measured slowdown broke the cap beyond its noise."""
+  v = {k: val for k, (val, _) in local.items()}
+  if not v.get("background_steps"):
+    return (f"the background job {bg.name} ran no step beside the plan ("
+            f"{v.get('background_pieces') or 0} pieces dispatched, "
+            f"{v.get('background_refused') or 0} refused, {v.get('background_failures') or 0} "
+            "failed): the main job did not show multiplexing; its measured Gantt chart shows "
+            "the idle windows")
+  if v.get("cap_held") is False:
+    return (f"the measured foreground slowdown {_pct(v['foreground_slowdown'])} broke the "
+            f"{bg.cap:.0%} cap beyond its noise ({_noise(v)}): the multiplexing policy did "
+            "not hold its cap here (docs/orchestrator.md)")
+  return None
 
 
 # --- the summary ------------------------------------------------------------------------------
 
 
-def summary(facts: MainJobFacts, paper: list[list[Any]], fair: list[str], local: Measured,
+def summary(facts: MainJobFacts, paper: list[dict[str, Any]], fair: list[str], local: Measured,
             plots: dict[str, str]) -> dict[str, Any]:
-  """summary.json: the paper rows, their fair comparisons, the local quantities, the plots and
-  the story."""
-  return {"a100": [dict(zip(PAPER_COLUMNS, r, strict=True)) for r in paper],
+  """summary.json: the paper rows (labelled as PAPER_COLUMNS), their fair comparisons, the local
+  quantities, the plots and the story."""
+  return {"a100": [{PAPER_COLUMNS[k]: r[k] for k in PAPER_COLUMNS} for r in paper],
           "a100_fair_comparison": fair,
           "local": {k: {"value": v, "kind": kind} for k, (v, kind) in local.items()},
           "plots": plots, "story": story(facts, paper, local)}
 
 
-def flat(paper: list[list[Any]], local: Measured, seconds: float) -> dict[str, Any]:
+def flat(paper: list[dict[str, Any]], local: Measured, seconds: float) -> dict[str, Any]:
   """The run's flat metrics (status.json, W&B): the job's seconds, every local quantity and
-  each paper setting's speed-up and cluster throughput."""
+  each paper setting's speed-up over the fastest DP and cluster throughput over DP on all G."""
   out = {"job_seconds": seconds, **{f"local/{k}": v for k, (v, _) in local.items()}}
   for r in paper:
-    out[f"a100/{r[0]}_g{r[1]}/speedup"] = r[4]
-    out[f"a100/{r[0]}_g{r[1]}/cluster_throughput_vs_dp"] = r[7]
+    out[f"a100/{r['cluster']}_g{r['G']}/speedup_vs_fastest_dp"] = r["speedup_vs_fastest_dp"]
+    out[f"a100/{r['cluster']}_g{r['G']}/cluster_throughput_vs_dp"] = r["cluster_vs_dp_all"]
   return out
 
 
@@ -121,35 +157,45 @@ def header(name: str, what: str, seconds: float) -> None:
   Console(width=110).rule(f"[bold]{name}[/bold] ({seconds:.0f} s): {what}")
 
 
-def print_summary(facts: MainJobFacts, paper: list[list[Any]], fair: list[str], local: Measured,
-                  plots: dict[str, str]) -> None:
+def print_summary(facts: MainJobFacts, paper: list[dict[str, Any]], fair: list[str],
+                  local: Measured, plots: dict[str, str]) -> None:
   """The paper table, its fair comparisons, the local table, the plots and the story."""
-  # rich: only to print (its import is not free)
-  from rich.console import Console
-  from rich.table import Table
+  from rich.console import Console  # rich: only to print (its import is not free)
 
   console = Console(width=150)
   if paper:
-    t = Table(title=f"{facts.paper_model}, B={facts.paper_batch}, on the calibrated A100 "
-                    "profile: burst vs data parallelism (DP)",
-              caption="P: predicted by the cost model; S: simulated. Matched: the best DP on d "
-                      "devices + background on the rest, over every d whose foreground is "
-                      "within the comparison tolerance of the burst plan's.")
-    for c in ("cluster", "G", "burst ms P", "DP ms P", "speed-up P", "GPU time saved P",
-              "background samples/s S", "cluster / DP S", "cluster / matched DP S"):
-      t.add_column(c, justify="left" if c == "cluster" else "right")
+    rows = []
     for r in paper:
-      t.add_row(r[0], str(r[1]), f"{r[2]:.2f}", f"{r[3]:.2f}", f"{r[4]:.2f}x", f"{r[5]:.0%}",
-                _fmt(r[6]), _fmt(r[7], "x"), _fmt(r[8]))
-    console.print(t)
-    for line in fair:  # the fair baseline first (matched DP, fastest DP on <= G), then all G
-      console.print(line)
-  t = Table(title="on this machine's devices")
-  for c in ("quantity", "value", "kind"):
-    t.add_column(c, justify="right" if c == "value" else "left")
-  for k, (v, kind) in local.items():
-    t.add_row(k, _fmt(v), kind)
-  console.print(t)
+      dp = r["plan_data_parallel_devices"]
+      rows.append([
+          r["cluster"], r["G"], "burst" if dp is None else f"DP on {dp}", f"{r['plan_ms']:.2f}",
+          f"{r['fastest_dp_ms']:.2f} (on {r['fastest_dp_devices']})",
+          "-" if dp is not None else _short(r["speedup_vs_fastest_dp"], r["tolerance"]),
+          f"{r['saved_vs_cheapest_dp']:.0%} (DP on {r['cheapest_dp_devices']})",
+          f"{r['saved_vs_dp_all']:.0%}", _fmt(r["background_samples_per_s"]),
+          _fmt(r["cluster_vs_dp_all"], "x"), "-" if r["cluster_vs_matched"] is None else
+          f"{r['cluster_vs_matched']:.2f}x (DP on {r['matched_dp_devices']})"])
+    console.print(table(
+        f"{facts.paper_model}, B={facts.paper_batch}, on the calibrated A100 profile: the plan "
+        "vs data parallelism (DP)",
+        ["cluster", "G", "plan", "plan ms P", "fastest DP ms P", "vs fastest DP P",
+         "GPU time saved vs cheapest DP P", "vs DP on all G P", "background samples/s S",
+         "cluster / DP on all G S", "cluster / matched DP S"], rows, left=("plan",),
+        caption="P: predicted by the cost model; S: simulated. Fastest DP: on the d <= G that "
+                "runs fastest; cheapest DP: the least GPU time within the tolerance of the "
+                "fastest DP's time; matched DP: the best DP on d devices + background on the "
+                "rest, over every d whose foreground is within the tolerance of the plan's. "
+                f"Every row: {paper[0]['basis']}."))
+    for line in fair:  # the fair baseline first (fastest DP on <= G), then all G
+      console.print(line, markup=False)
+  if local:
+    console.print(table("on this machine's devices", ["quantity", "value", "kind"],
+                        [(k, _fmt(v), kind) for k, (v, kind) in local.items()], left=("kind",)))
+  _print_rest(console, facts, paper, local, plots)
+
+
+def _print_rest(console, facts: MainJobFacts, paper: list[dict[str, Any]], local: Measured,
+                plots: dict[str, str]) -> None:
   for k, v in plots.items():
     console.print(f"{k}: {v}")
   print("\nIn plain words:")
@@ -157,49 +203,91 @@ def print_summary(facts: MainJobFacts, paper: list[list[Any]], fair: list[str], 
     print(f"- {line}")
 
 
-def story(facts: MainJobFacts, paper: list[list[Any]], local: Measured) -> list[str]:
+def story(facts: MainJobFacts, paper: list[dict[str, Any]], local: Measured) -> list[str]:
   """What was predicted on A100s, what was measured here, and whether they agree."""
   out = [_paper_line(facts, r) for r in paper]
   v = {k: val for k, (val, _) in local.items()}
+  if v.get("planned_is_data_parallel"):
+    out.append(
+        f"At amplification limit {facts.amplification_limit}x the planner's plan here is data "
+        f"parallelism on all {v['devices']} devices: no device idles, so a background job has "
+        "nowhere to run. The main job runs the fastest plan with an idle device instead (limit "
+        f"{v['plan_amplification_limit']}x; planner.idle_device_limit): "
+        + (f"predicted {v['burst_predicted_ms']:.1f} ms per step against data parallelism's "
+           f"{v['data_parallel_predicted_ms']:.1f} ms. " if "burst_predicted_ms" in v else "")
+        + "Its numbers below are that plan's.")
+  elif v.get("devices_idle_in_some_layer") == 0:
+    out.append(
+        f"The planner's plan here is data parallelism: it uses all {v['devices']} devices in "
+        "every layer (a layer stays on fewer devices only where more would raise its GPU time "
+        f"beyond the amplification limit, {facts.amplification_limit}x), so no device idles.")
   if "burst_measured_ms" in v:
     out += _measured_lines(v)
-  if v.get("devices_idle_in_some_layer") == 0:
-    out.append(
-        f"The planner's plan here uses all {v['devices']} devices in every layer (it is data "
-        "parallelism): no device is ever idle, so the background job had nowhere to run "
-        "(0 background steps is that, not a failure). The measured profile decides it: a layer "
-        "stays on fewer devices only where more would raise its GPU time beyond the "
-        f"amplification limit ({facts.amplification_limit}x), and on a loaded machine the "
-        "small layers' costs are noise; run the main job again on a quiet machine.")
   if "background_steps" in v:
     out += _background_lines(facts.background, v)
   return out
 
 
-def _paper_line(facts: MainJobFacts, r: list[Any]) -> str:
-  matched = (f"{_fmt(r[8])} the work of the matched data parallelism (with the background "
-             "job on the GPUs it leaves)" if r[8] and not str(r[8]).startswith("no DP") else
-             "no data parallelism on fewer GPUs is as fast (no matched baseline)")
-  return (f"On A100s ({r[0]}, G={r[1]}; predicted on the calibrated profile): "
-          f"{facts.paper_model} B={facts.paper_batch} takes {r[2]:.1f} ms per iteration as a "
-          f"burst plan and {r[3]:.1f} ms as data parallelism on all {r[1]} GPUs ({r[4]:.2f}x), "
-          f"using {r[5]:.0%} less GPU time; with a background job in the idle GPUs the cluster "
-          f"does {matched} and {_fmt(r[7], 'x')} that of data parallelism alone on all GPUs "
+def _paper_line(facts: MainJobFacts, r: dict[str, Any]) -> str:
+  where = f"On A100s ({r['cluster']}, G={r['G']}; {r['basis']})"
+  what = f"{facts.paper_model} B={facts.paper_batch}"
+  t = r["tolerance"]
+  if r["plan_data_parallel_devices"] is not None:
+    d = r["plan_data_parallel_devices"]
+    return (f"{where}: the plan for {what} is data parallelism on {d} GPUs "
+            f"({r['plan_ms']:.1f} ms per iteration)" + (
+                "; no GPU idles, so no background job runs beside it." if d == r["G"] else
+                f"; the background job runs alone on the other {r['G'] - d} GPUs: the cluster "
+                f"does {_fmt(r['cluster_vs_dp_all'], 'x')} the work of data parallelism alone "
+                "on all of them (simulated)."))
+  if r["cluster_vs_matched"] is None:
+    cluster = (f"{_fmt(r['cluster_vs_dp_all'], 'x')} the work of data parallelism alone on all "
+               f"{r['G']} (no data parallelism on fewer GPUs is within the tolerance of the "
+               "plan's speed, so there is no matched baseline)")
+  else:
+    cluster = (f"{r['cluster_vs_matched']:.2f}x the work of the matched data parallelism (on "
+               f"{r['matched_dp_devices']} GPUs, the background job on the rest) and "
+               f"{_fmt(r['cluster_vs_dp_all'], 'x')} that of data parallelism alone on all "
+               f"{r['G']}")
+  return (f"{where}: {what} takes {r['plan_ms']:.1f} ms per iteration as a burst plan, "
+          f"{describe(r['speedup_vs_fastest_dp'], t)} against the fastest data parallelism "
+          f"(on {r['fastest_dp_devices']} GPUs, {r['fastest_dp_ms']:.1f} ms), using "
+          f"{_less(r['saved_vs_cheapest_dp'])} GPU time than the cheapest data parallelism "
+          f"within {t:.1%} of that speed (on {r['cheapest_dp_devices']} GPUs) and "
+          f"{_less(r['saved_vs_dp_all'])} than data parallelism on all {r['G']}; with a "
+          f"background job in its idle GPUs the cluster does {cluster}, while its foreground "
+          f"runs {_short(r['speedup_vs_fastest_dp'], t)} the fastest data parallelism's speed "
           "(simulated).")
+
+
+def _short(ratio: float | None, tolerance: float) -> str:
+  """'0.76x (behind)': a ratio and its verdict."""
+  return "-" if ratio is None else f"{ratio:.2f}x ({verdict(ratio, tolerance)})"
+
+
+def _less(fraction: float) -> str:
+  return f"{fraction:.0%} less" if fraction >= 0 else f"{-fraction:.0%} more"
 
 
 def _measured_lines(v: dict[str, Any]) -> list[str]:
   ratios = {n: v[f"{n}_measured_over_predicted"] for n in ("burst", "data_parallel")}
   off = [n.replace("_", " ") for n, x in ratios.items() if not AGREE[0] <= x <= AGREE[1]]
   versus = describe(v["burst_vs_data_parallel_measured"], validated_tolerance("cpu"))
+  rests = f" — {v['basis']}" if v.get("basis") else ""
+  if v.get("devices_idle_in_some_layer") == 0:  # the plan is data parallelism on every device
+    return [f"Here ({v['devices']} CPU devices, one per core; {v['model']}, "
+            f"B={v['global_batch']}): the plan is data parallelism, predicted at "
+            f"{v['data_parallel_predicted_ms']:.1f} ms per step and measured at "
+            f"{v['data_parallel_measured_ms']:.1f} ms (measured / predicted "
+            f"{ratios['data_parallel']:.2f}){rests}."]
   return [
       f"Here ({v['devices']} CPU devices, one per core; {v['model']}, B={v['global_batch']}): "
-      f"the burst plan was predicted at {v['burst_predicted_ms']:.1f} ms per step and "
+      f"the {_plan_name(v)} was predicted at {v['burst_predicted_ms']:.1f} ms per step and "
       f"measured at {v['burst_measured_ms']:.1f} ms (measured / predicted "
       f"{ratios['burst']:.2f}); data parallelism {v['data_parallel_predicted_ms']:.1f} ms "
       f"predicted, {v['data_parallel_measured_ms']:.1f} ms measured "
-      f"({ratios['data_parallel']:.2f}). Measured, the burst plan against data "
-      f"parallelism: {versus}.",
+      f"({ratios['data_parallel']:.2f}). Measured, the {_plan_name(v)} against data "
+      f"parallelism: {versus}{rests}.",
       "Prediction and measurement agree within "
       f"{AGREE[0]:.2f}-{AGREE[1]:.2f}x for both plans." if not off else
       f"Prediction and measurement disagree (outside {AGREE[0]:.2f}-{AGREE[1]:.2f}x) "
@@ -207,31 +295,46 @@ def _measured_lines(v: dict[str, Any]) -> list[str]:
 
 
 def _background_lines(bg: BackgroundSpec, v: dict[str, Any]) -> list[str]:
+  held = v.get("cap_held")
+  verdict = ("the cap held" if held else "the cap did not hold" if held is False else
+             "no slowdown measured")
   out = [
-      f"The background job {bg.name} (batch {bg.batch_per_device} per device) beside the burst "
-      f"plan, on one pinned process per core, under the slowdown cap {bg.cap:.0%}: measured "
-      f"foreground slowdown {_pct(v.get('foreground_slowdown'))}, simulated "
-      f"{_pct(v.get('simulated_slowdown'))} (the simulator's policy on the measured alone step "
-      "and pieces; on the in-context profile "
+      f"The background job {bg.name} (batch {bg.batch_per_device} per device) beside the "
+      f"{_plan_name(v)}, on one pinned process per core, under the slowdown cap {bg.cap:.0%}: "
+      f"measured foreground slowdown {_pct(v.get('foreground_slowdown'))} against the cap plus "
+      f"its noise ({_noise(v)}): {verdict}; simulated {_pct(v.get('simulated_slowdown'))} (the "
+      "simulator's policy on the measured alone step and pieces; on the in-context profile "
       f"{_pct(v.get('simulated_on_profile_slowdown'))}); {v['background_steps']} background "
       f"steps ({_fmt(v.get('background_samples_per_s'))} samples/s measured, "
       f"{_fmt(v.get('simulated_background_samples_per_s'))} simulated), "
       f"{v['background_failures']} failures."]
   over = v.get("foreground_slowdown")
-  if over is not None and over > bg.cap:
+  if held and over is not None and over > bg.cap:
     out.append(
-        f"The measured slowdown is above the {bg.cap:.0%} cap: the policy tightens only on an "
-        "excess that the alone steps' own noise cannot explain (a one-sided t test at 1%, "
-        "dp_jax/multiplex/policy.py), so on short, noisy pinned steps the measured mean can "
-        "pass the cap by that noise; `python -m dp_jax.train` on seconds-long steps holds it "
-        "(docs/orchestrator.md).")
+        f"The measured slowdown is above the {bg.cap:.0%} cap by less than its noise: the "
+        "policy tightens only on an excess that the alone steps' own noise cannot explain (the "
+        "same one-sided t test at 1%, dp_jax/multiplex/policy.py), so on short, noisy pinned "
+        "steps the measured mean can pass the cap by that noise; `python -m dp_jax.train` on "
+        "seconds-long steps holds it (docs/orchestrator.md).")
   if v.get("pinned_measured_step_ms") and v.get("burst_measured_ms"):
     out.append(
-        f"On the pinned processes the burst step alone took "
+        f"On the pinned processes the plan's step alone took "
         f"{v['pinned_measured_step_ms']:.0f} ms (measured; {v['burst_measured_ms']:.0f} ms in "
         f"one process): {pinned_causes(v)}. The measured Gantt chart shows where; the "
         "slowdown above is against that step, not the one predicted.")
   return out
+
+
+def _plan_name(v: dict[str, Any]) -> str:
+  return ("fastest plan with an idle device" if v.get("planned_is_data_parallel") else
+          "burst plan")
+
+
+def _noise(v: dict[str, Any]) -> str:
+  noise = v.get("foreground_slowdown_noise")
+  return ("noise unknown: fewer than 2 alone steps" if noise is None else
+          f"{noise:.1%}, the slowdown the alone steps' own "
+          "scatter reaches once in 100")
 
 
 def pinned_causes(v: dict[str, Any]) -> str:

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from dp_jax.planner import memory
+from dp_jax.planner.baseline import cheapest_within
 from dp_jax.planner.evaluate import data_parallel_assignment
-from dp_jax.report.compare import compare, describe, fields
+from dp_jax.report.compare import compare, data_parallel_on_all, describe, fields
+from dp_jax.report.tables import table
 from dp_jax.sim.engine import cost_model_for, data_parallel_evaluations
 from dp_jax.sim.metrics import fastest_data_parallel
 
@@ -63,13 +65,21 @@ def _r(v: Any) -> Any:
 
 def comparisons(graph, profile, cluster, plan, tolerance: float) -> dict[str, Any]:
   """Predicted: the burst plan against the fastest data parallelism on d <= G devices (the fair
-  baseline) and against data parallelism on all G, each with its margin and verdict."""
+  baseline) and against data parallelism on all G, each with its margin and verdict; its GPU
+  time against the cheapest data parallelism within the tolerance of the fastest one's time;
+  whether the plan is itself data parallelism, and what the verdicts rest on."""
   p = plan.predicted
   model = cost_model_for(graph, profile, cluster, plan)
   dp = data_parallel_evaluations(model)
   d, ms = fastest_data_parallel({c: e.iteration_ms for c, e in dp.items()})
-  return {"comparison_tolerance": tolerance, "best_data_parallel_devices": d,
-          "best_data_parallel_iteration_ms": ms,
+  cheap_d, cheap = cheapest_within(model, dp, tolerance)
+  return {"comparison_tolerance": tolerance, "basis": plan.basis(),
+          "plan_data_parallel_devices": plan.data_parallel_devices,
+          "best_data_parallel_devices": d, "best_data_parallel_iteration_ms": ms,
+          "cheapest_data_parallel_devices": cheap_d,
+          "cheapest_data_parallel_iteration_ms": cheap.iteration_ms,
+          "cheapest_data_parallel_gpu_ms": cheap.gpu_ms,
+          "gpu_time_saving_vs_cheapest_data_parallel": 1 - p["gpu_ms"] / cheap.gpu_ms,
           **dominating_data_parallel(model, dp, p["iteration_ms"], p["gpu_ms"], tolerance),
           **fields("speedup_vs_best_data_parallel",
                    compare(p["iteration_ms"], ms, tolerance, lower_is_better=True)),
@@ -104,64 +114,100 @@ def dominated_note(plan, c: dict[str, Any]) -> str | None:
           f"({c['dominated_by_data_parallel_gpu_ms']:.3f} vs {plan.predicted['gpu_ms']:.3f} "
           f"GPU-ms) than this plan (predicted); the amplification limit "
           f"({plan.amplification_limit}) is per layer and some layer exceeds it there; raise "
-          "planner.amplification_limit or run data parallelism on those devices")
+          f"planner.amplification_limit or run data parallelism on those devices — "
+          f"{plan.basis()}")
 
 
 def fair_comparison(plan, c: dict[str, Any]) -> str:
-  """The predicted comparisons in words: fastest data parallelism on <= G first."""
+  """The predicted comparisons in words (fastest data parallelism on <= G first), or that the
+  plan is data parallelism; what they rest on last."""
   p, g, t = plan.predicted, plan.num_devices, c["comparison_tolerance"]
+  all_g = data_parallel_on_all(g, int(p.get("data_parallel_devices") or g), plan.global_batch)
+  d, best = c.get("plan_data_parallel_devices"), c["best_data_parallel_devices"]
+  if d is not None:
+    text = (f"predicted: the plan is data parallelism on {d} devices "
+            f"({p['iteration_ms']:.3f} ms/iter)")
+    if d != best:
+      text += (f"; data parallelism on {best} devices, the fastest on <= {g}, takes "
+               f"{c['best_data_parallel_iteration_ms']:.3f} ms: the plan against it "
+               f"{describe(c['speedup_vs_best_data_parallel'], t)}")
+    if d != int(p.get("data_parallel_devices") or g):
+      text += f"; {all_g}: {p['data_parallel_iteration_ms']:.3f} ms"
+    return f"{text} — {c['basis']}"
   return (f"predicted: burst {p['iteration_ms']:.3f} ms/iter vs fastest data parallelism on "
-          f"<= {g} devices ({c['best_data_parallel_devices']} devices, "
-          f"{c['best_data_parallel_iteration_ms']:.3f} ms): "
-          f"{describe(c['speedup_vs_best_data_parallel'], t)}; vs data parallelism on all {g} "
-          f"({p['data_parallel_iteration_ms']:.3f} ms): {describe(c['speedup'], t)}")
+          f"<= {g} devices ({best} devices, {c['best_data_parallel_iteration_ms']:.3f} ms): "
+          f"{describe(c['speedup_vs_best_data_parallel'], t)}; vs {all_g} "
+          f"({p['data_parallel_iteration_ms']:.3f} ms): {describe(c['speedup'], t)} — "
+          f"{c['basis']}")
+
+
+def gpu_time_line(plan, c: dict[str, Any]) -> str:
+  """Predicted GPU time against data parallelism on all G and against the cheapest data
+  parallelism within the tolerance of the fastest one's time (the fair baseline)."""
+  p, g, t = plan.predicted, plan.num_devices, c["comparison_tolerance"]
+  all_g = data_parallel_on_all(g, int(p.get("data_parallel_devices") or g), plan.global_batch)
+  d, own = c["cheapest_data_parallel_devices"], c.get("plan_data_parallel_devices")
+  head = f"predicted GPU time: {p['gpu_ms']:.3f} GPU-ms per iteration"
+  cheapest = (f"the cheapest data parallelism within {t:.1%} of the fastest one's time (on {d} "
+              f"devices, {c['cheapest_data_parallel_gpu_ms']:.3f} GPU-ms)")
+  if own is not None:  # the plan is data parallelism: its GPU time is data parallelism's
+    tail = ("" if own == d else f"; {cheapest}: the plan uses "
+            f"{_saved(c['gpu_time_saving_vs_cheapest_data_parallel'])}")
+    return f"{head} (the plan is data parallelism on {own}){tail} — {c['basis']}"
+  return (f"{head}; vs {cheapest}: {_saved(c['gpu_time_saving_vs_cheapest_data_parallel'])}; "
+          f"vs {all_g} ({p['data_parallel_gpu_ms']:.3f} GPU-ms): "
+          f"{_saved(1 - p['gpu_ms'] / p['data_parallel_gpu_ms'])} — {c['basis']}")
+
+
+def _saved(fraction: float) -> str:
+  if abs(fraction) < 0.0005:
+    return "the same"
+  return f"{fraction:.1%} less" if fraction > 0 else f"{-fraction:.1%} more"
 
 
 def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) -> None:
   """The per-layer table, then the predicted comparisons (`fair`: from comparisons(); without
   it only data parallelism on all G is known, and the line says so)."""
   from rich.console import Console  # rich: only to print (its import is not free)
-  from rich.table import Table
 
   p = plan.predicted
-  table = Table(title=f"{plan.model}: B={plan.global_batch} on {plan.num_devices} devices "
-                      f"({plan.cluster}), amplification limit {plan.amplification_limit} "
-                      "(predicted)")
-  for c in COLUMNS:
-    table.add_column(c, justify="left" if c in ("layer", "kind") else "right")
-  for row in rows:
-    table.add_row(*[str(v) for v in row])
   console = Console(width=140)
-  console.print(table)
-  saving = (f"GPU-time saving vs data parallelism on all {plan.num_devices} "
-            f"{1 - p['gpu_ms'] / p['data_parallel_gpu_ms']:.1%} ({p['gpu_ms']:.3f} vs "
-            f"{p['data_parallel_gpu_ms']:.3f} GPU-ms) | planned in {plan.planner_seconds:.3f} s")
+  console.print(table(f"{plan.model}: B={plan.global_batch} on {plan.num_devices} devices "
+                      f"({plan.cluster}), amplification limit {plan.amplification_limit} "
+                      "(predicted)", COLUMNS, rows, left=("kind",)))
   if fair is None:
-    console.print(f"predicted: burst {p['iteration_ms']:.3f} ms/iter; data parallelism on all "
-                  f"{plan.num_devices}: {p['data_parallel_iteration_ms']:.3f} ms/iter (the "
-                  f"fastest data parallelism on fewer devices was not computed) | {saving}")
-    return
-  console.print(fair_comparison(plan, fair))
-  console.print(saving)
-  note = dominated_note(plan, fair)
-  if note:
-    console.print(note)
+    all_g = data_parallel_on_all(plan.num_devices, int(p.get("data_parallel_devices")
+                                                       or plan.num_devices), plan.global_batch)
+    console.print(f"predicted: burst {p['iteration_ms']:.3f} ms/iter; {all_g}: "
+                  f"{p['data_parallel_iteration_ms']:.3f} ms/iter (the fastest data "
+                  f"parallelism on fewer devices was not computed) — {plan.basis()}")
+  else:
+    console.print(fair_comparison(plan, fair))
+    console.print(gpu_time_line(plan, fair))
+    note = dominated_note(plan, fair)
+    if note:
+      console.print(note)
+  console.print(f"planned in {plan.planner_seconds:.3f} s")
 
 
 def chart_title(plan, fair: dict[str, Any] | None = None) -> str:
-  """Predicted; model, B, G, cluster, the amplification limit A, the profile, and the burst
-  plan against the fastest data parallelism on <= G (when `fair` is given) and on all G."""
-  p = plan.predicted
-  prof = plan.extra.get("profile") or {}
-  source = " ".join(str(prof[k]) for k in ("source", "device") if prof.get(k)) or "unrecorded"
-  return (f"predicted: {plan.model}, B={plan.global_batch}, G={plan.num_devices} "
-          f"({plan.cluster}), amplification limit A={plan.amplification_limit}, profile "
-          f"{source}\nburst {p['iteration_ms']:.2f} ms/iteration" + (
-              "" if fair is None else
-              f"; fastest DP on <= {plan.num_devices} ({fair['best_data_parallel_devices']} "
-              f"devices) {fair['best_data_parallel_iteration_ms']:.2f} ms: "
-              f"{describe(fair['speedup_vs_best_data_parallel'], fair['comparison_tolerance'])}")
-          + f"; DP on all {plan.num_devices}: {p['data_parallel_iteration_ms']:.2f} ms")
+  """Predicted; model, B, G, cluster and what the verdicts rest on (plan.basis), then the plan
+  against the fastest data parallelism on <= G (when `fair` is given) and on all G, or that the
+  plan is data parallelism."""
+  p, g = plan.predicted, plan.num_devices
+  head = (f"predicted: {plan.model}, B={plan.global_batch}, G={g} ({plan.cluster}); "
+          f"{plan.basis()}\n")
+  d = plan.data_parallel_devices
+  if d is not None:
+    return head + (f"the plan is data parallelism on {d} devices: "
+                   f"{p['iteration_ms']:.2f} ms/iteration")
+  all_g = data_parallel_on_all(g, int(p.get("data_parallel_devices") or g), plan.global_batch)
+  return (head + f"burst {p['iteration_ms']:.2f} ms/iteration" + (
+      "" if fair is None else
+      f"; fastest DP on <= {g} ({fair['best_data_parallel_devices']} devices) "
+      f"{fair['best_data_parallel_iteration_ms']:.2f} ms: "
+      f"{describe(fair['speedup_vs_best_data_parallel'], fair['comparison_tolerance'])}")
+      + f"; {all_g}: {p['data_parallel_iteration_ms']:.2f} ms")
 
 
 def plot_devices_per_layer(plan, path: Path, fair: dict[str, Any] | None = None) -> Path:

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -137,7 +138,7 @@ def restore_newest_good(manager, like: Any, everywhere=None):
         restored = _restore(manager, step, like, everywhere)
         break
       except Exception as e:  # noqa: BLE001 - orbax reports damage as many exception types
-        damaged.append((step, _first_line(e)))
+        damaged.append((step, damage(directory / str(step), e)))
         state["failed"] = True
         _quiet_abandoned_tasks()
   if restored is not None:
@@ -240,6 +241,46 @@ def _move_aside(manager, steps: list[int], aside: Path):
         target = aside / f"{step}.{len(list(aside.iterdir()))}"
       (directory / str(step)).rename(target)
   return _new_manager(directory, max_to_keep)
+
+
+# the files of an orbax step folder that hold JSON (the rest is tensorstore's binary data)
+JSON_FILES = ("_CHECKPOINT_METADATA", "_METADATA", "_sharding")
+
+
+def damage(step_dir: Path, e: BaseException) -> str:
+  """What is wrong with a checkpoint step that did not restore, in one line: the file (the one
+  the error names, else the first JSON file that does not parse or empty file found) and the
+  damage (the error's type and its most telling line)."""
+  text = " ".join(str(e).split())
+  named = [n for n in re.findall(re.escape(str(step_dir)) + r"[^\s\"',)]*", text)
+           if Path(n).is_file()]
+  files = named or [str(f) for f in damaged_files(step_dir)]
+  where = files[0] if files else f"{step_dir} (a file of its array data)"
+  return f"{where}: {type(e).__name__}: {_telling_line(e)}"
+
+
+def damaged_files(step_dir: Path) -> list[Path]:
+  """The files of a step folder that are visibly damaged: empty, or JSON that does not parse."""
+  out = []
+  for f in sorted(p for p in step_dir.rglob("*") if p.is_file()):
+    if f.stat().st_size == 0:
+      out.append(f)
+    elif f.name in JSON_FILES or f.parent.name == "array_metadatas":
+      try:
+        json.loads(f.read_bytes())
+      except (ValueError, UnicodeDecodeError):
+        out.append(f)
+  return out
+
+
+def _telling_line(e: BaseException) -> str:
+  """The error's line with the most words (tensorstore's 'See full details: <...>' tail and
+  object reprs cut), at most 160 characters."""
+  lines = [re.sub(r"<[^<>]*>", "", ln.split("See full TensorStore details")[0]).strip(" .:")
+           for ln in str(e).splitlines()]
+  best = max(lines, key=lambda ln: len(re.findall(r"[A-Za-z]{2,}", ln)), default="")
+  best = best or type(e).__name__
+  return best if len(best) <= 160 else best[:157] + "..."
 
 
 def _first_line(e: BaseException) -> str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dp_jax.base.errors import UserError
+from dp_jax.tracking.run_folder import cell_status
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -27,9 +27,7 @@ def collect(sweep_dir: str | Path) -> list[dict[str, Any]]:
   for job_dir in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()),
                         key=lambda p: int(p.name)):
     row: dict[str, Any] = {"job": int(job_dir.name)}
-    status_file = job_dir / "status.json"
-    status = json.loads(status_file.read_text()) if status_file.exists() else {
-        "status": "failed", "error": "the cell ended without writing status.json"}
+    status = dict(cell_status(job_dir))
     for text in status.pop("overrides", []) or []:
       key, value = parse_override(text)
       row[key] = value

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from dp_jax.base.errors import UserError
 
@@ -44,5 +46,21 @@ def write_error(e: OSError) -> str:
   """'could not write <path>: <reason>' for a failed write (full disk, read-only, ...)."""
   where = e.filename or "a file of the run"
   reason = e.strerror or str(e)
-  hint = "; free some space or choose another hydra.run.dir" if e.errno == errno.ENOSPC else ""
-  return f"could not write {where}: {reason}{hint}"
+  if e.errno == errno.ENOSPC:
+    return (f"disk full: could not write {where}: {reason}; free some space or choose another "
+            "hydra.run.dir")
+  return f"could not write {where}: {reason}"
+
+
+def cell_status(folder: Path) -> dict[str, Any]:
+  """A run folder's status.json; a run that never ended (no file, an unreadable one, or the
+  'running' a run writes when it starts) reads as failed, saying so."""
+  try:
+    status = json.loads((Path(folder) / "status.json").read_text())
+  except (OSError, ValueError):
+    return {"status": "failed", "error": "no status.json: the run did not finish"}
+  if status.get("status") == "running":
+    return {**status, "status": "failed",
+            "error": "the run did not finish (killed or still running: its status.json says "
+                     "running)"}
+  return status

@@ -16,7 +16,9 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from dp_jax.report.tables import table
 from dp_jax.tracking.run import plan_file_json
+from dp_jax.tracking.run_folder import cell_status
 
 CSV_FILE, MARKDOWN_FILE = "sweep_summary.csv", "sweep_summary.md"
 IDENTITY = [("model", "model"), ("cluster", "cluster"), ("num_devices", "G"),
@@ -74,10 +76,7 @@ def sweep_cells(sweep_dir: Path) -> list[dict[str, Any]]:
   out = []
   folders = [p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
   for folder in sorted(folders, key=lambda p: int(p.name)):
-    try:
-      status = json.loads((folder / "status.json").read_text())
-    except (OSError, ValueError):
-      status = {"status": "failed", "error": "no status.json: the cell did not finish"}
+    status = cell_status(folder)
     try:
       config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
@@ -144,12 +143,7 @@ def write_tables(sweep_dir: Path, columns: list[str], rows: list[list[Any]]) -> 
 def print_sweep_summary(columns: list[str], rows: list[list[Any]], sweep_dir: Path,
                         failed: int) -> None:
   from rich.console import Console  # rich: only to print (its import is not free)
-  from rich.table import Table
 
-  table = Table(title=f"sweep {sweep_dir}: {len(rows) - failed} ok, {failed} failed "
-                      f"({CSV_FILE}, {MARKDOWN_FILE})")
-  for c in columns:
-    table.add_column(c)
-  for r in rows:
-    table.add_row(*map(str, r))
-  Console(width=200).print(table)
+  Console(width=200).print(table(f"sweep {sweep_dir}: {len(rows) - failed} ok, {failed} failed "
+                                 f"({CSV_FILE}, {MARKDOWN_FILE})", columns, rows,
+                                 left=columns))
