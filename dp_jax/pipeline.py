@@ -48,7 +48,7 @@ from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.multiplex.background import BackgroundSpec
 from dp_jax.planner import PlanOptions, plan_for, plan_with, plan_with_idle_device
-from dp_jax.planner.plan import model_record
+from dp_jax.planner.plan import limit_label, model_record
 from dp_jax.profiling.sources import ProfileOptions
 from dp_jax.report import main_job
 from dp_jax.report.compare import validated_tolerance
@@ -220,9 +220,9 @@ def local_part(inputs: PipelineInputs, out_dir: Path, run: Run, header: local.An
     plan, limit = plan_with_idle_device(graph, profile, cluster, setup.options, **record)
   planned_dp = limit is not None
   if planned_dp:
-    print(f"At amplification limit {setup.options.amplification_limit}x the plan is data "
-          f"parallelism on all {g} devices (no device idles): running the fastest plan with an "
-          f"idle device instead, at limit {limit}x.")
+    print(f"At amplification limit {limit_label(setup.options.amplification_limit)} the plan "
+          f"is data parallelism on all {g} devices (no device idles): running the fastest plan "
+          f"with an idle device instead, at limit {limit_label(limit)}.")
   plan_options = (replace(setup.options, amplification_limit=limit) if planned_dp else
                   setup.options)
   plan.save(out_dir / "plan.json")

@@ -1,7 +1,7 @@
 """Amplification: foreground speed against GPU-time as the amplification limit A varies.
 
     scripts/reproduce.sh amplification      # sweep + aggregation into results/amplification/
-    # which runs (S: a timestamped sweep folder):
+    # which runs, in .venv (S: a timestamped sweep folder):
     python -m dp_jax.plan -m +experiment=amplification hydra.sweep.dir=multirun/amplification/S
     python -m experiments.amplification multirun/amplification/S --out results/amplification
 
@@ -26,18 +26,17 @@ import sys
 from pathlib import Path
 
 from experiments import plots
-from experiments.fields import (
-  PLAN_IDENTITY,
-  judge,
-  judged,
-  limit_label,
-  number,
-  percent,
-  pivot,
-)
+from experiments.fields import PLAN_IDENTITY, judge, limit_label, number, pivot, tally
 from experiments.pareto import on_front
 from experiments.report import Row, Study, main
-from experiments.strong_scaling import COMPARED, DERIVED, RESULTS, VERDICTS
+from experiments.strong_scaling import (
+  COMPARED,
+  DERIVED,
+  RESULTS,
+  SAVING_CAPTION,
+  VERDICTS,
+  comparison_cell,
+)
 from experiments.strong_scaling import derive as plan_derive
 
 GROUP = ("model", "cluster", "num_devices", "global_batch")
@@ -107,12 +106,13 @@ def headline(rows: list[Row]) -> str:
     cols = [(f"A={limit_label(a)}", lambda r, a=a: r["amplification_limit"] == a)
             for a in limits]
     parts.append(f"### G={g}, B={b} ({sub[0]['cluster']}): speed-up over the fastest data "
-                 "parallelism on <= G devices / over data parallelism on all G (GPU-time "
-                 "saving); * = on the Pareto front (predicted)\n\n" + pivot(
+                 f"parallelism on <= G devices / over data parallelism on all G ({SAVING_CAPTION}"
+                 "; DP on d: the plan is data parallelism); * = on the Pareto front "
+                 "(predicted)\n\n" + pivot(
                      sub, row_key="model", cols=cols, row_header="model",
-                     value=lambda r: f"{judged(r, 'speedup_vs_best_data_parallel')} / "
-                                     f"{judged(r, 'speedup')} ({percent(r['gpu_time_saving'])})"
-                                     f"{'*' if r['on_front'] else ''}"))
+                     value=lambda r: f"{comparison_cell(r)}{'*' if r['on_front'] else ''}")
+                 + "\nAgainst the fastest data parallelism on <= G: "
+                   f"{tally(sub, 'speedup_vs_best_data_parallel')}.\n")
   return "\n".join(parts)
 
 

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import math
+import re
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dp_jax.report.compare import VALIDATED_TOLERANCE, VERDICTS, verdict
+from dp_jax.report.compare import VALIDATED_TOLERANCE, VERDICTS, validated_tolerance, verdict
 
 Row = dict[str, Any]
 PLAN_IDENTITY = ("model", "cluster", "device", "num_devices", "global_batch",
                  "amplification_limit")
+# What a plan/simulate cell's verdicts rest on (gradient precision, profile, A) and the device
+# count when its plan is plain data parallelism (None otherwise).
+PLAN_BASIS = ("basis", "plan_data_parallel_devices")
+# The memory model's one-line errors: "no plan fits in 40 GB per device: device 0 needs 40.37 GB"
+# and "layer 'x' does not fit in 40 GB per device on ...: it needs 41.00 GB".
+MEMORY_ERROR = re.compile(r"fits? in ([\d.]+) GB per device\b.*?\bneeds ([\d.]+) GB")
 
 
 def plan_identity(cfg: Row) -> Row:
@@ -79,9 +87,19 @@ def pivot(rows: Sequence[Row], *, row_key: str, cols: Sequence[tuple[str, Callab
 
 
 def tolerance(row: Row) -> float:
-  """The cell's comparison tolerance (its summary's), else the validated default."""
+  """The cell's comparison tolerance (its summary's), else the validated tolerance of its device
+  (the row's, or its config's cluster's; the CPU's when it names none)."""
   t = number(row.get("comparison_tolerance"))
-  return VALIDATED_TOLERANCE if t is None else t
+  if t is not None:
+    return t
+  device = row.get("device") or ((row.get("config") or {}).get("cluster") or {}).get("device")
+  return validated_tolerance(str(device)) if device else VALIDATED_TOLERANCE
+
+
+def data_parallel_label(row: Row) -> str | None:
+  """'DP on d' when the cell's plan is plain data parallelism on d devices, else None."""
+  d = number(row.get("plan_data_parallel_devices"))
+  return None if d is None else f"DP on {int(d)}"
 
 
 def judge(row: Row, names: Sequence[str]) -> Row:
@@ -112,10 +130,39 @@ def ratio_verdict(x: Any, tol: float) -> str:
 
 
 def tally(rows: Sequence[Row], name: str) -> str:
-  """'3 ahead, 5 tie, 2 behind' over the rows with that ratio (verdicts of `judge`)."""
+  """'3 ahead, 5 tie, 2 behind' over the rows with that ratio of a burst plan to data
+  parallelism (verdicts of `judge`), then ', 4 is DP': the cells whose plan is data
+  parallelism, not judged."""
   counts = {k: 0 for k in VERDICTS}
+  plain = 0
   for r in rows:
     v = number(r.get(name))
-    if v is not None:
+    if data_parallel_label(r):
+      plain += 1
+    elif v is not None:
       counts[verdict(v, tolerance(r))] += 1
-  return ", ".join(f"{n} {k}" for k, n in counts.items())
+  return ", ".join(f"{n} {k}" for k, n in counts.items()) + (f", {plain} is DP" if plain else "")
+
+
+def basis_line(rows: Sequence[Row]) -> str:
+  """'Verdicts rest on: `a`, `b`.': the distinct bases (gradient precision, profile, A) of the
+  cells, or that they did not record one."""
+  bases = list(dict.fromkeys(str(r["basis"]) for r in rows if r.get("basis")))
+  if not bases:
+    return "Verdicts rest on: not recorded (these cells predate the summary's `basis`)."
+  return "Verdicts rest on: " + ", ".join(f"`{b}`" for b in bases) + "."
+
+
+def median_percent(rows: Sequence[Row], name: str) -> str:
+  """'median 42% over 12 cells' of a fraction column ('not recorded' when no row has it)."""
+  values = [v for v in (number(r.get(name)) for r in rows) if v is not None]
+  if not values:
+    return "not recorded"
+  cells = f"{len(values)} cell" + ("s" if len(values) > 1 else "")
+  return f"median {statistics.median(values):.0%} over {cells}"
+
+
+def memory_need(error: Any) -> tuple[float, float] | None:
+  """(GB a device needs, GB it has) from the memory model's one-line error, else None."""
+  match = MEMORY_ERROR.search(str(error or ""))
+  return None if match is None else (float(match[2]), float(match[1]))

@@ -1,7 +1,7 @@
 """Network: how the burst gain changes as the inter-node link bandwidth falls.
 
     scripts/reproduce.sh network      # sweep + aggregation into results/network/
-    # which runs (S: a timestamped sweep folder):
+    # which runs, in .venv (S: a timestamped sweep folder):
     python -m dp_jax.simulate -m +experiment=network hydra.sweep.dir=multirun/network/S
     python -m experiments.network multirun/network/S --out results/network
 
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from experiments import plots, simulated
-from experiments.fields import judged, limit_label, pivot, tolerance
+from experiments.fields import data_parallel_label, judged, limit_label, pivot, tolerance
 from experiments.report import Row, Study, main
 
 LINK = ("inter_node_bandwidth_GBps", "inter_node_latency_us")
@@ -70,11 +70,13 @@ def headline(rows: list[Row]) -> str:
               for bw in bands]
       parts.append(f"### A={limit_label(a)}, G={g}, B={b}: cluster throughput / matched DP + "
                    "background @ its devices; foreground speed-up over data parallelism on its "
-                   "fastest d <= G devices / on all G (simulated)\n\n" + pivot(
+                   "fastest d <= G devices / on all G; DP on d: the plan is data parallelism "
+                   "(simulated)\n\n" + pivot(
                        sub, row_key="model", cols=cols, row_header="model",
-                       value=lambda r: f"{simulated.matched_label(r)}; "
-                                       f"{judged(r, 'speedup_vs_best_data_parallel')} / "
-                                       f"{judged(r, 'speedup_vs_data_parallel')}"))
+                       value=lambda r: data_parallel_label(r) or (
+                           f"{simulated.matched_label(r)}; "
+                           f"{judged(r, 'speedup_vs_best_data_parallel')} / "
+                           f"{judged(r, 'speedup_vs_data_parallel')}")))
   return "\n".join(parts)
 
 

@@ -14,6 +14,7 @@ import json
 import math
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,8 @@ from typing import Any
 import yaml
 
 from dp_jax.base.errors import UserError
-from dp_jax.report.compare import VALIDATED_TOLERANCE
 from dp_jax.tracking import aggregate
+from experiments import fields
 
 HEAD = ("job", "cell", "status")
 OVERLAYS = Path(__file__).resolve().parents[1] / "conf" / "experiment"
@@ -98,11 +99,25 @@ def ok(rows: Sequence[Row]) -> list[Row]:
 
 
 def failed_section(rows: Sequence[Row]) -> str:
-  """Markdown list of the failed cells with their one-line errors."""
+  """Markdown list of the failed cells with their one-line errors; first, for cells the memory
+  model refused, what they need (read from the error) against what a device has."""
   bad = [r for r in rows if r.get("status") != "ok"]
   if not bad:
     return "## Failed cells\n\nnone\n"
-  return "## Failed cells\n\n" + aggregate.markdown_table(bad, ["job", "cell", "error"])
+  needs = Counter(f"{cell_name(r)}: needs {need[0]:g} GB per device in the memory model, over "
+                  f"the {need[1]:g} GB a device has"
+                  for r in bad if (need := fields.memory_need(r.get("error"))))
+  memory = "".join(f"- {line}{f' ({n} cells)' if n > 1 else ''}\n" for line, n in needs.items())
+  return ("## Failed cells\n\n" + (f"{memory}\n" if memory else "")
+          + aggregate.markdown_table(bad, ["job", "cell", "error"]))
+
+
+def cell_name(row: Row) -> str:
+  """'gpt2_small G=1 B=32 on dgx_a100' from a row's identity columns, else its overrides."""
+  if row.get("model") is None or row.get("num_devices") is None:
+    return str(row.get("cell"))
+  where = f" on {row['cluster']}" if row.get("cluster") else ""
+  return f"{row['model']} G={row['num_devices']} B={row.get('global_batch')}{where}"
 
 
 def sweep_provenance(study: Study, sweep_dir: Path, rows: Sequence[Row]) -> dict[str, Any]:
@@ -122,21 +137,24 @@ def sweep_provenance(study: Study, sweep_dir: Path, rows: Sequence[Row]) -> dict
 def markdown(study: Study, rows: Sequence[Row], prov: dict[str, Any],
              figures: Sequence[Path] = ()) -> str:
   """The study's README: what it is and how to rerun it (its docstring), what its numbers are,
-  how comparisons are judged, headline tables, figures, missing and failed cells."""
+  how comparisons are judged and what they rest on, headline tables, figures, missing and failed
+  cells."""
   title, _, rest = study.doc.strip().partition("\n")
-  tols = sorted({float(r["comparison_tolerance"]) for r in rows
-                 if r.get("comparison_tolerance") is not None})
   judges = any(c.endswith("_verdict") for c in study.columns)
+  recorded = any(r.get("comparison_tolerance") is not None for r in rows)
+  used = ", ".join(f"{t:.1%}" for t in sorted({fields.tolerance(r) for r in ok(rows) or rows}))
   judged = ("" if not judges else
-            f"Comparisons: a margin within +-{', '.join(f'{t:.1%}' for t in tols)} "
-            "(`comparison.tolerance`, default the validated median error) is a tie, not a win "
-            "(dp_jax/report/compare.py).\n\n" if tols else
-            f"Comparisons: verdicts use +-{VALIDATED_TOLERANCE:.1%} (the validated median "
-            "error; these cells did not record a tolerance).\n\n")
+            f"Comparisons: a margin within +-{used} (`comparison.tolerance`, default the "
+            "validated median error of the cluster's device) is a tie, not a win "
+            "(dp_jax/report/compare.py).\n\n" if recorded else
+            f"Comparisons: verdicts use +-{used} (the validated median error of the cells' "
+            "device; these cells did not record a tolerance).\n\n")
+  if judges and "basis" in study.columns:
+    judged += f"{fields.basis_line(ok(rows))}\n\n"
   if prov.get("from_csv"):
     judged += (f"Re-rendered from `{prov['from_csv']}` (`--from-csv`), without the sweep "
                "folder: figures that need per-cell files are not redrawn.")
-    judged += ("" if tols or not judges else
+    judged += ("" if recorded or not judges else
                " These cells predate `comparison.tolerance`: they are judged at the default"
                + (", and their matched baseline is the earlier one (data parallelism on the "
                   "fewest devices at least as fast, no tolerance band)"

@@ -1,7 +1,7 @@
 """Runtime: measured training step times on the local devices, data parallelism vs burst plans.
 
     scripts/reproduce.sh runtime      # sweep + aggregation into results/runtime/
-    # which runs (S: a timestamped sweep folder):
+    # which runs, in .venv (S: a timestamped sweep folder):
     python -m dp_jax.train -m +experiment=runtime hydra.sweep.dir=multirun/runtime/S
     python -m experiments.runtime multirun/runtime/S --out results/runtime
 

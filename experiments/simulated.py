@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dp_jax.sim.metrics import matched_data_parallel
 from experiments.fields import (
+  PLAN_BASIS,
   PLAN_IDENTITY,
   judge,
   judged,
@@ -21,7 +22,7 @@ from experiments.fields import (
 from experiments.report import Row
 
 IDENTITY = (*PLAN_IDENTITY, "background", "background_batch", "slowdown_cap")
-RESULTS = ("alone_iteration_ms", "iteration_ms", "data_parallel_iteration_ms",
+RESULTS = (*PLAN_BASIS, "alone_iteration_ms", "iteration_ms", "data_parallel_iteration_ms",
            "speedup_vs_data_parallel_alone", "speedup_vs_data_parallel", "gpu_ms",
            "alone_idle_fraction", "idle_fraction", "samples_per_s", "background_samples_per_s",
            "background_samples_per_s_in_windows", "background_samples_per_s_on_free_devices",
@@ -30,7 +31,9 @@ RESULTS = ("alone_iteration_ms", "iteration_ms", "data_parallel_iteration_ms",
            "best_data_parallel_iteration_ms", "best_data_parallel_cluster_samples_per_s",
            "cluster_throughput_vs_best_data_parallel", "matched_data_parallel_devices",
            "matched_data_parallel_iteration_ms", "matched_data_parallel_cluster_samples_per_s",
-           "cluster_throughput_vs_matched_data_parallel", "max_slowdown", "timeline_vs_planner",
+           "cluster_throughput_vs_matched_data_parallel", "cheapest_data_parallel_devices",
+           "cheapest_data_parallel_gpu_ms", "gpu_time_saving_vs_cheapest_data_parallel",
+           "gpu_time_saving_vs_data_parallel", "max_slowdown", "timeline_vs_planner",
            "foreground_memory_peak_gb", "background_memory_gb")
 DERIVED = ("speedup_vs_best_data_parallel",)
 # Every ratio the simulated studies report, judged with the cell's tolerance

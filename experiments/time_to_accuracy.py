@@ -1,7 +1,7 @@
 """Time to accuracy: measured steps to a target on real data x predicted time per step.
 
     scripts/reproduce.sh time_to_accuracy   # sweep + aggregation into results/time_to_accuracy/
-    # which runs (S: a timestamped sweep folder, M: multirun/time_to_accuracy/S):
+    # which runs, in .venv (S: a timestamped sweep folder, M: multirun/time_to_accuracy/S):
     python -m dp_jax.accuracy -m +experiment=time_to_accuracy hydra.sweep.dir=M
     python -m experiments.time_to_accuracy M --out results/time_to_accuracy
 

@@ -1,7 +1,7 @@
 """Validation: every prediction of the cost model compared with a measured run of the same plan.
 
     scripts/reproduce.sh validation   # sweep + aggregation into results/validation/
-    # which runs (S: a timestamped sweep folder):
+    # which runs, in .venv (S: a timestamped sweep folder):
     python -m dp_jax.validate -m +experiment=validation hydra.sweep.dir=multirun/validation/S
     python -m experiments.validation multirun/validation/S --out results/validation
 

@@ -1,7 +1,7 @@
 """Weight sharding: strong scaling with planner.sharding=[samples,weights] vs [samples].
 
     scripts/reproduce.sh weight_sharding      # sweep + aggregation into results/weight_sharding/
-    # which runs (S: a timestamped sweep folder):
+    # which runs, in .venv (S: a timestamped sweep folder):
     python -m dp_jax.plan -m +experiment=weight_sharding hydra.sweep.dir=multirun/weight_sharding/S
     python -m experiments.weight_sharding multirun/weight_sharding/S --out results/weight_sharding
 
@@ -14,18 +14,22 @@ split their samples only, and layers may also split their weights (out / in feat
 on a 2-D (data, model) mesh (docs/cost_model.md, "Weight sharding"). All numbers are predicted
 by the cost model.
 
-It shows where splitting weights per layer beats splitting samples per layer: the iteration
-time of both plans against G, the speed-up of weights over samples only, how many layers the
-plan shards and the per-device memory peak.
+It shows where splitting weights per layer beats splitting samples per layer: its best speed-up
+over samples only (computed from the cells, with where it is), the iteration time of both plans
+against G, the speed-up of weights over samples only, how many layers the plan shards and the
+per-device memory peak.
 """
 
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
+from dp_jax.report.compare import VERDICTS
 from experiments import plots
 from experiments.fields import (
+  PLAN_BASIS,
   PLAN_IDENTITY,
   judge,
   judged,
@@ -39,8 +43,8 @@ from experiments.fields import (
 )
 from experiments.report import Row, Study, main
 
-RESULTS = ("iteration_ms", "gpu_ms", "data_parallel_iteration_ms", "weight_sharded_layers",
-           "memory_peak_gb")
+RESULTS = (*PLAN_BASIS, "iteration_ms", "gpu_ms", "data_parallel_iteration_ms",
+           "weight_sharded_layers", "memory_peak_gb")
 SAMPLES, WEIGHTS = "samples", "samples+weights"
 
 
@@ -85,9 +89,25 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
       title="predicted: samples only (dashed) vs samples + weights (solid)", style=style)]
 
 
+def gain_line(rows: list[Row]) -> str:
+  """The best speed-up of samples + weights over samples only, where, and how the cells are
+  judged, computed from the rows."""
+  judged_cells = [r for r in rows if r["sharding"] == WEIGHTS
+                  and number(r.get("speedup_vs_samples")) is not None]
+  if not judged_cells:
+    return "No cell has both plans: no speed-up of weight sharding over samples only.\n"
+  best = max(judged_cells, key=lambda r: r["speedup_vs_samples"])
+  counts = Counter(r["speedup_vs_samples_verdict"] for r in judged_cells)
+  return (f"Splitting weights as well as samples is up to {judged(best, 'speedup_vs_samples')} "
+          f"against samples only ({best['model']} on {best['cluster']}, G={best['num_devices']}"
+          f", B={best['global_batch']}; predicted); over the {len(judged_cells)} cells with both "
+          f"plans: {', '.join(f'{counts[v]} {v}' for v in VERDICTS)}.\n")
+
+
 def headline(rows: list[Row]) -> str:
-  """Per model and cluster, each G: samples-only ms -> with weights ms (speed-up, layers)."""
-  parts = []
+  """The best gain of weight sharding, then per model and cluster, each G: samples-only ms ->
+  with weights ms (speed-up, layers)."""
+  parts = [gain_line(rows)]
   for cluster in dict.fromkeys(r["cluster"] for r in rows):
     sub = [r for r in rows if r["cluster"] == cluster and r["sharding"] == WEIGHTS]
     base = {_key(r): r for r in rows if r["cluster"] == cluster and r["sharding"] == SAMPLES}

@@ -25,8 +25,12 @@ TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=
 QUICK = ["logger=disabled", "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]",
          "model.n_layer=1", "local.steps=3", "local.warmup=1", "local.profile_repeats=1",
          "local.profile_passes=1", "local.profile_cuts=1", "train.alone_steps=6", "train.steps=20",
-         "background.batch_per_device=2",
+         "background.batch_per_device=2", "background.slowdown_cap=1.0",
          "planner.amplification_limit=inf"]
+# The suite runs beside another worker on 2 cores: that worker's load moves the foreground's
+# step by tens of percent whatever the background does, so the quick run's cap is wide (the
+# foreground may double); the default 10% cap is held by the main job on a quiet machine
+# (README), and the verdict's failing side is tested on its own below.
 
 
 def facts() -> MainJobFacts:
@@ -126,7 +130,7 @@ def test_a_plan_that_is_data_parallelism_is_said_and_the_plan_run_instead_named(
            "plan_amplification_limit": (1.25, "config"), "burst_predicted_ms": (12.0, "predicted"),
            "data_parallel_predicted_ms": (10.0, "predicted")}
   (said,) = [s for s in story(job, [], local) if "data parallelism on all 2 devices" in s]
-  assert "At amplification limit 1.5x" in said and "limit 1.25x" in said
+  assert "At amplification limit 1.5 the" in said and "(limit 1.25;" in said
   assert "predicted 12.0 ms per step against data parallelism's 10.0 ms" in said
   local["planned_is_data_parallel"] = (False, "predicted")
   assert not any("data parallelism on all" in s for s in story(job, [], local))

@@ -141,3 +141,11 @@ def test_profiled_layers_sum_to_the_measured_one_stage_step(tmp_path):
     times.append((time.perf_counter() - t0) * 1e3)
   measured = min(times)
   assert predicted == pytest.approx(measured, rel=0.25), (predicted, statistics.median(times))
+
+
+def test_forward_share_stays_within_zero_and_one_when_a_half_times_below_the_empty_call():
+  # a tiny model under load: its forward program timed below the trivial program's call
+  assert in_context.forward_share(0.9, 3.0, 1.0) == 0.0
+  assert in_context.forward_share(3.0, 0.5, 1.0) == 1.0
+  assert in_context.forward_share(2.0, 4.0, 1.0) == 0.25
+  assert in_context.forward_share(0.5, 0.5, 1.0) == 0.5

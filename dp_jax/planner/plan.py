@@ -34,6 +34,11 @@ REQUIRED_PREDICTED = ("iteration_ms", "gpu_ms", "data_parallel_iteration_ms",
 _LAYER_FIELDS = ("name", "devices", "samples")
 
 
+def limit_label(a: float) -> str:
+  """An amplification limit as written: 2.0 -> '2', inf -> 'inf'."""
+  return "inf" if math.isinf(a) else f"{a:g}"
+
+
 @dataclass(frozen=True)
 class LayerPlan:
   """One layer: devices[i] holds the half-open sample range samples[i] of the global batch."""
@@ -131,7 +136,7 @@ class Plan:
     profile = " ".join(str(prof[k]) for k in ("source", "device", "dtype") if prof.get(k))
     a = self.amplification_limit
     return (f"{self.options.get('gradient_precision', 'fp32')} gradients; "
-            f"{profile or 'unrecorded'} profile; A={'inf' if math.isinf(a) else f'{a:g}'}")
+            f"{profile or 'unrecorded'} profile; A={limit_label(a)}")
 
   @property
   def made_for(self) -> dict[str, Any] | None:

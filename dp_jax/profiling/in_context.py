@@ -21,7 +21,8 @@ difference (per-device batch b). The whole model is also timed as split forward 
 programs. The totals of each count are leveled (dp_jax.profiling.boundary.leveled): the whole
 model's fused program is measured in the prefix loop and beside every cut, and the median of
 these sets the level of every prefix total.
-The table's fwd/bwd division of a layer's cost follows the whole model's fwd / (fwd + bwd).
+The table's fwd/bwd division of a layer's cost follows the whole model's fwd / (fwd + bwd)
+(each less the trivial program's call, at least 0; halves when both are 0).
 `statistic` of `passes` passes over all prefixes and cuts of `repeats` rounds each (every
 program is built once and reused by every pass: compiling dominates the profile's time); the
 totals are cached (dp_jax.profiling.cache, method in_context/5, with `runs_per_turn` in the key).
@@ -200,6 +201,14 @@ def marginals(totals: list[float], empty: float) -> list[float]:
   return [b - a for a, b in zip([empty, *tops[:-1]], tops, strict=True)]
 
 
+def forward_share(fwd_ms: float, bwd_ms: float, empty_ms: float) -> float:
+  """The forward's share of a step from the split programs' times, each less the trivial
+  program's call: a tiny model's half can time below that call under load, so each counts as at
+  least 0 (both 0: half each) and the share stays within [0, 1]."""
+  fwd, bwd = max(0.0, fwd_ms - empty_ms), max(0.0, bwd_ms - empty_ms)
+  return fwd / (fwd + bwd) if fwd + bwd > 0 else 0.5
+
+
 def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable[int], *,
                        cache_dir: str | Path = cache.DEFAULT_CACHE_DIR, repeats: int = 3,
                        warmup: int = 1, statistic: str = "median", passes: int = 2,
@@ -279,8 +288,7 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
     if not all(math.isfinite(v) and v >= 0 for v in values):
       raise UserError(f"a measured prefix time of {graph.model} at batch {b} is not finite")
     fused = marginals(t["fused"], empty[g])
-    split = max(t["fwd"] + t["bwd"] - 2 * empty[g], 1e-9)
-    fwd_share = (t["fwd"] - empty[g]) / split
+    fwd_share = forward_share(t["fwd"], t["bwd"], empty[g])
     whole = max(t["fused"]) - empty[g]
     bounds[str(b)] = {str(k): v for k, v in boundary.boundary_costs(cut_ms, empty[g],
                                                                     whole).items()}

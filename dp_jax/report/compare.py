@@ -115,6 +115,11 @@ def describe(ratio: float | None, tolerance: float, verdict_text: str | None = N
   return f"{ratio:.2f}x ({ratio - 1:+.0%}, {v}{within})"
 
 
+def devices(n: int) -> str:
+  """'1 device', '8 devices'."""
+  return f"{n} device" if n == 1 else f"{n} devices"
+
+
 def data_parallel_on_all(g: int, d: int, global_batch: int) -> str:
   """The data-parallel baseline on the job's devices, named as it runs: 'data parallelism on
   all 32', or on d < G devices when G does not divide the batch ('data parallelism on 24 of

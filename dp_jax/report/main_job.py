@@ -12,6 +12,7 @@ from typing import Any
 
 from dp_jax.multiplex.background import BackgroundSpec
 from dp_jax.multiplex.policy import busy_in_every_layer
+from dp_jax.planner.plan import limit_label
 from dp_jax.report.compare import describe, validated_tolerance, verdict
 from dp_jax.report.tables import table
 from dp_jax.studies.paper import COLUMNS as PAPER_COLUMNS
@@ -209,10 +210,11 @@ def story(facts: MainJobFacts, paper: list[dict[str, Any]], local: Measured) -> 
   v = {k: val for k, (val, _) in local.items()}
   if v.get("planned_is_data_parallel"):
     out.append(
-        f"At amplification limit {facts.amplification_limit}x the planner's plan here is data "
-        f"parallelism on all {v['devices']} devices: no device idles, so a background job has "
-        "nowhere to run. The main job runs the fastest plan with an idle device instead (limit "
-        f"{v['plan_amplification_limit']}x; planner.idle_device_limit): "
+        f"At amplification limit {limit_label(facts.amplification_limit)} the planner's plan "
+        f"here is data parallelism on all {v['devices']} devices: no device idles, so a "
+        "background job has nowhere to run. The main job runs the fastest plan with an idle "
+        f"device instead (limit {limit_label(v['plan_amplification_limit'])}; "
+        "planner.plan_with_idle_device): "
         + (f"predicted {v['burst_predicted_ms']:.1f} ms per step against data parallelism's "
            f"{v['data_parallel_predicted_ms']:.1f} ms. " if "burst_predicted_ms" in v else "")
         + "Its numbers below are that plan's.")

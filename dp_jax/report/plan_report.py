@@ -11,7 +11,7 @@ from typing import Any
 from dp_jax.planner import memory
 from dp_jax.planner.baseline import cheapest_within
 from dp_jax.planner.evaluate import data_parallel_assignment
-from dp_jax.report.compare import compare, data_parallel_on_all, describe, fields
+from dp_jax.report.compare import compare, data_parallel_on_all, describe, devices, fields
 from dp_jax.report.tables import table
 from dp_jax.sim.engine import cost_model_for, data_parallel_evaluations
 from dp_jax.sim.metrics import fastest_data_parallel
@@ -109,7 +109,7 @@ def dominated_note(plan, c: dict[str, Any]) -> str | None:
   d = c.get("dominated_by_data_parallel_devices")
   if d is None:
     return None
-  return (f"note: data parallelism on {d} devices is faster "
+  return (f"note: data parallelism on {devices(d)} is faster "
           f"({c['dominated_by_data_parallel_iteration_ms']:.3f} ms) and uses less GPU time "
           f"({c['dominated_by_data_parallel_gpu_ms']:.3f} vs {plan.predicted['gpu_ms']:.3f} "
           f"GPU-ms) than this plan (predicted); the amplification limit "
@@ -125,10 +125,10 @@ def fair_comparison(plan, c: dict[str, Any]) -> str:
   all_g = data_parallel_on_all(g, int(p.get("data_parallel_devices") or g), plan.global_batch)
   d, best = c.get("plan_data_parallel_devices"), c["best_data_parallel_devices"]
   if d is not None:
-    text = (f"predicted: the plan is data parallelism on {d} devices "
+    text = (f"predicted: the plan is data parallelism on {devices(d)} "
             f"({p['iteration_ms']:.3f} ms/iter)")
     if d != best:
-      text += (f"; data parallelism on {best} devices, the fastest on <= {g}, takes "
+      text += (f"; data parallelism on {devices(best)}, the fastest on <= {g}, takes "
                f"{c['best_data_parallel_iteration_ms']:.3f} ms: the plan against it "
                f"{describe(c['speedup_vs_best_data_parallel'], t)}")
     if d != int(p.get("data_parallel_devices") or g):
@@ -199,7 +199,7 @@ def chart_title(plan, fair: dict[str, Any] | None = None) -> str:
           f"{plan.basis()}\n")
   d = plan.data_parallel_devices
   if d is not None:
-    return head + (f"the plan is data parallelism on {d} devices: "
+    return head + (f"the plan is data parallelism on {devices(d)}: "
                    f"{p['iteration_ms']:.2f} ms/iteration")
   all_g = data_parallel_on_all(g, int(p.get("data_parallel_devices") or g), plan.global_batch)
   return (head + f"burst {p['iteration_ms']:.2f} ms/iteration" + (

@@ -13,6 +13,7 @@ from dp_jax.report.compare import (
   compare,
   data_parallel_on_all,
   describe,
+  devices,
   fields,
   none_fields,
 )
@@ -118,7 +119,7 @@ def fair_comparison(m: dict[str, Any]) -> str:
   all_g = data_parallel_on_all(g, m["data_parallel_devices"], m["global_batch"])
   d = m.get("plan_data_parallel_devices")
   if d is not None:
-    fg = f"the plan is data parallelism on {d} devices ({m['alone_iteration_ms']:.3f} ms)"
+    fg = f"the plan is data parallelism on {devices(d)} ({m['alone_iteration_ms']:.3f} ms)"
     if d != m["best_data_parallel_devices"]:
       fg += (f", {describe(m['speedup_vs_best_data_parallel_alone'], t)} against the fastest, "
              f"on {m['best_data_parallel_devices']}")
@@ -177,7 +178,7 @@ def matched_data_parallel(frontier: list[dict[str, float]], iteration_ms: float,
           "matched_data_parallel_cluster_samples_per_s": p["cluster_samples_per_s"],
           **fields("cluster_throughput_vs_matched_data_parallel", compare(
               cluster_sps, p["cluster_samples_per_s"], tolerance, lower_is_better=False)),
-          "matched_data_parallel_note": f"data parallelism on {p['devices']} devices (within "
+          "matched_data_parallel_note": f"data parallelism on {devices(p['devices'])} (within "
                                         f"{tolerance:.1%} of the burst foreground, the best "
                                         "cluster throughput of those)"}
 
