@@ -174,7 +174,7 @@ def print_summary(facts: MainJobFacts, paper: list[dict[str, Any]], fair: list[s
           "-" if dp is not None else _short(r["speedup_vs_fastest_dp"], r["tolerance"]),
           f"{r['saved_vs_cheapest_dp']:.0%} (DP on {r['cheapest_dp_devices']})",
           f"{r['saved_vs_dp_all']:.0%}", _fmt(r["background_samples_per_s"]),
-          _fmt(r["cluster_vs_dp_all"], "x"), "-" if r["cluster_vs_matched"] is None else
+          _times(r["cluster_vs_dp_all"]), "-" if r["cluster_vs_matched"] is None else
           f"{r['cluster_vs_matched']:.2f}x (DP on {r['matched_dp_devices']})"])
     console.print(table(
         f"{facts.paper_model}, B={facts.paper_batch}, on the calibrated A100 profile: the plan "
@@ -240,16 +240,16 @@ def _paper_line(facts: MainJobFacts, r: dict[str, Any]) -> str:
             f"({r['plan_ms']:.1f} ms per iteration)" + (
                 "; no GPU idles, so no background job runs beside it." if d == r["G"] else
                 f"; the background job runs alone on the other {r['G'] - d} GPUs: the cluster "
-                f"does {_fmt(r['cluster_vs_dp_all'], 'x')} the work of data parallelism alone "
+                f"does {_times(r['cluster_vs_dp_all'])} the work of data parallelism alone "
                 "on all of them (simulated)."))
   if r["cluster_vs_matched"] is None:
-    cluster = (f"{_fmt(r['cluster_vs_dp_all'], 'x')} the work of data parallelism alone on all "
+    cluster = (f"{_times(r['cluster_vs_dp_all'])} the work of data parallelism alone on all "
                f"{r['G']} (no data parallelism on fewer GPUs is within the tolerance of the "
                "plan's speed, so there is no matched baseline)")
   else:
     cluster = (f"{r['cluster_vs_matched']:.2f}x the work of the matched data parallelism (on "
                f"{r['matched_dp_devices']} GPUs, the background job on the rest) and "
-               f"{_fmt(r['cluster_vs_dp_all'], 'x')} that of data parallelism alone on all "
+               f"{_times(r['cluster_vs_dp_all'])} that of data parallelism alone on all "
                f"{r['G']}")
   return (f"{where}: {what} takes {r['plan_ms']:.1f} ms per iteration as a burst plan, "
           f"{describe(r['speedup_vs_fastest_dp'], t)} against the fastest data parallelism "
@@ -353,6 +353,11 @@ def pinned_causes(v: dict[str, Any]) -> str:
 
 def _pct(x: float | None) -> str:
   return "-" if x is None else f"{x:+.1%}"
+
+
+def _times(v: float | None) -> str:
+  """A ratio as the apps print one: 1.38x ('-' when missing)."""
+  return "-" if v is None else f"{v:.2f}x"
 
 
 def _fmt(v: Any, suffix: str = "") -> str:
