@@ -100,7 +100,7 @@ def test_the_main_jobs_a100_lines_state_the_foreground_deficit_beside_the_throug
   (line,) = story(facts, [row()], {})
   assert "A=2" in line and "bf16 gradients" in line and "calibrated" in line
   sentence = line[line.index("with a background job"):]
-  assert "2.1x the work of data parallelism alone" in sentence
+  assert "2.10x the work of data parallelism alone" in sentence
   assert "foreground runs 0.76x (behind) the fastest data parallelism's speed" in sentence
   assert "7% more GPU time than the cheapest data parallelism within 7.6%" in line
   (line,) = story(facts, [row(plan_data_parallel_devices=32, plan_ms=7.0)], {})
