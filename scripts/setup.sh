@@ -33,9 +33,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     || { echo "error: pip install $* failed; see $log" >&2; tail -n 20 "$log" >&2; exit 1; }; }
   : > "$log"
   # The venv's own pip (Python >= 3.12 bundles pip >= 23: every locked wheel installs) rather than
-  # an unpinned upgrade; --no-compile: modules are byte-compiled when first imported, not all of
-  # every package at install (about half of the install's time here).
-  pip_install --no-compile -r requirements.lock
+  # an unpinned upgrade.
+  pip_install -r requirements.lock
   pip_install --no-deps -e .
   echo "$want" > "$stamp"
 fi
+# The project's own modules byte-compiled now (changed files only): with PYTHONDONTWRITEBYTECODE
+# set, as on some machines and CIs, every app process would otherwise compile them from source.
+"$venv/bin/python" -m compileall -q dp_jax experiments examples >/dev/null
