@@ -21,7 +21,7 @@ from flax import nnx
 from omegaconf import MISSING
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.hydra_app import hydra_app, run_app_module
 from dp_jax.config.rules import check
 from dp_jax.config.schema import (
   ClusterConfig,
@@ -208,4 +208,4 @@ main = hydra_app("accuracy", AccuracyConfig)(accuracy_task)
 
 
 if __name__ == "__main__":
-  main()
+  run_app_module("dp_jax.accuracy")

@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.hydra_app import hydra_app, run_app_module
 from dp_jax.config.schema import LoggerConfig, ModelConfig
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.models.zoo import ModelSpec
@@ -72,4 +72,4 @@ main = hydra_app("inspect", InspectConfig)(inspect)
 
 
 if __name__ == "__main__":
-  main()
+  run_app_module("dp_jax.inspect")

@@ -34,7 +34,7 @@ from omegaconf import MISSING
 
 from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import write_json
-from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.hydra_app import hydra_app, run_app_module
 from dp_jax.config.rules import check
 from dp_jax.config.schema import (
   BackgroundConfig,
@@ -295,4 +295,4 @@ main = hydra_app("pipeline", PipelineConfig)(pipeline_task)
 
 
 if __name__ == "__main__":
-  main()
+  run_app_module("dp_jax.pipeline")

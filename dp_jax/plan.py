@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.hydra_app import hydra_app, run_app_module
 from dp_jax.config.schema import (
   ClusterConfig,
   LoggerConfig,
@@ -114,4 +114,4 @@ main = hydra_app("plan", PlanConfig)(plan_task)
 
 
 if __name__ == "__main__":
-  main()
+  run_app_module("dp_jax.plan")

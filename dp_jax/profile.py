@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.hydra_app import hydra_app, run_app_module
 from dp_jax.config.rules import check
 from dp_jax.config.schema import ClusterConfig, LoggerConfig, ModelConfig, ProfileConfig
 from dp_jax.hardware.cluster import job_from_config
@@ -126,4 +126,4 @@ main = hydra_app("profile", ProfileAppConfig)(profile_task)
 
 
 if __name__ == "__main__":
-  main()
+  run_app_module("dp_jax.profile")

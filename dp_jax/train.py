@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import MISSING, OmegaConf
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.hydra_app import hydra_app, run_app_module
 from dp_jax.config.rules import check
 from dp_jax.config.schema import (
   BackgroundConfig,
@@ -349,4 +349,4 @@ main = hydra_app("train", TrainConfig)(train_task)
 
 
 if __name__ == "__main__":
-  main()
+  run_app_module("dp_jax.train")

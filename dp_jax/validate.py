@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.hydra_app import hydra_app
+from dp_jax.config.hydra_app import hydra_app, run_app_module
 from dp_jax.config.rules import check
 from dp_jax.config.schema import ClusterConfig, LoggerConfig, ModelConfig, PlannerConfig
 from dp_jax.graph.layer_graph import LayerGraph
@@ -210,4 +210,4 @@ main = hydra_app("validate", ValidateConfig)(validate_task)
 
 
 if __name__ == "__main__":
-  main()
+  run_app_module("dp_jax.validate")

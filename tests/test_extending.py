@@ -229,10 +229,16 @@ def test_examples_through_profile_measure_validate_and_pipeline(tmp_path):
   status = json.loads((step["validate"] / "run" / "status.json").read_text())
   assert status["model"] == "tiny_mixer" and status["plans"] >= 2
 
-  result = run_app("pipeline", f"model={VIT}", "cluster.num_devices=2", "batch_size=4",
-                   "profile=analytic", "background=none", "train.steps=2", "logger=disabled",
+  result = run_app("pipeline", f"model={VIT}", "local.num_devices=2", "batch_size=4",
+                   "local.steps=2", "local.warmup=1", "local.profile_repeats=1",
+                   "local.profile_passes=1", "local.profile_cuts=0",
+                   f"local.cache_dir={tmp_path}/c",
+                   "background=none", "logger=disabled",
                    "paper.settings=[{cluster: a100_nvlink_8, num_devices: 8}]",
                    cwd=step["pipeline"], env=USER_ENV, timeout=900)
   assert result.returncode == 0, result.stderr[-3000:]
   summary = json.loads((step["pipeline"] / "run" / "summary.json").read_text())
-  assert summary["local"]["train_steps"]["value"] == 2
+  assert summary["local"]["model"]["value"].startswith("tiny_vit")
+  for plan in ("burst", "data_parallel"):  # predicted and measured here
+    local = summary["local"]
+    assert local[f"{plan}_predicted_ms"]["value"] > 0 and local[f"{plan}_measured_ms"]["value"] > 0

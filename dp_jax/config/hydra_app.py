@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
+import importlib
 import logging
 import os
 import re
@@ -104,6 +105,15 @@ def _squash(text: str) -> str:
   boilerplate = ("Config search path", "provider=", "Set the env")
   lines = [ln for ln in lines if not ln.startswith(boilerplate)]
   return re.sub(r"\s+", " ", "; ".join(lines)).strip()
+
+
+def run_app_module(module: str) -> None:
+  """`python -m dp_jax.<app>`: run the app's main from its module imported by its package name.
+
+  Run as a script, the module is `__main__`, and so are its schema and task: a launcher that
+  runs the job in another process (hydra/launcher=submitit_local, SLURM) pickles them by that
+  name, and the other process cannot find them there ("name 'ModelConfig' is not defined")."""
+  importlib.import_module(module).main()
 
 
 def hydra_app[Schema](config_name: str,
