@@ -36,7 +36,8 @@ def test_the_root_holds_the_apps_and_nothing_else():
   for app in APPS:
     text = (ROOT / f"{app}.py").read_text()
     assert f'hydra_app("{app}"' in text, app
-    assert 'if __name__ == "__main__":\n  main()' in text, app
+    # run by its package name, so that launchers in other processes unpickle its schema
+    assert f'if __name__ == "__main__":\n  run_app_module("dp_jax.{app}")' in text, app
 
 
 def test_no_app_imports_another_app():
