@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dp_jax.planner.plan import limit_label as plan_limit_label
 from dp_jax.report.compare import VALIDATED_TOLERANCE, VERDICTS, validated_tolerance, verdict
 
 Row = dict[str, Any]
@@ -68,9 +69,9 @@ def percent(x: Any) -> str:
 
 
 def limit_label(a: Any) -> str:
-  """An amplification limit as text: 2.0 -> '2', inf -> 'inf'."""
-  v = float(a)
-  return "inf" if math.isinf(v) else f"{v:g}"
+  """An amplification limit read back from a CSV or JSON cell as text: '2.0' -> '2', inf ->
+  'inf' (the plan's own wording, dp_jax.planner.plan.limit_label)."""
+  return plan_limit_label(float(a))
 
 
 def pivot(rows: Sequence[Row], *, row_key: str, cols: Sequence[tuple[str, Callable[[Row], bool]]],
