@@ -2,9 +2,10 @@
 
     python -m dp_jax.accuracy model=digits_mlp batch_size=32 accuracy.target=0.97
 
-Trains every learning rate x seed of `accuracy` at global batch B (dp_jax/studies/convergence.py),
+Trains every learning rate x seed of `accuracy` at global batch B
+(dp_jax/convergence/steps_to_target.py),
 keeps the learning rate with the fewest median steps, measures the simple gradient noise scale
-at initialisation and where its runs reached the target (dp_jax/studies/noise_scale.py), and
+at initialisation and where its runs reached the target (dp_jax/convergence/noise_scale.py), and
 asks the planner for the predicted time per step of data parallelism and of the burst plan at B
 on each G of accuracy.devices (G <= B) for the model on `cluster` with `profile`.
 """
@@ -21,22 +22,24 @@ from flax import nnx
 from omegaconf import MISSING
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.hydra_app import hydra_app, run_app_module
-from dp_jax.config.rules import check
-from dp_jax.config.schema import (
+from dp_jax.base.rules import check
+from dp_jax.cli.hydra_app import hydra_app, run_app_module
+from dp_jax.cli.schema import (
   ClusterConfig,
   LoggerConfig,
   ModelConfig,
   PlannerConfig,
   ProfileConfig,
 )
+from dp_jax.convergence import digits
+from dp_jax.convergence import steps_to_target as convergence
+from dp_jax.convergence.noise_scale import noise_scale_fn
+from dp_jax.convergence.steps_to_target import Sweep
 from dp_jax.hardware.cluster import job_from_config
+from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.measurement import profiles
 from dp_jax.models.zoo import MODEL_NAMES, ZOO, ModelSpec
 from dp_jax.planner import PlanOptions, plan_for
-from dp_jax.profiling.sources import ProfileOptions
-from dp_jax.studies import convergence, digits
-from dp_jax.studies.convergence import Sweep
-from dp_jax.studies.noise_scale import noise_scale_fn
 from dp_jax.tracking.run import Run
 
 
@@ -101,7 +104,7 @@ def predicted_steps_ms(model: ModelSpec, cluster, profile_options: ProfileOption
   with the planner's reason, where no plan fits."""
   b = next(iter(options.values())).global_batch
   graph = model.graph(seed)
-  profile = profile_options.for_cluster(graph, cluster.device, b, model=model)
+  profile = profiles.for_cluster(profile_options, graph, cluster.device, b, model=model)
   out = []
   for g, opts in options.items():
     cluster.with_num_devices(g)  # validates G against the pod

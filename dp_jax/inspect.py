@@ -8,8 +8,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from dp_jax.config.hydra_app import hydra_app, run_app_module
-from dp_jax.config.schema import LoggerConfig, ModelConfig
+from dp_jax.cli.hydra_app import hydra_app, run_app_module
+from dp_jax.cli.schema import LoggerConfig, ModelConfig
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.report import tables

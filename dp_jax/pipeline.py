@@ -4,23 +4,23 @@
     ./scripts/run.sh train.steps=30 paper.amplification_limit=inf
 
 1. The paper's setting, on the calibrated A100 profile (predicted by the planner's cost
-   model, simulated by the simulator; dp_jax.studies.paper): VGG16 at B=32 on one 8-GPU NVLink
-   server and on DGX A100 nodes (G = 8, 16, 32): burst vs data parallelism, GPU time saved, and
+   model, simulated by the simulator; dp_jax.main_job.paper_setting): VGG16 at B=32 on one
+   8-GPU NVLink server and on DGX A100 nodes (G = 8, 16, 32): burst vs data parallelism, GPU time saved, and
    cluster throughput with a background job in the idle devices.
-2. On this machine, the validated way (dp_jax.validation.local, as dp_jax.validate): one device
+2. On this machine, the validated way (dp_jax.measurement.local, as dp_jax.validate): one device
    per core, the local links and boundary costs calibrated, every layer profiled in context; a
    burst plan for these devices; the burst plan and data parallelism predicted (the planner's
    own evaluation) and run, interleaved, each timed step right after one of its own:
    measured / predicted for both.
 3. The burst plan trained with the background job beside it under the slowdown cap, on one
-   pinned process per core (dp_jax.runtime.training.train_pinned: an idle device is an idle
+   pinned process per core (dp_jax.orchestrator.jobs.train_pinned: an idle device is an idle
    core): the measured foreground slowdown beside the simulated one, the background's steps.
    Where the measured profile makes the plan data parallelism (no device idles), the job says
    so and runs the fastest plan with an idle device instead (planner.idle_device_limit); it
    fails, after writing what it did, when the background job ran no step or the measured
    slowdown broke the cap by more than the alone steps' own noise.
 4. One summary in which every number is labelled predicted, simulated or measured
-   (dp_jax.report.main_job).
+   (dp_jax.main_job.summary).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from omegaconf import MISSING
 
 from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import write_json
-from dp_jax.config.hydra_app import hydra_app, run_app_module
-from dp_jax.config.rules import check
-from dp_jax.config.schema import (
+from dp_jax.base.rules import check
+from dp_jax.cli.hydra_app import hydra_app, run_app_module
+from dp_jax.cli.schema import (
   BackgroundConfig,
   ClusterConfig,
   InterferenceConfig,
@@ -45,12 +45,17 @@ from dp_jax.config.schema import (
   PlannerConfig,
 )
 from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
+from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.main_job import paper_setting as paper
+from dp_jax.main_job import summary as main_job
+from dp_jax.main_job.paper_setting import PaperConfig, PaperStudy
+from dp_jax.measurement import local
+from dp_jax.measurement.local import LocalConfig, LocalOptions
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.orchestrator.jobs import DataSpec, OptimizerSpec, TrainSpec, train_pinned
 from dp_jax.planner import PlanOptions, plan_for, plan_with, plan_with_idle_device
-from dp_jax.planner.plan import limit_label, model_record
-from dp_jax.profiling.sources import ProfileOptions
-from dp_jax.report import main_job
+from dp_jax.planner.contract import limit_label, model_record
 from dp_jax.report.compare import validated_tolerance
 from dp_jax.report.plan_report import (
   COLUMNS,
@@ -59,13 +64,8 @@ from dp_jax.report.plan_report import (
   plot_devices_per_layer,
   print_plan,
 )
-from dp_jax.runtime.training import DataSpec, OptimizerSpec, TrainSpec, train_pinned
-from dp_jax.sim.report import SimulationOptions, simulate_and_write
-from dp_jax.studies import paper
-from dp_jax.studies.paper import PaperConfig, PaperStudy
+from dp_jax.simulator.outputs import SimulationOptions, simulate_and_write
 from dp_jax.tracking.run import Run
-from dp_jax.validation import local
-from dp_jax.validation.local import LocalConfig, LocalOptions
 
 
 @dataclass
@@ -282,7 +282,7 @@ def simulate_local(inputs: PipelineInputs, setup: local.LocalSetup, plan, out_di
   if bg.model is not None:  # another model than the foreground's
     job_graph = bg.model.graph(inputs.seed)
     job_profile = ProfileOptions(source="analytic", dtype=bg.model.dtype).for_cluster(
-        job_graph, cluster.device, bg.batch_per_device, model=bg.model)
+        job_graph, cluster.device, bg.batch_per_device)
   sim = simulate_and_write(setup.graph, setup.profile, cluster, plan, out_dir, background=bg,
                            options=inputs.simulation,
                            tolerance=validated_tolerance(cluster.device), job_graph=job_graph,

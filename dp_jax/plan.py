@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from dp_jax.config.hydra_app import hydra_app, run_app_module
-from dp_jax.config.schema import (
+from dp_jax.cli.hydra_app import hydra_app, run_app_module
+from dp_jax.cli.schema import (
   ClusterConfig,
   LoggerConfig,
   ModelConfig,
@@ -24,10 +24,11 @@ from dp_jax.config.schema import (
 )
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
+from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.measurement import profiles
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.planner import PlanOptions, plan_for
-from dp_jax.planner.plan import model_record
-from dp_jax.profiling.sources import ProfileOptions
+from dp_jax.planner.contract import model_record
 from dp_jax.report.compare import ComparisonConfig, tolerance_from_config
 from dp_jax.report.plan_report import (
   COLUMNS,
@@ -92,7 +93,7 @@ def plan_task(cfg: PlanConfig, run: Run) -> dict[str, Any]:
   out_dir = run.output_dir
   out = inputs.out or out_dir / "plan.json"
   graph = LayerGraph.load(inputs.graph_file) if inputs.graph_file else model.graph(inputs.seed)
-  profile = inputs.profile.for_cluster(graph, cluster.device, b, model=model)
+  profile = profiles.for_cluster(inputs.profile, graph, cluster.device, b, model=model)
   plan = plan_for(graph, profile, cluster, inputs.options,
                   model=model_record(graph, model and model.options),
                   cluster_record=to_record(cluster, inputs.num_devices))

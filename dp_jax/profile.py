@@ -14,13 +14,14 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from dp_jax.config.hydra_app import hydra_app, run_app_module
-from dp_jax.config.rules import check
-from dp_jax.config.schema import ClusterConfig, LoggerConfig, ModelConfig, ProfileConfig
+from dp_jax.base.rules import check
+from dp_jax.cli.hydra_app import hydra_app, run_app_module
+from dp_jax.cli.schema import ClusterConfig, LoggerConfig, ModelConfig, ProfileConfig
 from dp_jax.hardware.cluster import job_from_config
+from dp_jax.layer_times.deeppool_import import import_deeppool_a100
+from dp_jax.layer_times.sources import ProfileOptions, data_dir, warn_filled
+from dp_jax.measurement import profiles
 from dp_jax.models.zoo import ModelSpec
-from dp_jax.profiling.deeppool_import import import_deeppool_a100
-from dp_jax.profiling.sources import ProfileOptions, data_dir, warn_filled
 from dp_jax.report import tables
 from dp_jax.tracking.run import Run
 
@@ -97,7 +98,7 @@ def profile_task(cfg: ProfileAppConfig, run: Run) -> dict[str, Any]:
     table, report = import_deeppool_a100(graph, data_dir(options.data_dir))
     warn_filled(graph.model, report.filled)
   else:
-    table = options.load(graph, inputs.device, batches, model)
+    table = profiles.load(options, graph, inputs.device, batches, model)
   seconds = time.perf_counter() - start
   table.save(out)
   present = [n for n in graph.names if n not in table.missing(list(graph.names))]

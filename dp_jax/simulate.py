@@ -13,8 +13,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from dp_jax.config.hydra_app import hydra_app, run_app_module
-from dp_jax.config.schema import (
+from dp_jax.cli.hydra_app import hydra_app, run_app_module
+from dp_jax.cli.schema import (
   BackgroundConfig,
   ClusterConfig,
   InterferenceConfig,
@@ -25,14 +25,15 @@ from dp_jax.config.schema import (
 )
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
+from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.measurement import profiles
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.multiplex.background import BackgroundSpec
 from dp_jax.planner import Plan, PlanOptions, plan_for
-from dp_jax.planner.plan import check_made_for, model_record
-from dp_jax.profiling.sources import ProfileOptions
+from dp_jax.planner.contract import check_made_for, model_record
 from dp_jax.report.compare import ComparisonConfig, tolerance_from_config
 from dp_jax.report.tables import table
-from dp_jax.sim.report import SimulationOptions, simulate_and_write
+from dp_jax.simulator.outputs import SimulationOptions, simulate_and_write
 from dp_jax.tracking.run import Run
 
 
@@ -123,14 +124,14 @@ def simulate_task(cfg: SimulateConfig, run: Run) -> dict[str, Any]:
   record = model_record(graph, model and model.options)
   if inputs.plan is not None:
     check_made_for(inputs.plan, record, f"plan {cfg.plan}")
-  profile = profile_options.for_cluster(graph, cluster.device, batch,
-                                        background.batch_per_device, model=model)
+  profile = profiles.for_cluster(profile_options, graph, cluster.device, batch,
+                                 background.batch_per_device, model=model)
   job_graph = job_profile = None
   if background.active and background.model is not None:  # another model than the foreground's
     job_graph = background.model.graph(inputs.seed)
-    job_profile = profile_options.check_device(profile_options.load(
-        job_graph, cluster.device, [background.batch_per_device], background.model),
-        cluster.device)
+    job_profile = profile_options.check_device(profiles.load(
+        profile_options, job_graph, cluster.device, [background.batch_per_device],
+        background.model), cluster.device)
   t0 = time.perf_counter()
   plan = inputs.plan or plan_for(graph, profile, cluster, inputs.options, model=record,
                                  cluster_record=to_record(cluster, inputs.num_devices))

@@ -9,7 +9,7 @@ from the newest checkpoint there (rerun with the same hydra.run.dir).
 On a CPU backend runtime.num_devices also sets the number of XLA host devices; this module
 imports nothing from JAX until the task has set XLA_FLAGS. With a background job on a CPU
 cluster the job honours its slowdown cap: it trains on one pinned process per device (one core
-each; default: one per core, dp_jax.runtime.training.train_pinned), and refuses more devices than
+each; default: one per core, dp_jax.orchestrator.jobs.train_pinned), and refuses more devices than
 cores unless runtime.share_cores=true (one process, exact, the cap not honoured).
 """
 
@@ -26,9 +26,9 @@ from typing import Any
 from omegaconf import MISSING, OmegaConf
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.hydra_app import hydra_app, run_app_module
-from dp_jax.config.rules import check
-from dp_jax.config.schema import (
+from dp_jax.base.rules import check
+from dp_jax.cli.hydra_app import hydra_app, run_app_module
+from dp_jax.cli.schema import (
   BackgroundConfig,
   ClusterConfig,
   LoggerConfig,
@@ -38,21 +38,23 @@ from dp_jax.config.schema import (
 )
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
+from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.measurement import profiles
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.orchestrator import jobs as training
+from dp_jax.orchestrator.jobs import DataSpec, OptimizerSpec, TrainSpec
 from dp_jax.planner import PlanOptions, plan_for
-from dp_jax.planner.plan import (
+from dp_jax.planner.contract import (
   Plan,
   check_made_for,
   check_plan,
   data_parallel_layout_plan,
   model_record,
 )
-from dp_jax.profiling.sources import ProfileOptions
-from dp_jax.runtime import distributed, training
+from dp_jax.runtime import distributed
 from dp_jax.runtime.distributed import DistributedConfig
 from dp_jax.runtime.local_devices import cpu_cores, set_host_device_count
-from dp_jax.runtime.training import DataSpec, OptimizerSpec, TrainSpec
 from dp_jax.tracking.run import Run
 
 log = logging.getLogger("dp_jax.train")
@@ -233,8 +235,8 @@ def resolve_plan(inputs: TrainInputs, graph: LayerGraph, g: int) -> Plan:
 
 def burst_plan(inputs: TrainInputs, graph: LayerGraph, record: dict[str, Any], g: int) -> Plan:
   """A burst plan for the job's `g` devices (the configured profile and cluster)."""
-  profile = inputs.profile.for_cluster(graph, inputs.cluster.device, inputs.global_batch,
-                                       model=inputs.model)
+  profile = profiles.for_cluster(inputs.profile, graph, inputs.cluster.device,
+                                 inputs.global_batch, model=inputs.model)
   return plan_for(graph, profile, inputs.cluster,
                   dataclasses.replace(inputs.planner, num_devices=g), model=record,
                   cluster_record=to_record(inputs.cluster, g))

@@ -1,14 +1,14 @@
 """python -m dp_jax.validate model=vgg16 model.image_size=32: predicted vs measured step times.
 
 For one model on the local devices (one per core; the local measurement,
-dp_jax.validation.local, shared with the main job): calibrate the local cluster (transfers,
-all-reduce, dispatch, update; dp_jax.profiling.local_links), measure every layer in context and
-what a stage boundary costs (dp_jax.profiling.in_context, dp_jax.profiling.boundary; or each
-layer alone under its stage's load, dp_jax.profiling.loaded), take a set of plans - data
+dp_jax.measurement.local, shared with the main job): calibrate the local cluster (transfers,
+all-reduce, dispatch, update; dp_jax.measurement.local_links), measure every layer in context and
+what a stage boundary costs (dp_jax.measurement.in_context, dp_jax.measurement.boundary; or each
+layer alone under its stage's load, dp_jax.measurement.loaded), take a set of plans - data
 parallelism, the planner's burst plans at each validate.amplification_limits and
 validate.plans random valid plans (seeded) - predict each one's step time with the planner's
 own evaluation on the calibrated cluster and the profile (dp_jax.planner.evaluate, its stage
-terms from dp_jax.planner.stage_terms), run each with the runtime (dp_jax.runtime.plan_timing:
+terms from dp_jax.planner.stage_terms), run each with the runtime (dp_jax.measurement.plan_timing:
 interleaved between plans, each timed step right after a step of the same plan, as in
 training; the profile times its programs the same way), and write validation.csv,
 metrics.json, calibration.json and scatter.png into the run folder (and W&B). Details:
@@ -26,17 +26,18 @@ from typing import Any
 from omegaconf import MISSING
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.hydra_app import hydra_app, run_app_module
-from dp_jax.config.rules import check
-from dp_jax.config.schema import ClusterConfig, LoggerConfig, ModelConfig, PlannerConfig
+from dp_jax.base.rules import check
+from dp_jax.cli.hydra_app import hydra_app, run_app_module
+from dp_jax.cli.schema import ClusterConfig, LoggerConfig, ModelConfig, PlannerConfig
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import ClusterSpec, job_from_config
+from dp_jax.measurement import local
+from dp_jax.measurement.local import LocalConfig, LocalOptions
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.planner import PlanOptions, candidate_counts, plan_with
 from dp_jax.planner.random_plans import random_assignments
+from dp_jax.report import agreement
 from dp_jax.tracking.run import Run
-from dp_jax.validation import agreement, local
-from dp_jax.validation.local import LocalConfig, LocalOptions
 
 COLUMNS = ("plan", "kind", "predicted_ms", "measured_ms", "error_pct", "stages", "devices_used",
            "device_counts", "compute_ms", "sync_ms", "move_ms", "overhead_ms", "boundary_ms",

@@ -26,9 +26,9 @@ import sys
 from pathlib import Path
 
 from experiments import plots
+from experiments.aggregate import Row, Study, main
 from experiments.fields import PLAN_IDENTITY, judge, limit_label, number, pivot, tally
 from experiments.pareto import on_front
-from experiments.report import Row, Study, main
 from experiments.strong_scaling import (
   COMPARED,
   DERIVED,

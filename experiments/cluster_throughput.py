@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 from experiments import plots, simulated
+from experiments.aggregate import Row, Study, main
 from experiments.fields import (
   data_parallel_label,
   judged,
@@ -44,7 +45,6 @@ from experiments.fields import (
   tally,
   tolerance,
 )
-from experiments.report import Row, Study, main
 
 HEADLINE_LIMIT = 2.0
 FRONTIER_SHAPES = ((8, 32), (32, 32), (128, 128), (1024, 1024))  # columns of the frontier figure

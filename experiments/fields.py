@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dp_jax.planner.plan import limit_label as plan_limit_label
+from dp_jax.planner.contract import limit_label as plan_limit_label
 from dp_jax.report.compare import VALIDATED_TOLERANCE, VERDICTS, validated_tolerance, verdict
 
 Row = dict[str, Any]
@@ -70,7 +70,7 @@ def percent(x: Any) -> str:
 
 def limit_label(a: Any) -> str:
   """An amplification limit read back from a CSV or JSON cell as text: '2.0' -> '2', inf ->
-  'inf' (the plan's own wording, dp_jax.planner.plan.limit_label)."""
+  'inf' (the plan's own wording, dp_jax.planner.contract.limit_label)."""
   return plan_limit_label(float(a))
 
 

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 from experiments import plots, simulated
+from experiments.aggregate import Row, Study, main
 from experiments.fields import data_parallel_label, judged, limit_label, pivot, tolerance
-from experiments.report import Row, Study, main
 
 LINK = ("inter_node_bandwidth_GBps", "inter_node_latency_us")
 

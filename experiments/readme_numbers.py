@@ -7,7 +7,7 @@ A generated block is the text between `<!--experiments/readme_numbers.py:NAME-->
 `<!--/numbers-->` (one word each: README.md counts its words); NAME picks its renderer (BLOCKS).
 Text outside the markers is left as it is. Sources: the tolerances from
 dp_jax/report/compare.py; the GPU model against published rows from
-dp_jax/validation/published.py (what scripts/validate_published.py prints); the local validation
+dp_jax/published/anchors.py (what scripts/validate_published.py prints); the local validation
 from results/validation/ (validation.csv, the study's aggregate, and <model>_validation.csv, its
 plans); predicted and simulated rows from the plan and simulate apps' own library calls on the
 configs their README commands compose. `--check` writes nothing and exits 1 with one line naming
@@ -28,9 +28,9 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
+from dp_jax.published.anchors import held_out, results
+from dp_jax.report.agreement import summary
 from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE, VALIDATED_TOLERANCE
-from dp_jax.validation.agreement import summary
-from dp_jax.validation.published import held_out, results
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("README.md", "docs/validation.md")
@@ -69,9 +69,10 @@ def compose_config(app: Any, overrides: Iterable[str]) -> Any:
   from hydra.core.config_store import ConfigStore
   from hydra.core.global_hydra import GlobalHydra
 
+  from dp_jax.base.yamlfile import CONF_DIR
+
   # the apps' Hydra edge, for the same reason
-  from dp_jax.config.hydra_app import expand_file_overrides
-  from dp_jax.config.schema import CONF_DIR
+  from dp_jax.cli.hydra_app import expand_file_overrides
 
   ConfigStore.instance().store(name=f"{app.main.config_name}_schema", node=app.main.schema)
   GlobalHydra.instance().clear()
@@ -99,7 +100,7 @@ def planned(*overrides: str) -> Planned:
   from dp_jax import plan as plan_app  # the apps' library: only for the predicted rows
   from dp_jax.hardware.cluster import to_record
   from dp_jax.planner import plan_for
-  from dp_jax.planner.plan import model_record
+  from dp_jax.planner.contract import model_record
   from dp_jax.report.plan_report import comparisons, plan_summary
 
   inputs = plan_app.decode(compose_config(plan_app, overrides))
@@ -121,10 +122,10 @@ def simulated(*overrides: str) -> dict[str, Any]:
   from dp_jax import simulate as sim_app  # the apps' library: only for the simulated rows
   from dp_jax.hardware.cluster import to_record
   from dp_jax.planner import plan_for
-  from dp_jax.planner.plan import model_record
-  from dp_jax.sim.engine import simulate
-  from dp_jax.sim.metrics import metrics
-  from dp_jax.sim.report import background_job_for
+  from dp_jax.planner.contract import model_record
+  from dp_jax.simulator.engine import simulate
+  from dp_jax.simulator.metrics import metrics
+  from dp_jax.simulator.outputs import background_job_for
 
   inputs = sim_app.decode(compose_config(sim_app, overrides))
   cluster, model, background = inputs.cluster, inputs.model, inputs.background
@@ -168,7 +169,7 @@ def published_targets() -> tuple[float, float]:
 
 
 def published() -> Published:
-  """scripts/validate_published.py's numbers (dp_jax/validation/published.py)."""
+  """scripts/validate_published.py's numbers (dp_jax/published/anchors.py)."""
   rows = results()
   h = held_out(rows)
   worst = max((r for r in rows if r.anchor.role == "held_out"), key=lambda r: r.error)

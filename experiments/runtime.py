@@ -42,8 +42,8 @@ import sys
 from pathlib import Path
 
 from experiments import plots
+from experiments.aggregate import Row, Study, main
 from experiments.fields import judge, judged, number, pick, pivot, ratio, verdict_columns
-from experiments.report import Row, Study, main
 
 IDENTITY = ("model", "plan", "background", "num_devices", "global_batch", "steps", "cluster")
 RESULTS = ("processes", "cpu_cores", "stages", "final_step", "final_loss", "median_step_ms",

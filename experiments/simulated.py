@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dp_jax.sim.metrics import matched_data_parallel
+from dp_jax.simulator.metrics import matched_data_parallel
+from experiments.aggregate import Row
 from experiments.fields import (
   PLAN_BASIS,
   PLAN_IDENTITY,
@@ -19,7 +20,6 @@ from experiments.fields import (
   unlimited,
   verdict_columns,
 )
-from experiments.report import Row
 
 IDENTITY = (*PLAN_IDENTITY, "background", "background_batch", "slowdown_cap")
 RESULTS = (*PLAN_BASIS, "alone_iteration_ms", "iteration_ms", "data_parallel_iteration_ms",
@@ -48,7 +48,7 @@ TIMING = ("planning_s", "simulation_s")
 def derive(row: Row) -> Row:
   """Identity and background settings from the config, metrics from the simulate summary; the
   matched baseline recomputed from the cell's frontier with its tolerance (one definition:
-  dp_jax/sim/metrics.py), every ratio with its margin and verdict."""
+  dp_jax/simulator/metrics.py), every ratio with its margin and verdict."""
   cfg = row["config"]
   bg = cfg.get("background") or {}
   cap = unlimited(bg["slowdown_cap"]) if "slowdown_cap" in bg else None

@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 from experiments import plots
+from experiments.aggregate import Row, Study, main
 from experiments.fields import (
   PLAN_BASIS,
   PLAN_IDENTITY,
@@ -53,7 +54,6 @@ from experiments.fields import (
   tolerance,
   verdict_columns,
 )
-from experiments.report import Row, Study, main
 
 RESULTS = (*PLAN_BASIS, "iteration_ms", "gpu_ms", "data_parallel_iteration_ms",
            "data_parallel_gpu_ms", "speedup", "gpu_time_saving", "best_data_parallel_devices",

@@ -6,7 +6,7 @@ import importlib
 import sys
 
 from dp_jax.base.errors import UserError
-from experiments.report import Study
+from experiments.aggregate import Study
 
 NAMES = ("strong_scaling", "amplification", "cluster_throughput", "network", "runtime",
          "time_to_accuracy", "validation", "weight_sharding")

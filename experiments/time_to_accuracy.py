@@ -40,12 +40,13 @@ from omegaconf import OmegaConf
 
 from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import write_json
-from dp_jax.studies.batch_scaling import best_batch, fit_steps, leave_one_out, time_to_accuracy_s
-from dp_jax.tracking import aggregate
+from dp_jax.convergence.steps_fit import best_batch, fit_steps, leave_one_out, time_to_accuracy_s
 from dp_jax.tracking import run as tracking
-from experiments import plots, report
+from dp_jax.tracking import sweep_rows as aggregate
+from experiments import aggregate as report
+from experiments import plots
+from experiments.aggregate import Row, Study
 from experiments.fields import number
-from experiments.report import Row, Study
 
 IDENTITY = ("model", "global_batch", "target", "cluster", "device")
 RESULTS = ("best_lr", "best_lr_at_grid_edge", "steps", "samples", "seeds_reached", "seeds",

@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 
 from experiments import plots
+from experiments.aggregate import Row, Study, main
 from experiments.fields import number, pick
-from experiments.report import Row, Study, main
 
 IDENTITY = ("model", "global_batch", "num_devices")
 RESULTS = ("plans", "median_abs_pct_error", "max_abs_pct_error", "spearman", "median_ratio")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dp_jax.report.compare import VERDICTS
 from experiments import plots
+from experiments.aggregate import Row, Study, main
 from experiments.fields import (
   PLAN_BASIS,
   PLAN_IDENTITY,
@@ -41,7 +42,6 @@ from experiments.fields import (
   tolerance,
   verdict_columns,
 )
-from experiments.report import Row, Study, main
 
 RESULTS = (*PLAN_BASIS, "iteration_ms", "gpu_ms", "data_parallel_iteration_ms",
            "weight_sharded_layers", "memory_peak_gb")

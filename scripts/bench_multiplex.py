@@ -75,7 +75,7 @@ def foreground(devices, n: int):
   import optax
 
   from dp_jax.models.zoo import build_model
-  from dp_jax.planner.plan import check_plan, layout_plan
+  from dp_jax.planner.contract import check_plan, layout_plan
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime.functional import split_layers
   from dp_jax.runtime.stages import structure_graph
@@ -139,9 +139,9 @@ def call_ms(calls: list[tuple[str, float]], first: int, last: int) -> dict[str, 
 
 
 def sim_calls(hook, n: int, job_devices: set[int], own: set[int]) -> list:
-  """The alone calls as the simulator's chain (dp_jax.multiplex.replay.chain_of, the one
+  """The alone calls as the simulator's chain (dp_jax.orchestrator.replay.chain_of, the one
   the train app's replay uses)."""
-  from dp_jax.multiplex.replay import chain_of
+  from dp_jax.orchestrator.replay import chain_of
 
   return chain_of(hook, n, job_devices, own)
 
@@ -152,8 +152,8 @@ def one_cap(cap: float, share: float, step, runners, job, alone: int, steps: int
   and, where this process dispatches, simulated."""
   from jax.experimental import multihost_utils
 
-  from dp_jax.multiplex.scheduler import BackgroundScheduler
-  from dp_jax.sim.measured import fill_measured
+  from dp_jax.orchestrator.scheduler import BackgroundScheduler
+  from dp_jax.simulator.measured import fill_measured
 
   mine = cap * share if math.isfinite(cap) else math.inf
   logged = bool(os.environ.get("BENCH_DECISIONS"))
@@ -228,8 +228,13 @@ def worker(args) -> None:
   import optax
 
   from dp_jax.models.zoo import build_model
-  from dp_jax.multiplex.launch import process_cap
-  from dp_jax.multiplex.runners import build_runners, job_of_runner, measured_pieces, piece_gap_ms
+  from dp_jax.orchestrator.launch import process_cap
+  from dp_jax.orchestrator.runners import (
+    build_runners,
+    job_of_runner,
+    measured_pieces,
+    piece_gap_ms,
+  )
 
   wall0, cpu0 = time.perf_counter(), time.process_time()
   n, me = jax.process_count(), jax.process_index()

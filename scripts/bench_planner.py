@@ -1,8 +1,8 @@
 """Planner wall time per model and job size: python scripts/bench_planner.py [--quick].
 
-Graphs come from the model zoo (dp_jax.models.zoo.build_model + dp_jax.graph.trace.trace_graph)
+Graphs come from the model zoo (dp_jax.models.zoo.build_model + dp_jax.models.trace.trace_graph)
 and timings from the calibrated GPU profile of the cluster's device in mixed bf16
-(dp_jax.profiling.calibrated, the default profile on GPU clusters); where those are not
+(dp_jax.layer_times.calibrated, the default profile on GPU clusters); where those are not
 importable, synthetic graphs of the same size (dp_jax.planner.synthetic) stand in. Prints, per
 model, make_plan's wall and CPU seconds with samples only and with the joint (count x
 sharding) search (planner.sharding=[samples,weights]) side by side: G = 8 ... 1024 with
@@ -53,9 +53,9 @@ def load_graph(name: str, device: str, synthetic_only: bool = False):
     if synthetic_only:
       raise ImportError("--synthetic", name="the zoo (--synthetic)")
     # Imported here: the zoo and the tracer import JAX; without them the synthetic graphs stand in.
-    from dp_jax.graph.trace import trace_graph
+    from dp_jax.layer_times.calibrated import calibrated_profile
+    from dp_jax.models.trace import trace_graph
     from dp_jax.models.zoo import MODEL_NAMES, build_model
-    from dp_jax.profiling.calibrated import calibrated_profile
 
     zoo = name if name in MODEL_NAMES else f"{name}_small"
     graph = trace_graph(build_model(zoo, abstract=True), zoo)

@@ -15,7 +15,7 @@ cotangent plumbing, the optimizer update per stage, fusion XLA cannot do across 
 every boundary moves activations between device sets, as most burst plans' boundaries do.
 All runs take turns in one process (drift hits all alike); in a turn a run takes
 --runs-per-turn steps in a row and only the last is timed, so every timed step follows a step of
-its own, as in training (dp_jax.runtime.plan_timing.turns; a step right after another
+its own, as in training (dp_jax.measurement.plan_timing.turns; a step right after another
 program's is up to 20% slower here, docs/validation.md); medians. Prints (b_k)/(a)
 and the overhead per added stage, (b_k - b_1) / (k - 1), in microseconds. Devices default to
 one per core (dp_jax.runtime.local_devices).
@@ -55,12 +55,12 @@ def main() -> None:
   import jax
   import optax
 
+  from dp_jax.measurement.plan_timing import stepper, timed, turns
   from dp_jax.models.zoo import build_model
-  from dp_jax.planner.plan import staged_data_parallel_plan
+  from dp_jax.planner.contract import staged_data_parallel_plan
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime import mesh as meshlib
   from dp_jax.runtime.fused import fused_step
-  from dp_jax.runtime.plan_timing import stepper, timed, turns
   from dp_jax.runtime.stages import structure_graph
 
   def fresh():

@@ -30,13 +30,13 @@ def main() -> None:
   args = ap.parse_args()
 
   from dp_jax.hardware.cluster import load_cluster
+  from dp_jax.layer_times.analytic import analytic_profile
+  from dp_jax.layer_times.sources import profile_batches
   from dp_jax.models.zoo import ModelSpec
   from dp_jax.planner import make_plan
-  from dp_jax.profiling.analytic import analytic_profile
-  from dp_jax.profiling.sources import profile_batches
-  from dp_jax.sim.engine import simulate
-  from dp_jax.sim.job import background_job
-  from dp_jax.sim.metrics import metrics
+  from dp_jax.simulator.engine import simulate
+  from dp_jax.simulator.job import background_job
+  from dp_jax.simulator.metrics import metrics
 
   t = time.perf_counter()
   spec = yaml.safe_load((REPO / "conf/model" / f"{args.model}.yaml").read_text())

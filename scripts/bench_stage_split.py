@@ -8,7 +8,7 @@ A non-last stage of the runtime runs its layers as two programs (dp_jax/runtime/
 outputs: dp_jax/runtime/residuals.py), `bwd` applies the VJP. The last stage runs one fused
 program. For one layer, on 1 device and on one device per core (batch split), this times in one
 process (medians, measured; every run timed right after a run of its own, as in training:
-dp_jax.runtime.plan_timing.turns):
+dp_jax.measurement.plan_timing.turns):
   fused           one jit of the layer's jax.vjp applied to a cotangent (forward and backward);
   fwd             one jit of the layer's forward alone (no residuals);
 then for each residual policy (the runtime's `kept`; `nothing`: the backward recomputes the
@@ -62,10 +62,10 @@ def main() -> None:
   from jax.sharding import Mesh, NamedSharding
   from jax.sharding import PartitionSpec as P
 
+  from dp_jax.measurement.plan_timing import timed, turns
   from dp_jax.models.zoo import build_model
   from dp_jax.runtime import residuals
   from dp_jax.runtime.functional import apply_layer, split_layers
-  from dp_jax.runtime.plan_timing import timed, turns
 
   defs, params, stats = split_layers(build_model("gpt2_small", **TINY_GPT2))
   if args.layer not in defs:

@@ -30,8 +30,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode  # noqa: E402
 from dp_jax.hardware.devices import get_device  # noqa: E402
+from dp_jax.layer_times.analytic import default_params, layer_cost, layer_times_ms  # noqa: E402
 from dp_jax.planner.sharded import compute_ratios  # noqa: E402
-from dp_jax.profiling.analytic import default_params, layer_cost, layer_times_ms  # noqa: E402
 
 CPU = get_device("cpu")
 MS = (1, 2, 4)

@@ -31,10 +31,10 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from dp_jax.graph.trace import trace_graph  # noqa: E402
 from dp_jax.models import digits, gpt2, vgg  # noqa: E402
+from dp_jax.models.trace import trace_graph  # noqa: E402
 from dp_jax.planner import memory  # noqa: E402
-from dp_jax.planner.plan import (
+from dp_jax.planner.contract import (
   check_plan,  # noqa: E402
   layout_plan,  # noqa: E402
 )

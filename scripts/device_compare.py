@@ -4,7 +4,7 @@
         [--models vgg16,resnet50,...] [--max-batch 64] [--dtype bfloat16] [--tiny]
 
 For each model: measure every layer at per-device batches 1, 2, 4, ... --max-batch on
-jax.devices()[0] (dp_jax.profiling.measure, cached), then compare with (a) the calibrated profile
+jax.devices()[0] (dp_jax.measurement.alone, cached), then compare with (a) the calibrated profile
 of the matching GPU (the default on GPU clusters, fitted on published rows; not on a CPU), (b)
 the analytic roofline of the matching device in dp_jax/hardware/devices.py and (c) DeepPool's
 measured A100 tables where they cover the model. Writes <model>_measured.json (a profile JSON),
@@ -50,11 +50,11 @@ def compare_model(name: str, args, out: Path) -> list[dict]:
   """Measure one model and compare it with the analytic model and the A100 tables."""
   import jax
 
-  from dp_jax.graph.trace import trace_graph
-  from dp_jax.profiling import layer_errors
-  from dp_jax.profiling.analytic import analytic_profile
-  from dp_jax.profiling.deeppool_import import import_deeppool_a100
-  from dp_jax.profiling.measure import measure_profile, pow2_batches
+  from dp_jax.layer_times import layer_errors
+  from dp_jax.layer_times.analytic import analytic_profile
+  from dp_jax.layer_times.deeppool_import import import_deeppool_a100
+  from dp_jax.measurement.alone import measure_profile, pow2_batches
+  from dp_jax.models.trace import trace_graph
 
   model = build(name, args.tiny, args.dtype)
   graph = trace_graph(model, name)
@@ -65,7 +65,7 @@ def compare_model(name: str, args, out: Path) -> list[dict]:
   device = analytic_device(dev.device_kind, jax.default_backend())
   refs = [("analytic", analytic_profile(graph, device, args.dtype, batches))]
   if device != "cpu":
-    from dp_jax.profiling.calibrated import calibrated_profile
+    from dp_jax.layer_times.calibrated import calibrated_profile
 
     mixed = "mixed bf16" if args.dtype in ("bfloat16", "float32") else args.dtype
     refs.insert(0, ("calibrated", calibrated_profile(graph, device, mixed, batches)))

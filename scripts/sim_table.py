@@ -33,9 +33,9 @@ def run_one(graph, profile, model: str, g: int, b: int, *, cap=0.1, switch_us=No
             policy="fit", amp=2.0, flat=False, precision="fp32"):
   from dp_jax.hardware.cluster import load_cluster
   from dp_jax.planner import make_plan
-  from dp_jax.sim.engine import simulate
-  from dp_jax.sim.job import background_job
-  from dp_jax.sim.metrics import metrics
+  from dp_jax.simulator.engine import simulate
+  from dp_jax.simulator.job import background_job
+  from dp_jax.simulator.metrics import metrics
 
   name = "a100_nvlink_8" if g <= 8 else "dgx_a100"
   spec = _cfg("cluster", name)
@@ -97,8 +97,8 @@ def main() -> None:
   ap.add_argument("--out", default="outputs/sim_table")
   args = ap.parse_args()
 
+  from dp_jax.layer_times.deeppool_import import import_deeppool_a100
   from dp_jax.models.zoo import ModelSpec
-  from dp_jax.profiling.deeppool_import import import_deeppool_a100
 
   rows, notes, sens = [], [], []
   for model in args.models:

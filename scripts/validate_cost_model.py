@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from dp_jax.graph.trace import trace_graph
 from dp_jax.hardware.devices import get_device
+from dp_jax.layer_times import analytic, analytic_fit, layer_errors
+from dp_jax.layer_times.deeppool_import import DEFAULT_DATA_DIR, import_deeppool_a100
+from dp_jax.layer_times.table import ProfileTable
+from dp_jax.measurement.alone import measure_profile, pow2_batches
+from dp_jax.models.trace import trace_graph
 from dp_jax.models.zoo import build_model
-from dp_jax.profiling import analytic, analytic_fit, layer_errors
-from dp_jax.profiling.deeppool_import import DEFAULT_DATA_DIR, import_deeppool_a100
-from dp_jax.profiling.measure import measure_profile, pow2_batches
-from dp_jax.profiling.table import ProfileTable
 
 A100_MODELS = ("vgg16", "wide_resnet101_2", "inception_v3", "resnet50")
 A100_BATCHES = (1, 2, 3, 4, 6, 8, 16, 32)

@@ -2,7 +2,7 @@
 
     python scripts/validate_profiles.py
 
-For every convolutional-network row of dp_jax/profiling/data/published_anchors.yaml on A100 GPUs
+For every convolutional-network row of dp_jax/published/anchors.yaml on A100 GPUs
 (ResNet-50 in NVIDIA's DeepLearningExamples, VGG16 in DeepPool's README), the planner's own
 data-parallel evaluation of the same model, GPUs, batch, precision and setup under each profile
 source: `calibrated` (the default on GPU clusters, fitted on the table's fit rows: their ratio
@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dp_jax.profiling.calibrated import precision_class  # noqa: E402
-from dp_jax.validation.published import PROFILE_SOURCES, load_anchors, predict  # noqa: E402
+from dp_jax.layer_times.calibrated import precision_class  # noqa: E402
+from dp_jax.published.anchors import PROFILE_SOURCES, load_anchors, predict  # noqa: E402
 
 MODELS = ("resnet50", "vgg16")
 

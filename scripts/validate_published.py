@@ -3,7 +3,7 @@
     python scripts/validate_published.py [--markdown]
 
 Runs the model (the calibrated profile, the cluster files' links, the planner's evaluation;
-dp_jax/validation/published.py) on every row of dp_jax/profiling/data/published_anchors.yaml and
+dp_jax/published/anchors.py) on every row of dp_jax/published/anchors.yaml and
 prints one line per row: predicted, published, predicted / published. Fit rows come first (their
 error is zero by construction: they show the fit holds), then the held-out rows, then the rows
 the model cannot represent and why. The last lines: the held-out error over the training rows
@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dp_jax.published.anchors import held_out, results  # noqa: E402
 from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE  # noqa: E402
-from dp_jax.validation.published import held_out, results  # noqa: E402
 
 TARGET_MEDIAN, TARGET_WORST = 0.15, 0.30
 

@@ -48,7 +48,7 @@ def agreement_case() -> dict[str, np.ndarray]:
 
   import jax
 
-  from dp_jax.planner.plan import Plan
+  from dp_jax.planner.contract import Plan
   from dp_jax.train import same_plan_everywhere
 
   def plan(devices: list[int], batch: int = 8, **extra) -> Plan:
@@ -78,7 +78,7 @@ def train_case() -> dict[str, np.ndarray]:
   from mp_layouts import train_multiprocess_layout
   from runtime_helpers import batches, make_model, sgd
 
-  from dp_jax.planner.plan import check_plan, layout_plan
+  from dp_jax.planner.contract import check_plan, layout_plan
   from dp_jax.runtime.functional import split_layers
   from dp_jax.runtime.stages import structure_graph
   from dp_jax.runtime.step import build_program, init_state, train_step
@@ -121,7 +121,7 @@ def loop_case() -> None:
     while True:
       total(x).block_until_ready()
       time.sleep(0.05)
-  except Exception as e:  # noqa: BLE001 - as dp_jax.config.hydra_app does
+  except Exception as e:  # noqa: BLE001 - as dp_jax.cli.hydra_app does
     print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
     sys.exit(2)
 

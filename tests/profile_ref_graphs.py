@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.profiling.formulas import forward_flops
+from dp_jax.layer_times.formulas import forward_flops
 
 F32 = 4
 

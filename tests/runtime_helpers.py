@@ -11,7 +11,7 @@ import optax
 from flax import nnx
 
 from dp_jax.models import digits, gpt2, inception, resnet, vgg
-from dp_jax.planner.plan import check_plan, layout_plan
+from dp_jax.planner.contract import check_plan, layout_plan
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.batch_norm import set_statistics_groups
 from dp_jax.runtime.functional import split_layers, write_back

@@ -23,13 +23,13 @@ from forkjoin_brute import branch_mask, with_stage_terms
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.layer_times.analytic import analytic_profile
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.make import plan_for_limit
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.sharded import candidates
 from dp_jax.planner.structure import flat_layers, sharing_groups
-from dp_jax.profiling.analytic import analytic_profile
 
 WIDTHS = (6, 10, 64, 256, 1024, 2048, 4096, 8192)
 WEIGHTS = ("samples", "weights")

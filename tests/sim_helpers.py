@@ -7,8 +7,8 @@ from pathlib import Path
 import yaml
 
 from dp_jax.hardware.cluster import ClusterSpec, load_cluster
+from dp_jax.layer_times.sources import profile_batches
 from dp_jax.planner import make_plan, synthetic
-from dp_jax.profiling.sources import profile_batches
 
 REPO = Path(__file__).resolve().parents[1]
 

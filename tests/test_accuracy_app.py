@@ -13,8 +13,8 @@ from dp_jax.accuracy import (
 )
 from dp_jax.base.errors import UserError
 from dp_jax.hardware.cluster import job_from_config
+from dp_jax.layer_times.sources import ProfileOptions
 from dp_jax.models.zoo import ModelSpec
-from dp_jax.profiling.sources import ProfileOptions
 
 
 def settings(**kw):

@@ -3,7 +3,7 @@
 import pytest
 
 from dp_jax.base.errors import UserError
-from dp_jax.validation import agreement
+from dp_jax.report import agreement
 
 
 def test_ranks_share_ties():

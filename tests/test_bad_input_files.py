@@ -8,11 +8,10 @@ from apps import assert_one_line_error, run_app
 from test_plan_app import write_graph_and_profile
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.files import cluster_file
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import load_cluster
+from dp_jax.hardware.cluster import cluster_file, load_cluster
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import Plan, make_plan
-from dp_jax.profiling.table import ProfileTable
 
 COMMON = ["cluster=a100_nvlink_8", "cluster.num_devices=4", "batch_size=8", "logger=disabled"]
 

@@ -31,8 +31,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from dp_jax.config.hydra_app import expand_file_overrides
-from dp_jax.config.schema import CONF_DIR, check_known_keys, check_required
+from dp_jax.base.yamlfile import CONF_DIR
+from dp_jax.cli.hydra_app import expand_file_overrides
+from dp_jax.cli.schema import check_known_keys, check_required
 from experiments import studies
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""dp_jax/studies/batch_scaling.py: McCandlish's steps(B) fit and time to accuracy."""
+"""dp_jax/convergence/steps_fit.py: McCandlish's steps(B) fit and time to accuracy."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dp_jax.base.errors import UserError
-from dp_jax.studies.batch_scaling import (
+from dp_jax.convergence.steps_fit import (
   StepsFit,
   best_batch,
   fit_steps,

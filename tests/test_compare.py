@@ -21,9 +21,9 @@ from dp_jax.report.compare import (
   validated_tolerance,
   verdict,
 )
-from dp_jax.sim.engine import simulate
-from dp_jax.sim.job import background_job
-from dp_jax.sim.metrics import data_parallel_frontier, matched_data_parallel, metrics
+from dp_jax.simulator.engine import simulate
+from dp_jax.simulator.job import background_job
+from dp_jax.simulator.metrics import data_parallel_frontier, matched_data_parallel, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

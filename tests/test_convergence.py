@@ -1,13 +1,14 @@
-"""dp_jax/studies/convergence.py: every (lr, seed) of a batch size trained to a target in one
-jit."""
+"""dp_jax/convergence/steps_to_target.py: every (lr, seed) of a batch size trained to a target in
+one jit."""
 
 import numpy as np
 import pytest
 
 from dp_jax.base.errors import UserError
+from dp_jax.convergence import digits
+from dp_jax.convergence import steps_to_target as convergence
+from dp_jax.convergence.steps_to_target import Sweep
 from dp_jax.models.zoo import build_model
-from dp_jax.studies import convergence, digits
-from dp_jax.studies.convergence import Sweep
 
 
 def build(seed):

@@ -1,8 +1,8 @@
-"""dp_jax/studies/digits.py: the bundled digits, split train/test by a fixed seed."""
+"""dp_jax/convergence/digits.py: the bundled digits, split train/test by a fixed seed."""
 
 import numpy as np
 
-from dp_jax.studies import digits
+from dp_jax.convergence import digits
 
 
 def test_split_sizes_shapes_and_range():

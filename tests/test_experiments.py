@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from apps import REPO
 
-from experiments import report, studies
+from experiments import aggregate as report
+from experiments import studies
 
 QUICK = {"strong_scaling": 4, "amplification": 3, "cluster_throughput": 2, "network": 2,
          "weight_sharding": 2}

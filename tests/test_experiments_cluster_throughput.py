@@ -1,6 +1,6 @@
 """experiments/cluster_throughput.py: a cluster-throughput gain is stated with its foreground."""
 
-from experiments import report
+from experiments import aggregate as report
 from experiments.cluster_throughput import STUDY
 
 BASIS = "bf16 gradients; calibrated A100-SXM4-40GB mixed bf16 profile; A=2"

@@ -1,4 +1,4 @@
-"""experiments/report.py: a multirun folder -> CSV, timing CSV, markdown, provenance, figures."""
+"""experiments/aggregate.py: a multirun folder -> CSV, timing CSV, markdown, provenance, figures."""
 
 import csv
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dp_jax.base.errors import UserError
-from experiments import report
+from experiments import aggregate as report
 from experiments.strong_scaling import STUDY
 
 SHA = "0123456789abcdef0123456789abcdef01234567"

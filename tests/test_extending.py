@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 from wandb_files import records, run_file
 
 from dp_jax.base.errors import UserError
+from dp_jax.layer_times.deeppool_import import import_deeppool_a100
 from dp_jax.models import zoo
-from dp_jax.profiling.deeppool_import import import_deeppool_a100
 
 EXAMPLES = REPO / "examples"
 VIT, MIXER = (EXAMPLES / "conf" / "model" / f"{n}.yaml" for n in ("tiny_vit", "tiny_mixer"))

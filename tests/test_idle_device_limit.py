@@ -6,8 +6,8 @@ import pytest
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import PlanOptions, idle_device_limit, plan_with, plan_with_idle_device
-from dp_jax.profiling.table import ProfileTable
 
 CLUSTER = ClusterSpec("t", "synthetic", 1, 2, 1e6, 100.0, 1.0, 25.0, 5.0, update_memory_GBps=1e3)
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from dp_jax.multiplex.policy import STALE, BackgroundJob
-from dp_jax.multiplex.scheduler import BackgroundScheduler
-from dp_jax.sim.measured import fill_measured
+from dp_jax.orchestrator.scheduler import BackgroundScheduler
+from dp_jax.simulator.measured import fill_measured
 
 CALLS = [((0, 1), 20.0, "0:fwd"), ((0,), 150.0, "1:fwd_bwd"), ((0, 1), 50.0, "0:bwd")]
 STAGES = 3  # the job's stages: pieces fwd 0, fwd 1, fwd_bwd 2, bwd 1, bwd 0

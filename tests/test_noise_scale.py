@@ -1,14 +1,14 @@
-"""dp_jax/studies/noise_scale.py: B_simple = tr(Sigma) / |G|^2 from per-example gradients."""
+"""dp_jax/convergence/noise_scale.py: B_simple = tr(Sigma) / |G|^2 from per-example gradients."""
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
+from dp_jax.convergence import digits
+from dp_jax.convergence.noise_scale import noise_scale_fn
+from dp_jax.convergence.steps_to_target import cross_entropy
 from dp_jax.models.zoo import build_model
-from dp_jax.studies import digits
-from dp_jax.studies.convergence import cross_entropy
-from dp_jax.studies.noise_scale import noise_scale_fn
 
 
 @pytest.fixture(scope="module")

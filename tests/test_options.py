@@ -6,13 +6,12 @@ import math
 import pytest
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.files import cluster_file
-from dp_jax.config.rules import RULES, check
-from dp_jax.hardware.cluster import job_from_config
+from dp_jax.base.rules import RULES, check
+from dp_jax.hardware.cluster import cluster_file, job_from_config
+from dp_jax.layer_times.sources import ProfileOptions
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.multiplex.background import BackgroundSpec
 from dp_jax.planner import PlanOptions
-from dp_jax.profiling.sources import ProfileOptions
 
 
 @pytest.mark.parametrize("key, value, fragment", [

@@ -14,16 +14,16 @@ from dp_jax.base.errors import UserError
 from dp_jax.models.zoo import ModelSpec, build_model
 from dp_jax.multiplex import policy as multiplex
 from dp_jax.multiplex.background import BackgroundSpec
-from dp_jax.multiplex.launch import start_background
-from dp_jax.multiplex.runners import build_runners, job_of_runner, measured_pieces
-from dp_jax.multiplex.scheduler import (
+from dp_jax.orchestrator.launch import start_background
+from dp_jax.orchestrator.runners import build_runners, job_of_runner, measured_pieces
+from dp_jax.orchestrator.scheduler import (
   PROBES,
   idle_by_stage,
   load_checkpoint,
   make_background_hook,
   window_ms,
 )
-from dp_jax.planner.plan import Plan, check_plan, layout_plan
+from dp_jax.planner.contract import Plan, check_plan, layout_plan
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.stages import structure_graph
 from dp_jax.runtime.step import build_program, init_state, train_step
@@ -270,8 +270,8 @@ def test_same_family_trains_the_foregrounds_model():
 
 
 def test_measure_compares_means_after_warmup():
-  from dp_jax.multiplex.launch import alone_steps, measure
-  from dp_jax.multiplex.scheduler import BackgroundScheduler
+  from dp_jax.orchestrator.launch import alone_steps, measure
+  from dp_jax.orchestrator.scheduler import BackgroundScheduler
 
   hook = BackgroundScheduler(None, start_after=4)
   out = measure([100.0, 50.0, 10.0, 12.0, 30.0, 14.0], hook)

@@ -4,8 +4,7 @@ import json
 
 from apps import assert_one_line_error, run_app
 
-from dp_jax.multiplex.background import BackgroundSpec
-from dp_jax.report.main_job import (
+from dp_jax.main_job.summary import (
   MainJobFacts,
   background_failure,
   idle_devices,
@@ -13,6 +12,7 @@ from dp_jax.report.main_job import (
   story,
   trained_quantities,
 )
+from dp_jax.multiplex.background import BackgroundSpec
 
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=16",
         "model.vocab_size=64", "batch_size=4", "logger=disabled",

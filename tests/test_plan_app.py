@@ -6,8 +6,8 @@ import pytest
 from apps import assert_one_line_error, run_app
 
 from dp_jax.graph.layer_graph import LayerNode
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import Plan
-from dp_jax.profiling.table import ProfileTable
 from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE
 
 

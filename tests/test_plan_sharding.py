@@ -7,7 +7,7 @@ import pytest
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.planner.plan import PLAN_SCHEMA, Plan, as_plan, check_plan, layout_plan
+from dp_jax.planner.contract import PLAN_SCHEMA, Plan, as_plan, check_plan, layout_plan
 from dp_jax.planner.sharding import LayerSharding, default_sharding
 
 

@@ -8,11 +8,17 @@ from pathlib import Path
 import pytest
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.files import cluster_file
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.hardware.cluster import load_cluster
+from dp_jax.hardware.cluster import cluster_file, load_cluster
 from dp_jax.planner import make_plan
-from dp_jax.planner.plan import PLAN_SCHEMA, Plan, as_plan, check_made_for, check_plan, layout_plan
+from dp_jax.planner.contract import (
+  PLAN_SCHEMA,
+  Plan,
+  as_plan,
+  check_made_for,
+  check_plan,
+  layout_plan,
+)
 from dp_jax.planner.synthetic import analytic_profile, resnet_like
 from dp_jax.runtime.batch_norm import batch_norm_mode
 
@@ -32,7 +38,7 @@ def test_the_plan_schema_string_is_defined_in_one_module():
 
 
 def test_the_plan_type_does_not_import_jax():
-  code = ("import sys, dp_jax.planner.plan, dp_jax.planner.memory, dp_jax.planner.sharded; "
+  code = ("import sys, dp_jax.planner.contract, dp_jax.planner.memory, dp_jax.planner.sharded; "
           "assert 'jax' not in sys.modules, 'jax imported'")
   subprocess.run([sys.executable, "-c", code], check=True)
 

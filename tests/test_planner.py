@@ -9,6 +9,7 @@ import pytest
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.layer_times.table import MissingProfileError, ProfileTable
 from dp_jax.planner import PLAN_SCHEMA, Plan, data_parallel_plan, evaluate_plan, make_plan, pareto
 from dp_jax.planner.frontier import FrontierPoint
 from dp_jax.planner.synthetic import (
@@ -18,7 +19,6 @@ from dp_jax.planner.synthetic import (
   random_series_parallel,
   resnet_like,
 )
-from dp_jax.profiling.table import MissingProfileError, ProfileTable
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 NVLINK = ClusterSpec("nvlink", "A100-SXM4-40GB", 1, 8, 40.0, 300.0, 2.0, 25.0, 5.0)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.hardware.cluster import ClusterSpec, allreduce_ms
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import pricing
 from dp_jax.planner.amplification import allowed_counts, amplification
 from dp_jax.planner.costs import (
@@ -22,7 +23,6 @@ from dp_jax.planner.costs import (
 )
 from dp_jax.planner.options import PlanOptions, candidate_counts, data_parallel_count
 from dp_jax.planner.synthetic import linear_profile, resnet_like
-from dp_jax.profiling.table import ProfileTable
 
 CLUSTER = ClusterSpec("t", "synthetic", 16, 4, 80.0, 100.0, 2.0, 10.0, 5.0,
                       update_memory_GBps=1e3)

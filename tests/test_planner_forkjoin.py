@@ -30,8 +30,8 @@ from dp_jax.planner.search import build_tables, lanes, lower_bound, search
 from dp_jax.planner.search.chains import _lane
 from dp_jax.planner.search.lanes import _lane_plan
 from dp_jax.planner.synthetic import linear_profile
-from dp_jax.sim.engine import simulate
-from dp_jax.sim.metrics import metrics
+from dp_jax.simulator.engine import simulate
+from dp_jax.simulator.metrics import metrics
 
 FORKJOIN_MARGIN = 0.01  # relative; measured max 0.37%
 

@@ -7,10 +7,10 @@ import pytest
 from flax import nnx
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.graph.trace import trace_graph
+from dp_jax.models.trace import trace_graph
 from dp_jax.models.zoo import build_model
 from dp_jax.planner import memory
-from dp_jax.planner.plan import as_plan
+from dp_jax.planner.contract import as_plan
 
 TINY_GPT2 = dict(n_layer=2, d_model=64, n_head=2, seq_len=32, vocab_size=512)
 

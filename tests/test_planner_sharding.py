@@ -20,15 +20,15 @@ from dp_jax.hardware.cluster import (
   strided_link_class,
   volume_ms,
 )
+from dp_jax.layer_times.analytic import analytic_profile
 from dp_jax.models.zoo import MODEL_NAMES
 from dp_jax.planner import Plan, make_plan, memory, pricing, sharded
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.search import build_tables, search
-from dp_jax.profiling.analytic import analytic_profile
-from dp_jax.sim.engine import simulate
-from dp_jax.sim.metrics import metrics
+from dp_jax.simulator.engine import simulate
+from dp_jax.simulator.metrics import metrics
 
 WEIGHTS = ("samples", "weights")
 

@@ -28,14 +28,14 @@ from sharding_brute import (
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.layer_times.analytic import analytic_profile
 from dp_jax.planner import make_plan, pricing, sharded, stage_choice
 from dp_jax.planner.costs import build_cost_model, stage_sync_ms
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.search import build_tables, search
-from dp_jax.profiling.analytic import analytic_profile
-from dp_jax.sim.engine import simulate
-from dp_jax.sim.metrics import metrics
+from dp_jax.simulator.engine import simulate
+from dp_jax.simulator.metrics import metrics
 
 TOLERANCE = 1e-9  # relative: float rounding only
 LANE_SEED = 5  # a block whose best plan runs both branches weight-sharded on disjoint lanes

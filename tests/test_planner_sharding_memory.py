@@ -15,13 +15,13 @@ from test_planner_sharding import WEIGHTS, cost_model, mlp_graph
 from test_planner_zoo import a100_profile, cluster, graph
 
 from dp_jax.base.errors import UserError
+from dp_jax.layer_times.analytic import analytic_profile
 from dp_jax.planner import Plan, make_plan, memory, pricing, sharded
 from dp_jax.planner.amplification import amplification, offers, sharded_amplification
+from dp_jax.planner.contract import as_plan
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.options import PlanOptions
-from dp_jax.planner.plan import as_plan
-from dp_jax.profiling.analytic import analytic_profile
-from dp_jax.sim.engine import simulate
+from dp_jax.simulator.engine import simulate
 
 WIDE = 65536  # fc1: 1024 x 65536 parameters, 1.07 GB of params + grads + Adam state
 CAP_GB = 0.5  # a device smaller than fc1's state: only a weight split fits it

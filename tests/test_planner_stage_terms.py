@@ -8,12 +8,12 @@ import pytest
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode, flat_layers
 from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.stage_terms import boundary_at, update_bytes_per_param
 from dp_jax.planner.synthetic import linear_profile
-from dp_jax.profiling.table import ProfileTable
 
 BW = 100.0  # GB/s of the update
 

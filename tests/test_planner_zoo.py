@@ -10,16 +10,16 @@ import yaml
 from omegaconf import OmegaConf
 
 from dp_jax.hardware.cluster import load_cluster
+from dp_jax.layer_times.analytic import analytic_profile
+from dp_jax.layer_times.deeppool_import import import_deeppool_a100
+from dp_jax.layer_times.sources import profile_batches
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.models import zoo
 from dp_jax.models.zoo import MODEL_NAMES
 from dp_jax.planner import make_plan
 from dp_jax.planner.search import ELEMENTWISE_KINDS
-from dp_jax.profiling.analytic import analytic_profile
-from dp_jax.profiling.deeppool_import import import_deeppool_a100
-from dp_jax.profiling.sources import profile_batches
-from dp_jax.profiling.table import ProfileTable
-from dp_jax.sim.engine import simulate
-from dp_jax.sim.metrics import metrics
+from dp_jax.simulator.engine import simulate
+from dp_jax.simulator.metrics import metrics
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "cluster"
 FAST = ("resnet50", "inception_v3")  # fork/join blocks: the cases the rules are about

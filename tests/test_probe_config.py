@@ -11,9 +11,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.files import cluster_file
-from dp_jax.config.schema import CONF_DIR, check_known_keys, check_required
-from dp_jax.hardware.cluster import job_from_config
+from dp_jax.base.yamlfile import CONF_DIR
+from dp_jax.cli.schema import check_known_keys, check_required
+from dp_jax.hardware.cluster import cluster_file, job_from_config
 
 APPS = {"inspect": "dp_jax.inspect", "profile": "dp_jax.profile",
         "plan": "dp_jax.plan", "simulate": "dp_jax.simulate",

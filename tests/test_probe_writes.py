@@ -9,7 +9,7 @@ import pytest
 
 from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import write_json
-from dp_jax.config.hydra_app import one_line
+from dp_jax.cli.hydra_app import one_line
 
 
 def full_disk(*_, **__):

@@ -5,8 +5,8 @@ from profile_ref_graphs import vgg16
 
 from dp_jax.base.errors import UserError
 from dp_jax.hardware.devices import get_device
-from dp_jax.profiling import analytic
-from dp_jax.profiling.analytic import (
+from dp_jax.layer_times import analytic
+from dp_jax.layer_times.analytic import (
   PLAIN,
   AnalyticParams,
   LayerCost,

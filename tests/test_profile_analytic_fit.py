@@ -3,8 +3,8 @@
 from profile_ref_graphs import vgg16
 
 from dp_jax.hardware.devices import get_device
-from dp_jax.profiling import analytic_fit
-from dp_jax.profiling.analytic import AnalyticParams, analytic_profile
+from dp_jax.layer_times import analytic_fit
+from dp_jax.layer_times.analytic import AnalyticParams, analytic_profile
 
 
 def test_fit_recovers_generating_params(monkeypatch):

@@ -5,7 +5,7 @@ import json
 import pytest
 from apps import assert_one_line_error, run_app
 
-from dp_jax.profiling.table import ProfileTable
+from dp_jax.layer_times.table import ProfileTable
 
 
 @pytest.mark.parametrize("model, batch32_ms", [("vgg16", 53.7), ("wide_resnet101_2", None),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dp_jax.profiling import boundary
+from dp_jax.measurement import boundary
 
 
 def test_cut_points_spread_evenly_and_cover_small_models():

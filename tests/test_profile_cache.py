@@ -1,6 +1,6 @@
 """On-disk timing cache: round trip, key mismatch and corrupt files read as misses."""
 
-from dp_jax.profiling import cache
+from dp_jax.measurement import cache
 
 KEY = {"model": "m", "layer": "conv1", "batch": 4, "backend": "cpu", "dtype": "float32",
        "in_shapes": [[[8, 8, 3], "float32"]], "attrs": cache.attrs_hash({"k": 3})}

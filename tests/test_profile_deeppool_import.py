@@ -4,14 +4,14 @@ import pytest
 from profile_ref_graphs import inception_v3, resnet, vgg16, wide_resnet101_2
 
 from dp_jax.base.errors import UserError
-from dp_jax.profiling.deeppool_import import DEFAULT_DATA_DIR, import_deeppool_a100
-from dp_jax.profiling.deeppool_rows import parse_file
+from dp_jax.layer_times.deeppool_import import DEFAULT_DATA_DIR, import_deeppool_a100
+from dp_jax.layer_times.deeppool_rows import parse_file
 
 
 @pytest.fixture(scope="module")
 def vgg():
   """The zoo's VGG16 graph (abstract: nothing allocated)."""
-  from dp_jax.graph.trace import trace_graph
+  from dp_jax.models.trace import trace_graph
   from dp_jax.models.zoo import build_model
 
   g = trace_graph(build_model("vgg16", abstract=True), "vgg16")

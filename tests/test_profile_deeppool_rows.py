@@ -3,7 +3,7 @@
 import pytest
 
 from dp_jax.base.errors import UserError
-from dp_jax.profiling.deeppool_rows import move_relu_backward, parse_file, parse_line
+from dp_jax.layer_times.deeppool_rows import move_relu_backward, parse_file, parse_line
 
 CONV = 'conv2d{"in_channels":3,"kernel_size":3,"out_channels":64,"padding":1,"stride":1}'
 RELU = 'ReLU2d{"inplace":true,"kernel_size":1,"padding":0,"stride":1}'

@@ -5,7 +5,7 @@ from profile_ref_graphs import inception_v3, resnet, vgg16
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerNode
-from dp_jax.profiling.formulas import activation_elems, forward_flops, gemm_shape
+from dp_jax.layer_times.formulas import activation_elems, forward_flops, gemm_shape
 
 
 def test_model_totals_match_published_counts():

@@ -8,10 +8,10 @@ import optax
 import pytest
 
 from dp_jax.base.errors import UserError
+from dp_jax.measurement import in_context
+from dp_jax.measurement.plan_timing import stepper
 from dp_jax.models.zoo import build_model
-from dp_jax.planner.plan import layout_plan
-from dp_jax.profiling import in_context
-from dp_jax.runtime.plan_timing import stepper
+from dp_jax.planner.contract import layout_plan
 from dp_jax.runtime.stages import INPUT, structure_graph
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from dp_jax.base.errors import UserError
-from dp_jax.profiling.layer_errors import compare, layer_groups, summarize
-from dp_jax.profiling.table import ProfileTable
+from dp_jax.layer_times.layer_errors import compare, layer_groups, summarize
+from dp_jax.layer_times.table import ProfileTable
 
 
 def _t(rows, source="imported"):

@@ -4,8 +4,8 @@ import jax
 import pytest
 
 from dp_jax.base.errors import UserError
+from dp_jax.measurement import loaded
 from dp_jax.models.zoo import build_model
-from dp_jax.profiling import loaded
 from dp_jax.runtime.local_devices import DeviceThreads
 from dp_jax.runtime.stages import structure_graph
 

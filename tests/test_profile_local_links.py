@@ -3,7 +3,7 @@
 import jax
 import pytest
 
-from dp_jax.profiling import local_links
+from dp_jax.measurement import local_links
 from tests.sim_helpers import cluster
 
 

@@ -6,10 +6,10 @@ import pytest
 from flax import nnx
 
 from dp_jax.base.errors import UserError
-from dp_jax.graph.trace import trace_graph
+from dp_jax.measurement import alone as measure
 from dp_jax.models.base import ImageModel, LayerSpec, chain
 from dp_jax.models.layers import Conv2d, Flatten, Linear, ReLU
-from dp_jax.profiling import measure
+from dp_jax.models.trace import trace_graph
 
 
 class Tiny(ImageModel):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dp_jax.base.errors import UserError
-from dp_jax.profiling.table import MissingProfileError, ProfileTable
+from dp_jax.layer_times.table import MissingProfileError, ProfileTable
 
 
 def _table():

@@ -1,5 +1,5 @@
 """The GPU model against published measurements: the anchors table, the calibrated profile's fit,
-the held-out error and the GPU tolerance taken from it (dp_jax/validation/published.py)."""
+the held-out error and the GPU tolerance taken from it (dp_jax/published/anchors.py)."""
 
 import importlib.util
 import sys
@@ -9,15 +9,15 @@ import pytest
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.profiling.calibrated import CALIBRATION, calibrated_profile
-from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE
-from dp_jax.validation.published import (
+from dp_jax.layer_times.calibrated import CALIBRATION, calibrated_profile
+from dp_jax.published.anchors import (
   fit_calibration,
   held_out,
   load_anchors,
   predict,
   results,
 )
+from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,10 +4,10 @@ import jax
 import pytest
 
 from dp_jax.base.errors import UserError
+from dp_jax.measurement import plan_timing
+from dp_jax.measurement.plan_timing import time_plans, turns
 from dp_jax.models.zoo import build_model
-from dp_jax.planner.plan import data_parallel_layout_plan, layout_plan
-from dp_jax.runtime import plan_timing
-from dp_jax.runtime.plan_timing import time_plans, turns
+from dp_jax.planner.contract import data_parallel_layout_plan, layout_plan
 from dp_jax.runtime.stages import structure_graph
 
 

@@ -9,7 +9,7 @@ from flax import nnx
 from runtime_helpers import TINY_GPT2, batches, make_model, sgd
 
 from dp_jax.models import gpt2
-from dp_jax.planner.plan import check_plan, layout_plan
+from dp_jax.planner.contract import check_plan, layout_plan
 from dp_jax.runtime import transfer
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.residuals import stage_residuals

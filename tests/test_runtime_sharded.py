@@ -20,7 +20,7 @@ from runtime_helpers import (
 
 from dp_jax.models.digits import DigitsMLP
 from dp_jax.models.zoo import build_model
-from dp_jax.planner.plan import check_plan, layout_plan
+from dp_jax.planner.contract import check_plan, layout_plan
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.stages import structure_graph

@@ -5,7 +5,7 @@ import pytest
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.models.zoo import build_model
-from dp_jax.planner.plan import (
+from dp_jax.planner.contract import (
   check_plan,
   data_parallel_layout_plan,
   layout_plan,

@@ -77,7 +77,7 @@ def test_saved_policy_keeps_convolution_outputs():
 def test_a_transformer_block_stage_hands_its_backward_only_matmul_outputs():
   from runtime_helpers import TINY_GPT2, by_prefix, make_model, sgd
 
-  from dp_jax.planner.plan import check_plan, layout_plan
+  from dp_jax.planner.contract import check_plan, layout_plan
   from dp_jax.runtime.functional import split_layers
   from dp_jax.runtime.stages import structure_graph
   from dp_jax.runtime.step import build_program

@@ -2,8 +2,8 @@
 
 import pytest
 
+from dp_jax.runtime.measured_timeline import spans, stage_ms, timeline_json
 from dp_jax.runtime.stages import Stage
-from dp_jax.runtime.timeline import spans, stage_ms, timeline_json
 
 
 def test_spans_are_maximal_contiguous_runs():

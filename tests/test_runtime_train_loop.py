@@ -12,7 +12,7 @@ from runtime_helpers import TINY_GPT2
 
 from dp_jax.base.errors import UserError
 from dp_jax.models.zoo import build_model
-from dp_jax.planner.plan import check_plan, data_parallel_layout_plan, layout_plan
+from dp_jax.planner.contract import check_plan, data_parallel_layout_plan, layout_plan
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime.stages import structure_graph
 from dp_jax.runtime.train_loop import train

@@ -24,7 +24,7 @@ def test_no_tracked_file_outside_docs_refers_to_the_folder_beside_the_repo():
 
 
 def test_the_a100_tables_ship_inside_the_package_with_their_licence():
-  from dp_jax.profiling.deeppool_import import DEFAULT_DATA_DIR, RECIPES
+  from dp_jax.layer_times.deeppool_import import DEFAULT_DATA_DIR, RECIPES
 
   assert DEFAULT_DATA_DIR.is_relative_to(REPO / "dp_jax")
   assert "MIT License" in (DEFAULT_DATA_DIR / "LICENSE").read_text()

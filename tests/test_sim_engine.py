@@ -7,7 +7,8 @@ import pytest
 from sim_helpers import cluster, graph, plan, profile
 
 from dp_jax.base.errors import UserError
-from dp_jax.sim.engine import cost_model_for, default_switch_ms, plan_options, simulate
+from dp_jax.planner.baseline import cost_model_for, plan_options
+from dp_jax.simulator.engine import default_switch_ms, simulate
 
 
 def test_options_round_trip_through_the_plan():
@@ -34,6 +35,6 @@ def test_the_simulator_does_not_import_jax():
   import subprocess
   import sys
 
-  code = ("import sys, dp_jax.sim.engine, dp_jax.sim.metrics, dp_jax.sim.gantt; "
+  code = ("import sys, dp_jax.simulator.engine, dp_jax.simulator.metrics, dp_jax.simulator.gantt; "
           "assert 'jax' not in sys.modules, 'jax imported'")
   subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from sim_helpers import cluster, graph, plan, profile
 
 from dp_jax.base.errors import UserError
+from dp_jax.layer_times.sources import profile_batches
 from dp_jax.planner import make_plan
 from dp_jax.planner.baseline import data_parallel
 from dp_jax.planner.costs import build_cost_model
@@ -16,11 +17,10 @@ from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.make import build_plan, data_parallel_plan
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.synthetic import linear_profile
-from dp_jax.profiling.sources import profile_batches
-from dp_jax.sim.engine import simulate
-from dp_jax.sim.fill import fill
-from dp_jax.sim.job import background_job
-from dp_jax.sim.windows import busy_intervals
+from dp_jax.simulator.engine import simulate
+from dp_jax.simulator.fill import fill
+from dp_jax.simulator.job import background_job
+from dp_jax.simulator.windows import busy_intervals
 
 
 def _job(kind="inception", size=0, batch=8, piece_ms=0.5):

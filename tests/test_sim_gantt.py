@@ -2,9 +2,9 @@
 
 from sim_helpers import cluster, graph, plan, profile
 
-from dp_jax.sim.engine import simulate
-from dp_jax.sim.gantt import plot_gantt, rows_for
-from dp_jax.sim.job import background_job
+from dp_jax.simulator.engine import simulate
+from dp_jax.simulator.gantt import plot_gantt, rows_for
+from dp_jax.simulator.job import background_job
 
 
 def _sim(g, b):

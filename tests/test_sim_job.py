@@ -12,7 +12,7 @@ from dp_jax.multiplex.policy import layer_groups
 from dp_jax.planner import memory
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.options import PlanOptions
-from dp_jax.sim.job import background_job, check_memory
+from dp_jax.simulator.job import background_job, check_memory
 
 
 @settings(max_examples=60, deadline=None)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dp_jax.multiplex.policy import Admission, BackgroundJob
-from dp_jax.sim.measured import chain_timeline, fill_measured, spans_of
+from dp_jax.simulator.measured import chain_timeline, fill_measured, spans_of
 
 CALLS = [((0, 1), 4.0, "0:fwd"), ((0,), 6.0, "1:fwd_bwd"), ((0, 1), 5.0, "0:bwd")]
 

@@ -3,9 +3,9 @@
 import pytest
 from sim_helpers import cluster, graph, plan, profile
 
-from dp_jax.sim.engine import simulate
-from dp_jax.sim.job import background_job
-from dp_jax.sim.metrics import data_parallel_frontier, matched_data_parallel, metrics
+from dp_jax.simulator.engine import simulate
+from dp_jax.simulator.job import background_job
+from dp_jax.simulator.metrics import data_parallel_frontier, matched_data_parallel, metrics
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ from sim_helpers import INF, cluster, graph, plan, profile
 
 from dp_jax.hardware.cluster import collective_latency_ms
 from dp_jax.planner import pricing
+from dp_jax.planner.baseline import cost_model_for
 from dp_jax.planner.costs import allreduce_volume_ms, move_ms, stage_sync_ms
 from dp_jax.planner.evaluate import data_parallel_assignment, evaluate
 from dp_jax.planner.segments import Move, Stage, segments
-from dp_jax.sim.engine import cost_model_for
-from dp_jax.sim.timeline import build_timeline, merge_spans, union_spans
-from dp_jax.sim.windows import busy_ms, device_classes
+from dp_jax.simulator.timeline import build_timeline, merge_spans, union_spans
+from dp_jax.simulator.windows import busy_ms, device_classes
 
 PLANS = [("resnet", 8, 32, 2.0, True), ("resnet", 8, 32, INF, False), ("resnet", 32, 32, 2.0, True),
          ("resnet", 64, 64, 1.5, True), ("inception", 8, 32, 2.0, True),

@@ -9,9 +9,9 @@ import pytest
 from flax import nnx
 
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.graph.trace import trace_graph
 from dp_jax.models.base import ImageModel, chain, run_layers, spec
 from dp_jax.models.layers import Add, AvgPool2d, Conv2d, Flatten, Linear
+from dp_jax.models.trace import trace_graph
 from dp_jax.models.zoo import build_model
 
 TORCHVISION_PARAMS = {  # full size; Inception-v3 without its aux head; GPT-2 with tied wte
@@ -198,7 +198,7 @@ def test_graph_json_round_trip(name, tmp_path):
 
 
 def test_saved_bytes_are_the_compiled_forward_with_residuals_output():
-  from dp_jax.graph.trace import forward_with_residuals, residual_bytes
+  from dp_jax.models.trace import forward_with_residuals, residual_bytes
 
   layer = Conv2d(3, 8, 3, padding=1, batch_norm=True, activation="relu", rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(layer)

@@ -40,7 +40,7 @@ def finished(tmp_path_factory, compile_cache):
 
 def burst_plan_file(folder) -> str:
   from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-  from dp_jax.planner.plan import layout_plan
+  from dp_jax.planner.contract import layout_plan
 
   names = ["embed", "h.0", "h.1", "ln_f", "lm_head"]
   graph = LayerGraph("gpt2_small", (16,), "int32", tuple(

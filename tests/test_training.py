@@ -9,9 +9,9 @@ import pytest
 from dp_jax.base.errors import UserError
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.multiplex.background import BackgroundSpec
-from dp_jax.multiplex.runners import DeviceRunner
-from dp_jax.planner.plan import check_plan, layout_plan
-from dp_jax.runtime import training
+from dp_jax.orchestrator import jobs as training
+from dp_jax.orchestrator.runners import DeviceRunner
+from dp_jax.planner.contract import check_plan, layout_plan
 from dp_jax.runtime.stages import structure_graph
 
 TINY = ModelSpec.named("gpt2_small", n_layer=1, d_model=16, n_head=2, seq_len=8, vocab_size=32)

@@ -5,14 +5,14 @@ import dataclasses
 
 import numpy as np
 import pytest
+from dp_jax.config.files import cluster_file
+from dp_jax.profiling.local_links import LocalCalibration
+from dp_jax.validation.local import predicted_step
 from test_planner_stage_terms import mlp
 
-from dp_jax.config.files import cluster_file
 from dp_jax.hardware.cluster import job_from_config
 from dp_jax.planner import PlanOptions, plan_with
 from dp_jax.planner.synthetic import linear_profile
-from dp_jax.profiling.local_links import LocalCalibration
-from dp_jax.validation.local import predicted_step
 
 
 def calibration(g: int) -> LocalCalibration:

@@ -8,14 +8,13 @@ import json
 from apps import run_app
 from test_idle_device_limit import CLUSTER, chain
 
+from dp_jax.main_job.summary import MainJobFacts, story
 from dp_jax.multiplex.background import BackgroundSpec
 from dp_jax.planner import PlanOptions, plan_with
-from dp_jax.planner.baseline import cheapest_within
+from dp_jax.planner.baseline import cheapest_within, data_parallel_evaluations
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.report.compare import data_parallel_on_all
-from dp_jax.report.main_job import MainJobFacts, story
 from dp_jax.report.plan_report import comparisons, fair_comparison, gpu_time_line
-from dp_jax.sim.engine import data_parallel_evaluations
 
 VGG16_32_BF16 = ["model=vgg16", "cluster=dgx_a100", "cluster.num_devices=32",
                  "planner.gradient_precision=bf16", "planner.amplification_limit=inf",

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.rules import check
+from dp_jax.base.rules import check
+from dp_jax.base.yamlfile import group_file
 
 BYTES_PER_MS_PER_GBPS = 1e6  # 1 GB/s moves 1e6 bytes per millisecond
 
@@ -167,6 +168,11 @@ def check_plausible(spec: ClusterSpec) -> None:
                     f"{FASTEST_NIC_GBPS} GB/s (the fastest NIC, 800 Gb/s) and above the node's "
                     f"own links ({intra:g} GB/s); the unit is "
                     f"{PLAUSIBLE_MAX['inter_node_bandwidth_GBps'][1]}")
+
+
+def cluster_file(name: str) -> dict:
+  """The cluster config conf/cluster/<name>.yaml, or the YAML file `name` names, as a dict."""
+  return group_file("cluster", name)
 
 
 def load_cluster(config: Mapping[str, Any]) -> ClusterSpec:

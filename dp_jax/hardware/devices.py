@@ -11,7 +11,7 @@ from dp_jax.base.errors import UserError
 DTYPES = ("float32", "tf32", "bfloat16", "float16")
 DTYPE_BYTES = {"float32": 4, "tf32": 4, "bfloat16": 2, "float16": 2}
 # Per-kernel fixed cost of an NVIDIA GPU, not given by any datasheet: we take the timing floor of
-# the A100 tables shipped in dp_jax/profiling/data/deeppool_a100 (A100_vgg.prof: flatten, forward
+# the A100 tables shipped in dp_jax/layer_times/data/deeppool_a100 (A100_vgg.prof: flatten, forward
 # 5 us, a layer of at most one trivial kernel; maxPool2d on 512x14x14 at batch 2, forward 8 us).
 # Used for every NVIDIA device below; the analytic model counts kernels per layer (see analytic.py).
 GPU_KERNEL_OVERHEAD_US = 5.0

@@ -248,7 +248,7 @@ def _traced(target: str, name: str, seed: int, options_json: str):
   path = _cache_path(target, name, seed, options_json)
   if path is not None and path.is_file():
     return LayerGraph.load(path)
-  from dp_jax.graph.trace import trace_graph  # JAX: only when the graph is not in the disk cache
+  from dp_jax.models.trace import trace_graph  # JAX: only when the graph is not in the disk cache
 
   options = json.loads(options_json)
   dtype = options.pop("dtype", "float32")

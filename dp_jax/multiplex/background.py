@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.rules import check
+from dp_jax.base.rules import check
 from dp_jax.models.zoo import ModelSpec
 
 ON_FAILURE = ("fail", "continue")  # a failed job fails the run / the run finishes regardless

@@ -1,5 +1,6 @@
 """Planner: burst-parallel search, data-parallel baseline and the Plan they produce (no JAX)."""
 
+from dp_jax.planner.contract import PLAN_SCHEMA, LayerPlan, Plan
 from dp_jax.planner.evaluate import Evaluation, evaluate, evaluate_plan
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, pareto
 from dp_jax.planner.make import (
@@ -12,7 +13,6 @@ from dp_jax.planner.make import (
   plan_with_idle_device,
 )
 from dp_jax.planner.options import PlanOptions, candidate_counts
-from dp_jax.planner.plan import PLAN_SCHEMA, LayerPlan, Plan
 
 __all__ = ["DEFAULT_LIMITS", "PLAN_SCHEMA", "Evaluation", "FrontierPoint", "LayerPlan", "Plan",
            "PlanOptions", "candidate_counts", "data_parallel_plan", "evaluate", "evaluate_plan",

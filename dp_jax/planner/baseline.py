@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import fields
 
+from dp_jax.base.errors import UserError
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import memory
-from dp_jax.planner.costs import CostModel
+from dp_jax.planner.contract import Plan
+from dp_jax.planner.costs import CostModel, build_cost_model
 from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evaluate
-from dp_jax.planner.options import data_parallel_count
+from dp_jax.planner.options import PlanOptions, data_parallel_count
 
 
 def data_parallel(model: CostModel) -> tuple[int, Evaluation]:
@@ -30,3 +37,54 @@ def cheapest_within(model: CostModel, evaluations: Mapping[int, Evaluation],
   if not band:
     return min(evaluations.items(), key=lambda kv: (kv[1].iteration_ms, kv[0]))
   return min(band, key=lambda kv: (kv[1].gpu_ms, kv[0]))
+
+
+_OPTION_NAMES = tuple(f.name for f in fields(PlanOptions))
+
+
+def plan_options(plan: Plan) -> PlanOptions:
+  """The planner options a plan was made with (its 'options' entry), else the defaults."""
+  given = plan.extra.get("options") or {}
+  if not isinstance(given, dict):
+    raise UserError("plan 'options' must be an object of planner options")
+  kw = {k: v for k, v in given.items() if k in _OPTION_NAMES}
+  legacy = {"grad_bytes_per_param": ("gradient_precision", {4: "fp32", 2: "bf16"}),
+            "optimizer_bytes_per_param": ("optimizer", {0: "sgd", 4: "momentum", 8: "adam"})}
+  for old, (new, names) in legacy.items():  # plans written before the named options
+    if old in given and new not in given:
+      if given[old] not in names:
+        raise UserError(f"plan option {old}={given[old]!r} has no {new} (valid: "
+                        f"{', '.join(str(k) for k in names)}); re-make the plan")
+      kw[new] = names[given[old]]
+  if kw.get("amplification_limit", 0) is None:
+    kw["amplification_limit"] = math.inf
+  kw.update(num_devices=plan.num_devices, global_batch=plan.global_batch)
+  return PlanOptions(**kw)
+
+
+def cost_model_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+                   plan: Plan) -> CostModel:
+  """The planner's cost model for the plan's model, batch, devices and options."""
+  if plan.model != graph.model:
+    raise UserError(f"plan is for model {plan.model} but the graph is {graph.model}; pass "
+                    f"model={plan.model} (or the graph the plan was made for)")
+  if plan.cluster != cluster.name:
+    raise UserError(f"plan was made for cluster {plan.cluster} but the cluster is "
+                    f"{cluster.name}; pass cluster={plan.cluster} so costs match the plan")
+  return build_cost_model(graph, profile, cluster, plan_options(plan))
+
+
+def data_parallel_evaluations(model: CostModel) -> dict[int, Evaluation]:
+  """Data parallelism's evaluation on each device count d <= G the planner considers."""
+  return {int(c): evaluate(model, data_parallel_assignment(model, int(c))) for c in model.counts}
+
+
+def data_parallel_ms(model: CostModel) -> dict[int, float]:
+  """Data parallelism's iteration ms on each device count d <= G the planner considers."""
+  return {c: e.iteration_ms for c, e in data_parallel_evaluations(model).items()}
+
+
+def fastest_data_parallel(data_parallel_ms: dict[int, float]) -> tuple[int, float]:
+  """(d, ms) of data parallelism's fastest device count d <= G (fewest devices on a tie)."""
+  d, ms = min(data_parallel_ms.items(), key=lambda kv: (kv[1], kv[0]))
+  return int(d), float(ms)

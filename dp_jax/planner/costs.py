@@ -26,10 +26,10 @@ from dp_jax.hardware.cluster import (
   volume_ms,
 )
 from dp_jax.hardware.devices import DTYPE_BYTES, canonical_dtype
+from dp_jax.layer_times.table import MissingProfileError, ProfileTable
 from dp_jax.planner import footprint, stage_terms
 from dp_jax.planner.options import PlanOptions, candidate_counts
 from dp_jax.planner.segments import Placement  # noqa: F401 (re-exported: first device, count)
-from dp_jax.profiling.table import MissingProfileError, ProfileTable
 
 # --- collectives ------------------------------------------------------------------------------
 
@@ -253,7 +253,7 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
   comp += update[:, None]
   stage_ms, enter_ms, leave_ms = stage_terms.stage_terms(graph, profile, cluster, options, counts)
   # a profile timed on the stage's devices has the gradient all-reduce inside its programs
-  # (dp_jax.profiling.in_context): the cluster's all-reduce is not priced again
+  # (dp_jax.measurement.in_context): the cluster's all-reduce is not priced again
   grads = 0.0 if profile.meta.get("includes_allreduce") else options.grad_bytes_per_param
   scales = element_scales(graph, profile)
   model = CostModel(

@@ -24,7 +24,7 @@ What one training step is charged (ms; B global batch, a layer on g devices hold
   (they share the join's link), then the fork -> join moves of identity branches; backward
   mirrors it. The block's forward is the max over groups
   of their forward, its backward the max over groups of their backward, taken separately
-  (the simulator's schedule, dp_jax/sim/timeline.py);
+  (the simulator's schedule, dp_jax/simulator/timeline.py);
 - a weight-sharded layer (its plan entry's (d, m) mesh and split) is priced by
   dp_jax/planner/sharded.py: compute at the sharded shape, its entry gather and activation
   collectives in its forward / backward, its share of the gradients all-reduced over its data
@@ -45,12 +45,12 @@ from dataclasses import dataclass
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.segments import Block, Move, Segment, Stage, segments
 from dp_jax.planner.sharded import Sharding, check_sharding, is_samples, param_share
-from dp_jax.profiling.table import ProfileTable
 
 
 @dataclass(frozen=True)

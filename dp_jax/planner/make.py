@@ -15,6 +15,7 @@ import numpy as np
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import memory, pricing, sharded
 from dp_jax.planner.amplification import (
   allowed_counts,
@@ -23,15 +24,14 @@ from dp_jax.planner.amplification import (
   sharded_amplification,
 )
 from dp_jax.planner.baseline import data_parallel
+from dp_jax.planner.contract import LayerPlan, Plan, recorded
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import PlanOptions, candidate_counts
-from dp_jax.planner.plan import LayerPlan, Plan, recorded
 from dp_jax.planner.search import SHARDING_RULES, build_tables, lower_bound, search
 from dp_jax.planner.sharded import Sharding
 from dp_jax.planner.sharding import layer_sharding, sample_ranges
-from dp_jax.profiling.table import ProfileTable
 
 log = logging.getLogger(__name__)
 # Lagrange multipliers (ms per GB of saved activations) tried when the fastest plan overflows

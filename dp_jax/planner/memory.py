@@ -7,7 +7,7 @@ A device holding a layer on g devices at global batch B keeps:
   (sharded.param_share; the runtime's optimizer state follows its parameter, runtime/layout.py);
 - the activations the layer saves for its backward pass for its B / g samples: the bytes of
   the residuals of the layer's forward-with-residuals program, per sample, as traced by XLA
-  (LayerNode.saved_bytes_per_sample, dp_jax/graph/trace.py); graphs without them (hand-written
+  (LayerNode.saved_bytes_per_sample, dp_jax/models/trace.py); graphs without them (hand-written
   files) fall back to the layer's output. Saved bytes are rescaled from the traced dtype to the
   profile's (mixed fp16 saves 2-byte activations). A weight-sharded layer keeps them for its
   B / d samples: what its split keeps whole over the model group in full, the rest / m
@@ -36,7 +36,7 @@ from dp_jax.planner.segments import Placement
 from dp_jax.planner.sharded import Sharding
 
 if TYPE_CHECKING:
-  from dp_jax.planner.plan import Plan
+  from dp_jax.planner.contract import Plan
 
 __all__ = ["GB", "HEADS_WHOLE_OUTPUTS", "MOMENTUM_STATE_BYTES", "activation_bytes",
            "capacity_bytes", "check_fits", "device_bytes", "fits", "fits_alone", "job_bytes",

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from dp_jax.base.errors import UserError
-from dp_jax.config.rules import check
+from dp_jax.base.rules import check
 
 DEVICE_COUNT_MODES = ("divisors", "powers_of_two")
 BATCH_NORM_MODES = ("sync", "local")  # statistics over a stage's whole batch / per device

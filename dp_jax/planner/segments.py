@@ -1,5 +1,5 @@
 """A plan cut into stages, moves and fork/join blocks: the one stage walk of evaluate and the
-simulator (dp_jax/planner/evaluate.py, dp_jax/sim/timeline.py).
+simulator (dp_jax/planner/evaluate.py, dp_jax/simulator/timeline.py).
 
 A stage is a maximal run of chain items on the same devices (a fork/join block whose fork,
 branch layers and join share those devices joins the run); an edge between consecutive chain

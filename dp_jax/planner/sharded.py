@@ -10,7 +10,7 @@ B/d input samples within its model group (m consecutive devices). Per split:
 - heads: forward 2 all-reduces of the output, backward 2 all-reduces of the input gradient.
 The layer reading the model input computes no input gradient: no backward collective.
 Compute: the profile's time at per-device batch B/d times the analytic roofline's ratio of
-the sharded shape to the whole layer at that batch (dp_jax/profiling/analytic.py), so measured
+the sharded shape to the whole layer at that batch (dp_jax/layer_times/analytic.py), so measured
 and imported tables both work. Weight gradients: each device holds 1/m of the split
 parameters (replicated ones whole) and all-reduces them over its data group (d devices,
 stride m); none when d = 1. Collectives: dp_jax/hardware/cluster.py (the d model groups, or m data
@@ -33,12 +33,12 @@ from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.hardware.cluster import link_class, strided_link_classes
 from dp_jax.hardware.devices import DTYPE_BYTES, canonical_dtype, get_device
+from dp_jax.layer_times.analytic import default_params, layer_cost, layer_times_ms
+from dp_jax.layer_times.calibrated import layer_model
 from dp_jax.planner.sharding import SPLITS, splits_for
-from dp_jax.profiling.analytic import default_params, layer_cost, layer_times_ms
-from dp_jax.profiling.calibrated import layer_model
 
 if TYPE_CHECKING:
-  from dp_jax.planner.plan import Plan
+  from dp_jax.planner.contract import Plan
 
 Sharding = tuple[int, str]  # (model axis m, split); the data axis is d = count // m
 SAMPLES: Sharding = (1, "samples")

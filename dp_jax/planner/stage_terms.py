@@ -9,7 +9,7 @@ Two terms every evaluation (and the search, the simulator and validate) charges:
 - the per-stage terms of costs.CostModel (stage_ms, enter_ms, leave_ms): a stage launches its
   program (program_launch_us); a boundary between two stages adds host work
   (stage_boundary_us: the stage before runs split forward and backward programs, hand-offs)
-  and, where the profile measured it (meta["boundary_ms"][batch][k], dp_jax.profiling.boundary:
+  and, where the profile measured it (meta["boundary_ms"][batch][k], dp_jax.measurement.boundary:
   the runtime's two-stage cut after k layers beside the uncut model), program time. A boundary
   at position k (layers before it, series-parallel order) between a stage at per-device batch
   b1 and one at b2 costs stage_boundary_us + (boundary_k(b1) + boundary_k(b2)) / 2: half is
@@ -30,8 +30,8 @@ from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, flat_layers
 from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.hardware.devices import get_device
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner.options import PlanOptions
-from dp_jax.profiling.table import ProfileTable
 
 MASTER_BYTES = 4  # the optimizer updates a float32 copy of every parameter
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.profiling.table import ProfileTable
+from dp_jax.layer_times.table import ProfileTable
 
 
 class _Builder:

@@ -21,7 +21,7 @@ from dp_jax.base.errors import UserError
 # fails until this and conf/comparison/validated.yaml follow.
 VALIDATED_TOLERANCE = 0.043
 # The held-out median |predicted / published - 1| over the training rows of
-# dp_jax/profiling/data/published_anchors.yaml (scripts/validate_published.py: step throughput on
+# dp_jax/published/anchors.yaml (scripts/validate_published.py: step throughput on
 # A100 and H100 clusters, what a verdict compares): the tolerance of verdicts on NVIDIA GPUs.
 # tests/test_published.py recomputes it from the table.
 GPU_VALIDATED_TOLERANCE = 0.076

@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from dp_jax.planner import memory
-from dp_jax.planner.baseline import cheapest_within
+from dp_jax.planner.baseline import (
+  cheapest_within,
+  cost_model_for,
+  data_parallel_evaluations,
+  fastest_data_parallel,
+)
 from dp_jax.planner.evaluate import data_parallel_assignment
 from dp_jax.report.compare import compare, data_parallel_on_all, describe, devices, fields
 from dp_jax.report.tables import table
-from dp_jax.sim.engine import cost_model_for, data_parallel_evaluations
-from dp_jax.sim.metrics import fastest_data_parallel
 
 COLUMNS = ["layer", "kind", "devices", "first device", "per-device batch", "compute ms",
            "sync ms", "move-in ms", "amplification", "stage", "split"]

@@ -9,7 +9,7 @@ PyTorch DDP does without SyncBatchNorm; the result then depends on each layer's 
 from __future__ import annotations
 
 from dp_jax.base.errors import UserError
-from dp_jax.planner.plan import Plan
+from dp_jax.planner.contract import Plan
 
 MODES = ("sync", "local")
 

@@ -3,7 +3,7 @@
 A program compiled once (same computation, devices and options) is read back instead of
 compiled again, in this process (the profile's uncut model is the data-parallel plan's program)
 and in later runs and the processes this one starts (they inherit JAX_COMPILATION_CACHE_DIR).
-Compiling dominates the in-context profile's time on CPU (dp_jax/profiling/in_context.py).
+Compiling dominates the in-context profile's time on CPU (dp_jax/measurement/in_context.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ What XLA:CPU does here (jax 0.12, measured with xla_thread_ticks on the 2-core m
 - the partitions of one jit over a multi-device mesh run at once.
 So a local device is one core only when every device is busy. The validation therefore uses as
 many devices as cores and measures each layer with the devices its stage uses all busy at
-once (dp_jax.profiling.loaded), and dispatches concurrent work from one thread per device.
+once (dp_jax.measurement.loaded), and dispatches concurrent work from one thread per device.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ keeps far fewer, because XLA fuses the cheap elementwise work into the backward'
 block); the backward recomputes the rest (norms, activations, softmax, pooling) from them.
 The values are the same functions of the same inputs (gradients agree to rounding; the
 exactness tests hold), only where they are computed moves. The planner's memory model still
-counts plain jax.vjp's residuals (dp_jax/graph/trace.py): more than these stages keep.
+counts plain jax.vjp's residuals (dp_jax/models/trace.py): more than these stages keep.
 
 `stage_residuals` describes the residual leaves a stage's VJP holds until `bwd`: each with its
 global shape, its sharding, the most bytes one device holds of it, and whether it grows with

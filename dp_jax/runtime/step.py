@@ -42,7 +42,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.planner.plan import Plan
+from dp_jax.planner.contract import Plan
 from dp_jax.runtime import layout, residuals, transfer
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.functional import LayerDef, apply_layer

@@ -29,12 +29,12 @@ import optax
 from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import dumps
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.planner.plan import Plan
+from dp_jax.planner.contract import Plan
 from dp_jax.runtime import checkpoint as ckpt
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime import distributed
+from dp_jax.runtime import measured_timeline as tl
 from dp_jax.runtime import mesh as meshlib
-from dp_jax.runtime import timeline as tl
 from dp_jax.runtime.batch_norm import set_statistics_groups
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.step import Program, TrainState, build_program, init_state, train_step

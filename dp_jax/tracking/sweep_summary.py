@@ -1,8 +1,8 @@
 """After a multirun: one table of its cells' key metrics, printed and written as CSV/markdown.
 
-Each cell's `status.json` (the app's summary, dp_jax/config/hydra_app.py) gives its row: the cell's
+Each cell's `status.json` (the app's summary, dp_jax/cli/hydra_app.py) gives its row: the cell's
 overrides, status, error, and the metrics below that any cell has, each labelled predicted
-(cost model), simulated (dp_jax/sim) or measured (a run on this machine). Written to the
+(cost model), simulated (dp_jax/simulator) or measured (a run on this machine). Written to the
 sweep folder as sweep_summary.csv and sweep_summary.md.
 """
 

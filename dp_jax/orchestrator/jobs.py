@@ -1,0 +1,338 @@
+"""The training path of the apps: a plan trained on local devices, with its background job.
+
+`train` and `pipeline` both describe a run as a typed `TrainSpec` (its plan checked once, at
+the app's edge; to_json / from_json carry it to other processes) and call `train_spec` (in this
+process, on given devices) or `train_pinned` (N processes, each pinned to its own core with one
+CPU device, joined by jax.distributed on localhost; the only way on XLA:CPU that an idle device
+is an idle core, so that a background job's slowdown cap means what it says:
+dp_jax/runtime/pinned.py, docs/orchestrator.md).
+
+A background job that fails to start, or dies while the foreground trains, fails the run with
+one line (the foreground's files kept) unless its `on_failure` is `continue`; its failures are
+counted in the summary either way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from dp_jax.base.errors import UserError
+from dp_jax.base.rules import check
+from dp_jax.models.zoo import ModelSpec
+from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.planner.contract import Plan
+from dp_jax.runtime import distributed, pinned
+from dp_jax.runtime.local_devices import cpu_cores
+
+log = logging.getLogger("dp_jax.orchestrator.jobs")
+SHARE_CORES = "runtime.share_cores=true"  # the option that runs a cap on shared cores anyway
+
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+DATA_SOURCES = ("synthetic", "npz", "folder")
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+  """An element-wise optax optimizer (applied per stage, so no global-norm transforms): sgd
+  (with momentum), adam or adamw (momentum: their b1)."""
+
+  name: str = "sgd"
+  lr: float = 0.01
+  momentum: float = 0.9
+  weight_decay: float = 0.0
+
+  def __post_init__(self):
+    if self.name not in OPTIMIZERS:
+      raise UserError(f"optimizer.name '{self.name}' is unknown (valid: {', '.join(OPTIMIZERS)})")
+    check("optimizer.lr", self.lr)
+    check("optimizer.momentum", self.momentum)
+    check("optimizer.weight_decay", self.weight_decay)
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> OptimizerSpec:
+    name = cfg.get("name", "sgd")
+    return cls(str(getattr(name, "value", name)), float(cfg.get("lr", 0.01)),
+               float(cfg.get("momentum", 0.9)), float(cfg.get("weight_decay", 0.0)))
+
+  def build(self):
+    """The optax optimizer."""
+    import optax  # JAX: only when a run trains
+
+    if self.name == "sgd":
+      return optax.sgd(self.lr, momentum=self.momentum or None)
+    if self.name == "adam":
+      return optax.adam(self.lr, b1=self.momentum)
+    return optax.adamw(self.lr, b1=self.momentum, weight_decay=self.weight_decay)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+  """Training data: synthetic (seeded), an .npz with x and y, or a class-per-folder tree."""
+
+  source: str = "synthetic"
+  path: str | None = None
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.source not in DATA_SOURCES:
+      raise UserError(f"data.source '{self.source}' is unknown (valid: "
+                      f"{', '.join(DATA_SOURCES)})")
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> DataSpec:
+    source = cfg.get("source", "synthetic")
+    return cls(str(getattr(source, "value", source)), cfg.get("path"), int(cfg.get("seed", 0)))
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+  """Everything one training run needs, typed and checked once (the train app and the main job
+  build it at their edge); to_json / from_json carry it to pinned processes."""
+
+  model: ModelSpec
+  plan: Plan  # checked against the model's graph and the devices (planner.plan.check_plan)
+  steps: int  # steps in all (alone ones included)
+  output_dir: str
+  optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+  data: DataSpec = field(default_factory=DataSpec)
+  background: BackgroundSpec = field(default_factory=BackgroundSpec)  # name none: alone
+  alone_steps: int | None = None  # steps before the background job starts (None: the default)
+  memory_gb_per_device: float = 2.0
+  checkpoint_dir: str | None = None
+  checkpoint_every: int = 0
+  background_checkpoint_dir: str | None = None
+  progress: bool = True
+  seed: int = 0
+
+  def to_json(self) -> dict[str, Any]:
+    d = {f.name: getattr(self, f.name) for f in fields(self)}
+    return {**d, "model": self.model.to_json(), "plan": self.plan.to_json(),
+            "optimizer": asdict(self.optimizer), "data": asdict(self.data),
+            "background": self.background.to_json()}
+
+  @classmethod
+  def from_json(cls, d: dict[str, Any]) -> TrainSpec:
+    return cls(**{**d, "model": ModelSpec.from_json(d["model"]),
+                  "plan": Plan.from_json(d["plan"], "plan", planned=False),
+                  "optimizer": OptimizerSpec(**d["optimizer"]), "data": DataSpec(**d["data"]),
+                  "background": BackgroundSpec.from_json(d["background"])})
+
+
+def honest_processes(num_devices: int | None, background: str, *,
+                     cores: int | None = None) -> int:
+  """Pinned processes (one device each) for a background job's cap on CPU: one per core by
+  default; a one-line refusal naming runtime.share_cores when more devices than cores."""
+  cores = cpu_cores() if cores is None else cores
+  n = num_devices or cores
+  if n > cores:
+    raise UserError(
+        f"runtime.num_devices={n} with background={background}: {n} devices on {cores} cores "
+        "share cores, so an idle device is not an idle core and the slowdown cap cannot be "
+        f"honoured; use runtime.num_devices<={cores} (one pinned process per core), or "
+        f"{SHARE_CORES} to run it anyway (exactness tests: the cap does not hold)")
+  return n
+
+
+# --- in this process ------------------------------------------------------------------------
+
+
+def train_spec(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> dict[str, Any]:
+  """Train spec.plan on `devices` (with its background job); the summary of every process
+  of the job (`merged`; in one process, its own).
+  """
+  return merged(distributed.gather_json(
+      train_process(spec, devices, log_fn=log_fn, on_start=on_start)))
+
+
+def train_process(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> dict[str, Any]:
+  """This process's part of train_spec: train, measure, replay; its own summary.
+
+  The foreground trains even if its background job failed to start or died (it never reads
+  background arrays); `check_background` then decides whether the run fails.
+  """
+  # JAX: these modules import it, only once a process trains
+  from dp_jax.orchestrator import launch as orchestrator
+  from dp_jax.orchestrator.replay import replay
+  from dp_jax.runtime import data as datalib
+  from dp_jax.runtime.stages import structure_graph
+  from dp_jax.runtime.train_loop import train
+
+  model = spec.model.build(seed=spec.seed)
+  graph = structure_graph(model, spec.model.name)
+  alone = (orchestrator.alone_steps(spec.steps) if spec.alone_steps is None
+           else spec.alone_steps)
+  hook = orchestrator.start_background(
+      spec.background, spec.model, spec.plan, devices,
+      memory_gb_per_device=spec.memory_gb_per_device, learning_rate=spec.optimizer.lr,
+      seed=spec.seed, start_after=alone, checkpoint_dir=spec.background_checkpoint_dir,
+      checkpoint_every=spec.checkpoint_every)
+  data = datalib.make_source(spec.data.source, model, path=spec.data.path, seed=spec.data.seed)
+  out = Path(spec.output_dir)
+  result = train(model, graph, spec.plan, steps=spec.steps, optimizer=spec.optimizer.build(),
+                 data=data,
+                 checkpoint_dir=spec.checkpoint_dir, checkpoint_every=spec.checkpoint_every,
+                 log_fn=with_background(log_fn, hook), output_dir=out, devices=list(devices),
+                 progress=spec.progress, on_stage=hook, on_start=on_start)
+  png = gantt(result.timeline_path) if result.timeline_path is not None else None
+  losses = result.losses
+  summary: dict[str, Any] = {
+      "stages": len(result.program.stages), "resumed_from_step": result.start_step,
+      "final_step": result.final_step, "loss_first": losses[0] if losses else None,
+      "final_loss": losses[-1] if losses else None, "median_step_ms": result.median_step_ms,
+      "alone_steps": alone if hook is not None else None,
+      "gantt": str(png) if png is not None else None,
+      **orchestrator.measure(result.step_ms, hook),
+      **replay(hook, spec.plan.num_devices, spec.steps - alone)}
+  if result.median_step_ms:
+    summary["samples_per_s"] = result.program.global_batch / result.median_step_ms * 1e3
+  if hook is not None:
+    summary.update(background=spec.background.name, background_errors=list(hook.stats.errors),
+                   background_on_failure=spec.background.on_failure)
+  return summary
+
+
+def check_background(summary: dict[str, Any]) -> dict[str, Any]:
+  """The summary, or a BackgroundFailed (one line) if its background job failed and the job's
+  on_failure is `fail`."""
+  if summary.get("background_failures") and summary.get("background_on_failure") == "fail":
+    raise BackgroundFailed(summary)
+  return summary
+
+
+BACKGROUND_SUMS = ("background_steps", "background_failures", "background_pieces",
+                   "background_refused", "background_samples_per_s")
+
+
+def merged(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+  """One summary of a multi-process run: process 0's foreground (its clock), the background
+  counters summed over the processes (each dispatches to its own devices)."""
+  out = dict(summaries[0])
+  if "background" not in out:
+    return out
+  for k in BACKGROUND_SUMS:
+    values = [s.get(k) for s in summaries if s.get(k) is not None]
+    out[k] = sum(values) if values else None
+  out["background_errors"] = [e for s in summaries for e in s.get("background_errors") or []]
+  # the simulator's fill on each dispatching process's measured alone step: added times add up
+  sim = [s for s in summaries if s.get("simulated_alone_ms")]
+  out.update(simulated_slowdown=sum(s["simulated_added_ms"] for s in sim)
+             / sim[0]["simulated_alone_ms"] if sim else None,
+             simulated_background_samples_per_s=sum(
+                 s["simulated_background_samples_per_s"] for s in sim) if sim else None)
+  for k in ("simulated_added_ms", "simulated_alone_ms"):
+    out.pop(k, None)
+  return out
+
+
+class BackgroundFailed(UserError):
+  """The background job failed while the foreground trained (its summary kept)."""
+
+  def __init__(self, summary: dict[str, Any]):
+    self.summary = summary
+    errors = summary.get("background_errors") or ["?"]
+    super().__init__(
+        f"background job {summary.get('background')} failed ({summary['background_failures']} "
+        f"failure(s), first: {errors[0]}) after {summary.get('background_steps', 0)} step(s); "
+        f"the foreground trained {summary.get('final_step')} steps and kept its files "
+        "(background.on_failure=continue finishes the run regardless)")
+
+
+def with_background(log_fn, hook):
+  """log_fn, plus the background job's counters under background/ (same step)."""
+  if hook is None or log_fn is None:
+    return log_fn
+
+  def logged(metrics: dict[str, Any], step: int) -> None:
+    bg = {f"background/{k}": v for k, v in hook.stats.metrics().items() if v is not None}
+    log_fn({**metrics, **bg}, step)
+
+  return logged
+
+
+def gantt(timeline_path: Path) -> Path | None:
+  """gantt.png of the measured step, drawn by the simulator's plotter (None if absent)."""
+  try:
+    # the plotter: only when a run wrote a timeline
+    from dp_jax.simulator.gantt import plot_gantt
+    from dp_jax.simulator.timeline import Event
+  except ImportError:
+    return None
+  t = json.loads(Path(timeline_path).read_text())
+  events = [Event(**{**e, "devices": tuple(e["devices"])}) for e in t["alone"]["events"]]
+  return plot_gantt(events, t["num_devices"], Path(timeline_path).with_name("gantt.png"),
+                    title=f"{t['model']} B={t['global_batch']}: measured step {t['step']}")
+
+
+# --- pinned processes -----------------------------------------------------------------------
+
+WORKER_TIMEOUT_S = 1800
+
+
+def train_pinned(spec: TrainSpec, processes: int, *, timeout_s: float = WORKER_TIMEOUT_S,
+                 echo: bool = True) -> dict[str, Any]:
+  """train_spec in `processes` processes, process i pinned to core i with one CPU device.
+
+  Process 0 prints to this terminal (echo) and writes the run's files; the summary comes back
+  from it. A failed run raises its one-line UserError (a failed process: its last log line).
+  """
+  with tempfile.TemporaryDirectory(prefix="dp_jax_pinned_") as tmp:
+    spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+    spec_path.write_text(json.dumps(spec.to_json()))
+    procs = pinned.start(["-m", "dp_jax.orchestrator.jobs", str(spec_path), str(result_path)],
+                         processes, tmp, echo_first=echo, cwd=os.getcwd())
+    codes = pinned.wait(procs, timeout_s)
+    result = json.loads(result_path.read_text()) if result_path.is_file() else None
+    if result is not None and result.get("error"):
+      raise UserError(result["error"])
+    if any(codes) or result is None:
+      bad = next((i for i, c in enumerate(codes) if c), 0)
+      logf = Path(tmp) / f"process_{bad}.log"
+      lines = logf.read_text().strip().splitlines() if logf.is_file() else []
+      last = next((ln for ln in reversed(lines) if ln.startswith("error: ")),
+                  lines[-1] if lines else "see its output above" if echo and bad == 0
+                  else "no output")
+      raise UserError(f"pinned training process {bad} of {processes} failed (exit "
+                      f"{codes[bad]}): {last.removeprefix('error: ')}")
+  return result["summary"]
+
+
+def _worker(spec_path: str, result_path: str) -> int:
+  """One pinned process of train_pinned: join, train, process 0 writes the result."""
+  summary, error, code = None, None, 0
+  try:
+    pinned.check_pinned()  # before JAX sizes its thread pools
+    distributed.initialize()
+    # a first collective while the processes are together: it sets up the collectives'
+    # context, whose set-up waits 30 s at most; later collectives wait as long as a peer needs
+    # (one process may set up a background job for longer than that)
+    distributed.gather_json("joined")
+    import jax  # JAX: only now, in a pinned and joined process
+
+    spec = TrainSpec.from_json(json.loads(Path(spec_path).read_text()))
+    summary = check_background(train_spec(spec, jax.devices()))
+  except BackgroundFailed as e:
+    summary, error, code = e.summary, str(e), 2
+  except UserError as e:
+    error, code = str(e), 2
+  except Exception as e:  # noqa: BLE001 - one line for the launcher, as the apps give
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    error, code = f"{type(e).__name__}: {first}", 1
+  if distributed.process_index() == 0:
+    Path(result_path).write_text(json.dumps({"summary": summary, "error": error}, default=str))
+  elif error is not None:
+    print(f"error: {error}", file=sys.stderr)
+  return code
+
+
+if __name__ == "__main__":
+  logging.basicConfig(level=logging.WARNING, format="[%(name)s][%(levelname)s] - %(message)s")
+  logging.getLogger("dp_jax").setLevel(logging.INFO)
+  sys.exit(_worker(*sys.argv[1:3]))

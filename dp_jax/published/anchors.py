@@ -1,0 +1,312 @@
+"""Published measurements the GPU model answers to: the anchors table, each row's prediction, the
+held-out error and the fit of the calibrated profile.
+
+A training row is predicted by the planner's own evaluation (dp_jax/planner/evaluate.py) of the
+row's model on its cluster, every layer on all its GPUs (data parallelism; with tensor
+parallelism m, the transformer blocks split by heads and the logits by vocabulary on a (G/m, m)
+mesh), under the calibrated profile (dp_jax/layer_times/calibrated.py) and the row's setup; an
+all-reduce row by the cluster's collective model (dp_jax/hardware/cluster.py). The figure is
+converted to
+the row's unit. Nothing here is fitted to a held-out row: fit_calibration reads the fit rows only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dp_jax.base.errors import UserError
+from dp_jax.hardware.cluster import allreduce_ms, cluster_file, load_cluster
+from dp_jax.hardware.devices import get_device
+from dp_jax.layer_times.analytic import analytic_profile
+from dp_jax.layer_times.calibrated import (
+  CALIBRATION,
+  Calibration,
+  calibrated_profile,
+  precision_class,
+)
+from dp_jax.layer_times.deeppool_import import import_deeppool_a100
+from dp_jax.layer_times.sources import profile_batches
+from dp_jax.models.zoo import ModelSpec
+from dp_jax.planner import evaluate_plan
+
+ANCHORS_FILE = Path(__file__).resolve().parent / "anchors.yaml"
+SCHEMA = "dp_jax.anchors/1"
+ROLES = ("fit", "held_out", "not_modelled")
+UNITS = ("images/s", "sequences/s", "tflops_per_device", "ms_per_iteration", "busbw_GBps")
+SETUP_KEYS = ("optimizer", "gradient_precision", "overlap_allreduce", "batch_norm", "recompute")
+
+
+@dataclass(frozen=True)
+class Anchor:
+  """One published measurement and the setup the model reproduces it with."""
+
+  id: str
+  role: str
+  source: str
+  hardware: str
+  measured: float
+  unit: str
+  why: str = ""
+  cluster: str = "dgx_a100"
+  device: str | None = None
+  gpus: int = 1
+  model: Mapping[str, Any] | None = None  # a model config (zoo name -> {"name": ...})
+  precision: str = "mixed fp16"
+  batch_per_device: int | None = None
+  global_batch: int | None = None
+  tensor_parallel: int = 1
+  setup: Mapping[str, Any] = field(default_factory=dict)
+  flops: str | None = None
+  nodes: int = 1  # all-reduce rows
+  gpus_per_node: int = 8
+  nics_per_node: int = 0
+  size_bytes: float = 0.0
+
+  @property
+  def kind(self) -> str:
+    return "allreduce" if self.unit == "busbw_GBps" else "training"
+
+  @property
+  def batch(self) -> int:
+    """The global batch B of a training row."""
+    return self.global_batch or self.gpus * int(self.batch_per_device or 0)
+
+
+def load_anchors(path: str | Path = ANCHORS_FILE) -> list[Anchor]:
+  """The table's rows, checked (one-line errors naming the row)."""
+  data = yaml.safe_load(Path(path).read_text())
+  if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+    raise UserError(f"{path}: not a published-anchors table (schema {SCHEMA})")
+  models, setups = data.get("models") or {}, data.get("setups") or {}
+  out, seen = [], set()
+  for raw in data.get("rows") or []:
+    row = dict(raw)
+    rid = row.get("id", "?")
+    if rid in seen:
+      raise UserError(f"{path}: row {rid} appears twice")
+    seen.add(rid)
+    model = row.get("model")
+    if isinstance(model, str):
+      row["model"] = dict(models[model]) if model in models else {"name": model}
+    setup = row.get("setup") or {}
+    if isinstance(setup, str):
+      if setup not in setups:
+        raise UserError(f"{path}: row {rid} names setup '{setup}', which the table lacks")
+      setup = setups[setup]
+    unknown = sorted(set(setup) - set(SETUP_KEYS))
+    if unknown:
+      raise UserError(f"{path}: row {rid}: unknown setup key {unknown[0]}")
+    row["setup"] = dict(setup)
+    try:
+      anchor = Anchor(**row)
+    except TypeError as e:
+      raise UserError(f"{path}: row {rid}: {e}") from None
+    if anchor.role not in ROLES or anchor.unit not in UNITS:
+      raise UserError(f"{path}: row {rid}: role must be one of {', '.join(ROLES)} and unit one "
+                      f"of {', '.join(UNITS)}")
+    if not (isinstance(anchor.measured, (int, float)) and anchor.measured > 0):
+      raise UserError(f"{path}: row {rid}: measured must be a positive number")
+    out.append(anchor)
+  return out
+
+
+# --- predictions ----------------------------------------------------------------------------
+
+
+PROFILE_SOURCES = ("calibrated", "analytic", "deeppool_a100")
+
+
+def predict(anchor: Anchor, calibration: Calibration = CALIBRATION,
+            source: str = "calibrated") -> float:
+  """The model's figure for one row, in the row's unit (`source`: the profile of a training
+  row, one of PROFILE_SOURCES)."""
+  if anchor.kind == "allreduce":
+    return _busbw(anchor)
+  ms = iteration_ms(anchor, calibration, source)
+  g, b = anchor.gpus, anchor.batch
+  if anchor.unit in ("images/s", "sequences/s"):
+    return b / ms * 1e3
+  if anchor.unit == "ms_per_iteration":
+    return ms
+  return model_flops(anchor) / (ms / 1e3) / g / 1e12
+
+
+def iteration_ms(anchor: Anchor, calibration: Calibration = CALIBRATION,
+                 source: str = "calibrated") -> float:
+  """The planner's evaluation of the row's model, every layer on all its GPUs."""
+
+  graph = _graph(anchor)
+  g, b, m = anchor.gpus, anchor.batch, int(anchor.tensor_parallel)
+  if g > b:
+    raise UserError(f"anchor {anchor.id}: {g} GPUs on {b} samples; a plan gives every device "
+                    "a sample (mark the row not_modelled)")
+  profile = row_profile(anchor, graph, source, calibration)
+  setup = dict(anchor.setup)
+  if setup.pop("recompute", False):
+    profile = with_recomputation(profile)
+  shardings = {}
+  if m > 1:
+    for node in graph.nodes:
+      if node.kind == "transformer_block":
+        shardings[node.name] = (m, "heads")
+      elif node.kind == "lm_head":
+        shardings[node.name] = (m, "out")
+  ev = evaluate_plan(graph, profile, _cluster(anchor), {n: (0, g) for n in graph.names},
+                     global_batch=b, num_devices=g, shardings=shardings, check_memory=False,
+                     **setup)
+  return float(ev.iteration_ms)
+
+
+def row_profile(anchor: Anchor, graph, source: str = "calibrated",
+                calibration: Calibration = CALIBRATION):
+  """The row's per-layer times from profile `source` (DeepPool's tables: A100-SXM4-40GB's,
+  whatever the row's A100)."""
+
+  device, batches = anchor.device or _cluster(anchor).device, profile_batches(anchor.batch)
+  if source == "calibrated":
+    return calibrated_profile(graph, device, anchor.precision, batches, calibration)
+  if source == "analytic":
+    return analytic_profile(graph, device, anchor.precision, batches)
+  if source == "deeppool_a100":
+    return import_deeppool_a100(graph)[0]
+  raise UserError(f"profile source '{source}' is not one of {', '.join(PROFILE_SOURCES)}")
+
+
+def with_recomputation(profile):
+  """The profile with one more forward pass inside every backward pass (activation
+  recomputation, as the measured run did)."""
+  layers = {n: {b: (f, w + f) for b, (f, w) in rows.items()} for n, rows in profile.layers.items()}
+  return dataclasses.replace(profile, layers=layers)
+
+
+def model_flops(anchor: Anchor) -> float:
+  """FLOPs per iteration by the source's own count (anchor.flops)."""
+  cfg = anchor.model or {}
+  b, s, l, h, v = (anchor.batch, cfg["seq_len"], cfg["n_layer"], cfg["d_model"],
+                   cfg["vocab_size"])
+  if anchor.flops == "megatron_2021":  # Narayanan et al. 2021, eq. (3): recomputation included
+    return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+  if anchor.flops == "megatron_core":  # Megatron-Core num_floating_point_operations (GPT)
+    return 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+  raise UserError(f"anchor {anchor.id}: unknown flops count '{anchor.flops}'")
+
+
+def _busbw(anchor: Anchor) -> float:
+  """nccl-tests' bus bandwidth of the modelled all-reduce of size_bytes (latency included)."""
+  base = _cluster_spec(anchor.cluster)
+  spec = dataclasses.replace(base, num_nodes=anchor.nodes, devices_per_node=anchor.gpus_per_node,
+                             nics_per_node=anchor.nics_per_node)
+  n = anchor.nodes * anchor.gpus_per_node
+  ms = float(allreduce_ms(spec, anchor.size_bytes, 0, n))
+  return 2 * (n - 1) / n * anchor.size_bytes / (ms * 1e6)
+
+
+def _cluster(anchor: Anchor):
+  """The row's cluster with its device (memory from the datasheet) and enough nodes."""
+  base = _cluster_spec(anchor.cluster)
+  device = anchor.device or base.device
+  nodes = max(base.num_nodes, math.ceil(anchor.gpus / base.devices_per_node))
+  return dataclasses.replace(base, device=device, num_nodes=nodes,
+                             memory_gb_per_device=get_device(device).memory_gb)
+
+
+@cache
+def _cluster_spec(name: str):
+  return load_cluster(cluster_file(name))
+
+
+def _graph(anchor: Anchor):
+  return ModelSpec.from_config(dict(anchor.model or {})).graph()
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+  anchor: Anchor
+  predicted: float | None  # None: not modelled
+
+  @property
+  def ratio(self) -> float | None:
+    return None if self.predicted is None else self.predicted / self.anchor.measured
+
+  @property
+  def error(self) -> float | None:
+    return None if self.ratio is None else abs(self.ratio - 1)
+
+
+def results(anchors: Iterable[Anchor] | None = None,
+            calibration: Calibration = CALIBRATION) -> list[Result]:
+  """Every row predicted (not_modelled rows: no prediction)."""
+  rows = load_anchors() if anchors is None else list(anchors)
+  return [Result(a, None if a.role == "not_modelled" else predict(a, calibration)) for a in rows]
+
+
+@dataclass(frozen=True)
+class HeldOut:
+  """The held-out error: over every held-out row, and over the training rows alone."""
+
+  median: float
+  worst: float
+  rows: int
+  training_median: float
+  training_rows: int
+
+
+def held_out(rows: Iterable[Result]) -> HeldOut:
+  held = [r for r in rows if r.anchor.role == "held_out"]
+  if not held:
+    raise UserError("the anchors table has no held-out row")
+  errors = [r.error for r in held]
+  training = [r.error for r in held if r.anchor.kind == "training"]
+  return HeldOut(statistics.median(errors), max(errors), len(errors),
+                 statistics.median(training), len(training))
+
+
+# --- the fit --------------------------------------------------------------------------------
+
+
+def fit_calibration(anchors: Iterable[Anchor] | None = None, rounds: int = 2) -> Calibration:
+  """The calibrated profile's efficiencies solved on the fit rows alone: per precision, the
+  convolution efficiency on the convolution row, then the matrix efficiency on the matrix row,
+  `rounds` times (each row barely depends on the other class)."""
+  fit = [a for a in (load_anchors() if anchors is None else anchors)
+         if a.role == "fit" and a.kind == "training"]
+  eff = dict(CALIBRATION.efficiency)
+  for _ in range(rounds):
+    for a in fit:
+      key = f"{_fit_class(a)}/{precision_class(a.precision)}"
+
+      def figure(x: float, a=a, key=key) -> float:
+        cal = dataclasses.replace(CALIBRATION, efficiency={**eff, key: x})
+        return predict(a, cal)
+
+      eff[key] = _solve(figure, a.measured)
+  return dataclasses.replace(CALIBRATION, efficiency={k: round(v, 4) for k, v in eff.items()},
+                             fitted_on=tuple(a.id for a in fit))
+
+
+def _fit_class(anchor: Anchor) -> str:
+  """The operation class a fit row calibrates (its `why` names it)."""
+  return "conv" if anchor.why.startswith("convolution") else "matrix"
+
+
+def _solve(figure, target: float, lo: float = 0.01, hi: float = 1.0) -> float:
+  """The efficiency at which the (increasing) figure meets the target (bisection)."""
+  if figure(hi) < target:
+    raise UserError(f"a fit row needs {target:g} but the model reaches {figure(hi):g} at 100% "
+                    "of the peak: the roofline cannot represent it")
+  for _ in range(40):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if figure(mid) < target else (lo, mid)
+  return (lo + hi) / 2

@@ -1,0 +1,69 @@
+"""simulate(): a plan's alone timeline, its data-parallel baseline and its background fill."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.devices import get_device
+from dp_jax.layer_times.table import ProfileTable
+from dp_jax.planner import memory
+from dp_jax.planner.baseline import cost_model_for, data_parallel, data_parallel_ms
+from dp_jax.planner.contract import Plan
+from dp_jax.planner.costs import CostModel
+from dp_jax.planner.evaluate import Evaluation, evaluate
+from dp_jax.planner.sharded import plan_shardings
+from dp_jax.simulator.fill import Fill, fill, validate
+from dp_jax.simulator.job import BackgroundJob, check_memory
+from dp_jax.simulator.timeline import Timeline, build_timeline
+from dp_jax.simulator.windows import DeviceClasses, Window, device_classes, idle_windows
+
+
+@dataclass(frozen=True, eq=False)
+class Simulation:
+  """Everything one simulation computed; metrics.metrics() turns it into numbers."""
+
+  plan: Plan
+  model: CostModel
+  evaluation: Evaluation
+  timeline: Timeline
+  classes: DeviceClasses
+  windows: tuple[Window, ...]
+  data_parallel: tuple[int, Evaluation]
+  foreground_bytes: np.ndarray  # (devices,)
+  data_parallel_ms: dict[int, float]  # data parallelism on each candidate count <= G
+  job: BackgroundJob | None = None
+  fill: Fill | None = None
+
+
+def default_switch_ms(cluster: ClusterSpec) -> float:
+  """One kernel's fixed overhead on the cluster's device (dp_jax/hardware/devices.py)."""
+  return get_device(cluster.device).kernel_overhead_us / 1e3
+
+
+def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, plan: Plan, *,
+             job: BackgroundJob | None = None, cap: float = 0.1, switch_ms: float | None = None,
+             policy: str = "fit", iterations: int = 4) -> Simulation:
+  """Simulate the plan's iteration alone, then with `job` filling idle windows under `cap`."""
+  switch = default_switch_ms(cluster) if switch_ms is None else switch_ms
+  validate(cap, switch, policy, iterations)
+  model = cost_model_for(graph, profile, cluster, plan)
+  assignment = plan.assignment()
+  shardings = plan_shardings(plan)
+  ev = evaluate(model, assignment, shardings)
+  tl = build_timeline(model, assignment, shardings)
+  classes = device_classes(tl)
+  windows = tuple(idle_windows(tl, classes))
+  fg_bytes = memory.device_bytes(model, assignment, shardings)
+  result = None
+  if job is not None:
+    check_memory(job, fg_bytes, memory.capacity_bytes(model))
+    result = fill(tl, classes, list(windows), job, cap=cap, switch_ms=switch, policy=policy,
+                  iterations=iterations)
+  return Simulation(plan, model, ev, tl, classes, windows, data_parallel(model), fg_bytes,
+                    data_parallel_ms(model), job, result)
+
+

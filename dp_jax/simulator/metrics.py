@@ -1,0 +1,191 @@
+"""The simulator's numbers, defined once (docs/simulator.md, "Metrics")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dp_jax.planner.baseline import (
+  cheapest_within,
+  data_parallel_evaluations,
+  fastest_data_parallel,
+)
+from dp_jax.planner.memory import GB
+from dp_jax.report.compare import (
+  VALIDATED_TOLERANCE,
+  compare,
+  data_parallel_on_all,
+  describe,
+  devices,
+  fields,
+  none_fields,
+)
+from dp_jax.simulator.engine import Simulation
+from dp_jax.simulator.windows import busy_ms
+
+
+def gpu_ms(sim: Simulation) -> float:
+  """Device-ms per iteration with foreground work on either stream (union over streams)."""
+  return float((busy_ms(sim.timeline, sim.classes) * sim.classes.sizes).sum())
+
+
+def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str, Any]:
+  """Foreground alone and with background, background, cluster throughput vs data parallelism;
+  every comparison with its margin and verdict (dp_jax/report/compare.py: within +-tolerance a
+  tie)."""
+  g, b = sim.plan.num_devices, sim.plan.global_batch
+  alone = sim.timeline.iteration_ms
+  busy = gpu_ms(sim)
+  dp_count, dp = sim.data_parallel
+  dp_sps = b / dp.iteration_ms * 1e3
+  best_d, best_ms = fastest_data_parallel(sim.data_parallel_ms)
+  cheap_d, cheap = cheapest_within(sim.model, data_parallel_evaluations(sim.model), tolerance)
+  out: dict[str, Any] = {
+      "model": sim.plan.model, "num_devices": g, "global_batch": b,
+      "cluster": sim.plan.cluster, "basis": sim.plan.basis(),
+      "plan_data_parallel_devices": sim.plan.data_parallel_devices,
+      "planner_iteration_ms": sim.evaluation.iteration_ms,
+      "planner_gpu_ms": sim.evaluation.gpu_ms,
+      "alone_iteration_ms": alone,
+      "timeline_vs_planner": alone / sim.evaluation.iteration_ms - 1.0,
+      "gpu_ms": busy,
+      "alone_idle_fraction": 1.0 - busy / (g * alone),
+      "alone_samples_per_s": b / alone * 1e3,
+      "data_parallel_devices": dp_count,
+      "data_parallel_iteration_ms": dp.iteration_ms,
+      "data_parallel_samples_per_s": dp_sps,
+      "best_data_parallel_devices": best_d, "best_data_parallel_iteration_ms": best_ms,
+      "cheapest_data_parallel_devices": cheap_d, "cheapest_data_parallel_gpu_ms": cheap.gpu_ms,
+      # GPU time saved, both sides priced by the planner's evaluation (gpu_ms above is the
+      # timeline's union over streams, which data parallelism's evaluations do not have)
+      "gpu_time_saving_vs_cheapest_data_parallel": 1 - sim.evaluation.gpu_ms / cheap.gpu_ms,
+      "gpu_time_saving_vs_data_parallel": 1 - sim.evaluation.gpu_ms / dp.gpu_ms,
+      "comparison_tolerance": tolerance,
+      **fields("speedup_vs_data_parallel_alone",
+               compare(alone, dp.iteration_ms, tolerance, lower_is_better=True)),
+      **fields("speedup_vs_best_data_parallel_alone",
+               compare(alone, best_ms, tolerance, lower_is_better=True)),
+      "foreground_memory_peak_gb": float(np.max(sim.foreground_bytes)) / GB,
+  }
+  f, job = sim.fill, sim.job
+  if f is None or job is None:
+    iteration, bg_sps, idle = alone, 0.0, out["alone_idle_fraction"]
+    out.update(background="none", slowdown_cap=None, max_slowdown=0.0)
+  else:
+    total = float(f.iteration_ms.sum())
+    iteration = total / len(f.iteration_ms)
+    bg_sps = float(f.bg_steps.sum()) * job.batch / total * 1e3
+    idle = 1.0 - (busy * len(f.iteration_ms) + float(f.bg_work_ms.sum())) / (g * total)
+    free_sps = float(f.bg_free_ms.sum()) / job.step_ms * job.batch / total * 1e3
+    out.update(background=job.model, background_batch=job.batch,
+               background_samples_per_s_on_free_devices=free_sps,
+               background_samples_per_s_in_windows=bg_sps - free_sps,
+               background_step_ms=job.step_ms, background_pieces=len(job.pieces_ms),
+               background_memory_gb=job.memory_bytes / GB, slowdown_cap=f.cap,
+               max_slowdown=float(f.slowdown.max()),
+               windows_admitted=int(f.admitted.sum()), windows=len(f.admitted),
+               simulated_iterations=len(f.iteration_ms))
+    out.update(best_data_parallel_plus_background(sim))
+  fg_sps = b / iteration * 1e3
+  if f is not None and job is not None:
+    per_device = job.batch / job.step_ms * 1e3
+    frontier = data_parallel_frontier(sim.data_parallel_ms, g, b, per_device)
+    out["data_parallel_frontier"] = frontier
+    out.update(matched_data_parallel(frontier, iteration, fg_sps + bg_sps, tolerance))
+  cluster = fg_sps + bg_sps
+  out.update(iteration_ms=iteration, idle_fraction=idle, samples_per_s=fg_sps,
+             background_samples_per_s=bg_sps, cluster_samples_per_s=cluster,
+             **fields("speedup_vs_data_parallel",
+                      compare(iteration, dp.iteration_ms, tolerance, lower_is_better=True)),
+             **fields("cluster_throughput_vs_data_parallel",
+                      compare(cluster, dp_sps, tolerance, lower_is_better=False)))
+  if "best_data_parallel_cluster_samples_per_s" in out:
+    out.update(fields("cluster_throughput_vs_best_data_parallel", compare(
+        cluster, out["best_data_parallel_cluster_samples_per_s"], tolerance,
+        lower_is_better=False)))
+  out["fair_comparison"] = fair_comparison(out)
+  return out
+
+
+def fair_comparison(m: dict[str, Any]) -> str:
+  """The simulated verdicts in words, one sentence: the foreground against the fastest data
+  parallelism on <= G devices (or that the plan is data parallelism) with the cluster
+  throughput against the matched baseline and against data parallelism alone on all G; then
+  what they rest on."""
+  t, g = m["comparison_tolerance"], m["num_devices"]
+  all_g = data_parallel_on_all(g, m["data_parallel_devices"], m["global_batch"])
+  d = m.get("plan_data_parallel_devices")
+  if d is not None:
+    fg = f"the plan is data parallelism on {devices(d)} ({m['alone_iteration_ms']:.3f} ms)"
+    if d != m["best_data_parallel_devices"]:
+      fg += (f", {describe(m['speedup_vs_best_data_parallel_alone'], t)} against the fastest, "
+             f"on {m['best_data_parallel_devices']}")
+  else:
+    fg = (f"the burst foreground is {describe(m['speedup_vs_best_data_parallel_alone'], t)} "
+          f"against the fastest data parallelism on <= {g} (DP on "
+          f"{m['best_data_parallel_devices']}) and "
+          f"{describe(m['speedup_vs_data_parallel_alone'], t)} against {all_g}")
+  if m.get("background", "none") == "none":
+    return f"simulated: {fg} — {m['basis']}"
+  alone = (f"{describe(m['cluster_throughput_vs_data_parallel'], t)} against {all_g} "
+           "alone")
+  if m.get("matched_data_parallel_devices") is None:
+    cluster = (f"{alone} (no data parallelism on <= {g} devices is within {t:.1%} of the "
+               "foreground, so there is no matched baseline)")
+  else:
+    cluster = (f"{describe(m['cluster_throughput_vs_matched_data_parallel'], t)} against the "
+               f"matched DP on {m['matched_data_parallel_devices']} + background and {alone}")
+  return (f"simulated: {fg}, while with background {m['background']} the cluster throughput "
+          f"is {cluster} — {m['basis']}")
+
+
+def data_parallel_frontier(data_parallel_ms: dict[int, float], g: int, b: int,
+                           background_per_device_sps: float) -> list[dict[str, float]]:
+  """Data parallelism on d <= G devices with the background job alone on the other G - d:
+  per d, its iteration time and the cluster's samples/s (the whole trade-off curve)."""
+  return [{"devices": int(d), "iteration_ms": float(ms),
+           "cluster_samples_per_s": b / ms * 1e3 + (g - d) * background_per_device_sps}
+          for d, ms in sorted(data_parallel_ms.items())]
+
+
+def matched_band(frontier: list[dict[str, float]], iteration_ms: float,
+                 tolerance: float) -> list[dict[str, float]]:
+  """The frontier's points whose foreground is within tolerance of the burst foreground (or
+  faster): iteration_ms <= burst iteration x (1 + tolerance)."""
+  return [p for p in frontier if p["iteration_ms"] <= iteration_ms * (1 + tolerance) * (1 + 1e-9)]
+
+
+def matched_data_parallel(frontier: list[dict[str, float]], iteration_ms: float,
+                          cluster_sps: float, tolerance: float = VALIDATED_TOLERANCE
+                          ) -> dict[str, Any]:
+  """The fair baseline at matched foreground speed: of data parallelism on every d <= G whose
+  foreground is within tolerance of the burst foreground (matched_band), with the background
+  job on the other G - d, the one with the most cluster samples/s (fewest devices on a tie);
+  None (and a note) when no data parallelism on d <= G is that fast."""
+  band = matched_band(frontier, iteration_ms, tolerance)
+  if not band:
+    return {"matched_data_parallel_devices": None, "matched_data_parallel_iteration_ms": None,
+            "matched_data_parallel_cluster_samples_per_s": None,
+            **none_fields("cluster_throughput_vs_matched_data_parallel"),
+            "matched_data_parallel_note": "no data parallelism on d <= G is within "
+                                          f"{tolerance:.1%} of the burst foreground"}
+  p = max(band, key=lambda q: (q["cluster_samples_per_s"], -q["devices"]))
+  return {"matched_data_parallel_devices": p["devices"],
+          "matched_data_parallel_iteration_ms": p["iteration_ms"],
+          "matched_data_parallel_cluster_samples_per_s": p["cluster_samples_per_s"],
+          **fields("cluster_throughput_vs_matched_data_parallel", compare(
+              cluster_sps, p["cluster_samples_per_s"], tolerance, lower_is_better=False)),
+          "matched_data_parallel_note": f"data parallelism on {devices(p['devices'])} (within "
+                                        f"{tolerance:.1%} of the burst foreground, the best "
+                                        "cluster throughput of those)"}
+
+
+def best_data_parallel_plus_background(sim: Simulation) -> dict[str, Any]:
+  """A stronger baseline: data parallelism on its fastest device count d <= G, and the
+  background job alone at full speed on the G - d devices it leaves free."""
+  g, b = sim.plan.num_devices, sim.plan.global_batch
+  d, ms = fastest_data_parallel(sim.data_parallel_ms)
+  per_device = sim.job.batch / sim.job.step_ms * 1e3
+  return {"best_data_parallel_devices": d, "best_data_parallel_iteration_ms": ms,
+          "best_data_parallel_cluster_samples_per_s": b / ms * 1e3 + (g - d) * per_device}

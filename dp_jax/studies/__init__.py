@@ -1,2 +1,0 @@
-"""Time-to-accuracy helpers: the bundled digits, steps to a target accuracy, the noise scale,
-steps(B) fits."""
