@@ -13,77 +13,96 @@ on each G of accuracy.devices (G <= B) for the model on `cluster` with `profile`
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-from omegaconf import MISSING
 
+from dp_jax.base.checks import REQUIRED, Checked, ConfigError, option
 from dp_jax.base.errors import UserError
-from dp_jax.base.rules import check
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
-from dp_jax.cli.schema import (
-  ClusterConfig,
-  LoggerConfig,
-  ModelConfig,
-  PlannerConfig,
-  ProfileConfig,
-)
 from dp_jax.convergence import digits
 from dp_jax.convergence import steps_to_target as convergence
 from dp_jax.convergence.noise_scale import noise_scale_fn
 from dp_jax.convergence.steps_to_target import Sweep
-from dp_jax.hardware.cluster import job_from_config
-from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.hardware.cluster import ClusterConfig
+from dp_jax.layer_times.sources import ProfileConfig
 from dp_jax.measurement import profiles
-from dp_jax.models.zoo import MODEL_NAMES, ZOO, ModelSpec
+from dp_jax.models.zoo import MODEL_NAMES, ZOO, ModelConfig
 from dp_jax.planner import PlanOptions, plan_for
-from dp_jax.tracking.run import Run
+from dp_jax.planner.options import PlannerConfig
+from dp_jax.tracking.run import LoggerConfig, Run
 
 
-@dataclass
-class AccuracySettings:
-  """The learning-rate grid, seeds, target and budget of one batch size."""
+@dataclass(frozen=True)
+class AccuracySettings(Checked):
+  """The accuracy group: the learning-rate grid, seeds, target and budget of one batch size.
 
-  target: float = 0.97  # test accuracy
-  # the grid at B = lr_reference_batch; at B it is scaled by (B / lr_reference_batch)^lr_batch_power
-  lrs: list[float] = field(default_factory=lambda: [2.0 ** (k / 2) for k in range(-13, -3)])
-  lr_reference_batch: int = 32
-  lr_batch_power: float = 0.5
-  seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
-  momentum: float = 0.9
-  max_epochs: float = 40.0  # step budget: max_epochs x training examples / B
-  eval_every_samples: int = 128  # test accuracy every max(1, this // B) steps
-  devices: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])  # G to plan
-  # zoo models (default sizes) whose predicted step time is also reported, for a hypothetical
-  # "these steps(B), that model's step" combination
-  step_time_models: list[str] = field(default_factory=list)
+  target: the test accuracy to reach; lrs: the grid at B = lr_reference_batch, 2^(k/2) for
+  k = -13..-4 (0.011 .. 0.25, a factor sqrt(2) apart), scaled at B by
+  (B / lr_reference_batch)^lr_batch_power, so the grid follows the optimum, which grows with B
+  (B = 8: 0.0055 .. 0.125; B = 512: 0.044 .. 1.0; the study flags a best learning rate at the
+  edge of its grid); max_epochs: the step budget (max_epochs x training
+  examples / B); eval_every_samples: test accuracy every max(1, this // B) steps; devices: the
+  G to plan; step_time_models: zoo models (default sizes) whose predicted step time is also
+  reported, for a hypothetical "these steps(B), that model's step" combination.
+  """
+
+  GROUP = "accuracy"
+
+  target: float = option(0.97, low=0, low_open=True, high=1)
+  lrs: tuple[float, ...] = option(default_factory=lambda: (
+      0.0110485, 0.015625, 0.0220971, 0.03125, 0.0441942, 0.0625, 0.0883883, 0.125, 0.1767767,
+      0.25), low=0, low_open=True, each=True)
+  lr_reference_batch: int = option(32, low=1, integer=True)
+  lr_batch_power: float = option(0.5)
+  seeds: tuple[int, ...] = option(default_factory=lambda: (0, 1, 2, 3, 4), low=0, integer=True,
+                                  each=True)
+  momentum: float = option(0.9, low=0, high=1, high_open=True)
+  max_epochs: float = option(40.0, low=0, low_open=True)
+  eval_every_samples: int = option(128, low=1, integer=True)
+  devices: tuple[int, ...] = option(default_factory=lambda: (1, 2, 4, 8, 16, 32, 64), low=1,
+                                    integer=True, each=True)
+  step_time_models: tuple[str, ...] = ()
+
+  def check(self) -> None:
+    unknown = [n for n in self.step_time_models if n not in ZOO]
+    if unknown:
+      raise ConfigError("step_time_models", f": unknown model '{unknown[0]}'; valid models: "
+                        f"{', '.join(MODEL_NAMES)}")
 
 
-@dataclass
-class AccuracyConfig:
-  """python -m dp_jax.accuracy: steps to a target accuracy at one B, and predicted step times."""
+@dataclass(frozen=True)
+class AccuracyConfig(Checked):
+  """python -m dp_jax.accuracy: steps to a target accuracy at one B, and predicted step times.
 
-  model: ModelConfig = MISSING
-  cluster: ClusterConfig = MISSING
+  data_seed: the train/test split; seed: unused by training (accuracy.seeds), kept for the
+  shared provenance columns.
+  """
+
+  model: ModelConfig = REQUIRED
+  cluster: ClusterConfig = REQUIRED
   planner: PlannerConfig = field(default_factory=PlannerConfig)
   profile: ProfileConfig = field(default_factory=ProfileConfig)
   logger: LoggerConfig = field(default_factory=LoggerConfig)
   accuracy: AccuracySettings = field(default_factory=AccuracySettings)
-  batch_size: int = 32
-  data_seed: int = 0  # the train/test split
-  seed: int = 0  # unused by training (accuracy.seeds); kept for the shared provenance columns
+  batch_size: int = option(32, low=1, integer=True)
+  data_seed: int = 0
+  seed: int = 0
+
+  def check(self) -> None:
+    if self.model.name not in ("digits_cnn", "digits_mlp"):
+      raise ConfigError("model", f": the accuracy app trains on the 8x8 digits; model "
+                        f"'{self.model.name}' is not a digits model (use model=digits_mlp or "
+                        "model=digits_cnn)")
 
 
-def sweep_of(a: Any, b: int, num_train: int) -> Sweep:
+def sweep_of(a: AccuracySettings, b: int, num_train: int) -> Sweep:
   """The convergence.Sweep of the accuracy group `a` at global batch `b` for `num_train`
-  training examples (every accuracy.* option checked here)."""
-  check("batch_size", b)
-  for key in ("target", "lrs", "lr_reference_batch", "lr_batch_power", "seeds", "momentum",
-              "max_epochs", "eval_every_samples", "devices"):
-    check(f"accuracy.{key}", a[key])
+  training examples."""
   every = max(1, a.eval_every_samples // b)
   budget = math.ceil(a.max_epochs * num_train / b)
   scale = (b / a.lr_reference_batch) ** a.lr_batch_power
@@ -93,12 +112,12 @@ def sweep_of(a: Any, b: int, num_train: int) -> Sweep:
                momentum=float(a.momentum))
 
 
-def plan_options(planner: Any, b: int, devices: list[int]) -> dict[int, PlanOptions]:
-  """The planner group at every G <= B of `devices` (checked there)."""
-  return {g: PlanOptions.from_config(planner, g, b) for g in sorted(set(devices)) if g <= b}
+def plan_options(planner: PlannerConfig, b: int, devices: Sequence[int]) -> dict[int, PlanOptions]:
+  """The planner group at every G <= B of `devices`."""
+  return {g: PlanOptions.of(planner, g, b) for g in sorted(set(devices)) if g <= b}
 
 
-def predicted_steps_ms(model: ModelSpec, cluster, profile_options: ProfileOptions,
+def predicted_steps_ms(model: ModelConfig, cluster, profile_options: ProfileConfig,
                        options: dict[int, PlanOptions], seed: int = 0) -> list[dict[str, Any]]:
   """Per G of `options`: the planner's data-parallel and burst ms per step of `model`; None,
   with the planner's reason, where no plan fits."""
@@ -119,15 +138,7 @@ def predicted_steps_ms(model: ModelSpec, cluster, profile_options: ProfileOption
   return out
 
 
-def step_time_model(name: str) -> ModelSpec:
-  """Zoo model `name` at its own sizes, for accuracy.step_time_models."""
-  if name not in ZOO:
-    raise UserError(f"accuracy.step_time_models: unknown model '{name}'; valid models: "
-                    f"{', '.join(MODEL_NAMES)}")
-  return ModelSpec.named(name)
-
-
-def noise_scales(model: ModelSpec, data, sweep, out, best: int) -> tuple[float, list[float]]:
+def noise_scales(model: ModelConfig, data, sweep, out, best: int) -> tuple[float, list[float]]:
   """B_simple at initialisation (first seed) and where each seed of the best lr reached the
   target, both over the training set."""
   x, y = data.x_train_Nx8x8x1, data.y_train_N
@@ -144,28 +155,23 @@ def noise_scales(model: ModelSpec, data, sweep, out, best: int) -> tuple[float, 
 class AccuracyInputs:
   """The accuracy app's config, typed and checked (decode)."""
 
-  model: ModelSpec
+  model: ModelConfig
   data: Any  # the digits' train/test split
   sweep: Sweep
-  cluster: Any  # the ClusterSpec the step times are predicted on
-  profile: ProfileOptions
+  cluster: Any  # the ClusterConfig the step times are predicted on
+  profile: ProfileConfig
   plan_options: dict[int, PlanOptions]  # the planner's options at every G <= B to plan
-  what_if: list[ModelSpec]  # accuracy.step_time_models
+  what_if: list[ModelConfig]  # accuracy.step_time_models
   seed: int
 
 
 def decode(cfg: AccuracyConfig) -> AccuracyInputs:
-  """The config's groups as typed options, every value checked, before any work."""
-  model = ModelSpec.from_config(cfg.model)
-  if model.name not in ("digits_cnn", "digits_mlp"):
-    raise UserError(f"the accuracy app trains on the 8x8 digits; model '{model.name}' is "
-                    "not a digits model (use model=digits_mlp or model=digits_cnn)")
-  cluster, _ = job_from_config(cfg.cluster)
+  """What the typed config describes: the data, the sweep, the planner's options per G."""
   data = digits.load(int(cfg.data_seed))
   sweep = sweep_of(cfg.accuracy, cfg.batch_size, len(data.y_train_N))
-  return AccuracyInputs(model, data, sweep, cluster, ProfileOptions.from_config(cfg.profile),
-                        plan_options(cfg.planner, sweep.batch, list(cfg.accuracy.devices)),
-                        [step_time_model(n) for n in cfg.accuracy.step_time_models], cfg.seed)
+  return AccuracyInputs(cfg.model, data, sweep, cfg.cluster, cfg.profile,
+                        plan_options(cfg.planner, sweep.batch, cfg.accuracy.devices),
+                        [ModelConfig.named(n) for n in cfg.accuracy.step_time_models], cfg.seed)
 
 
 def accuracy_task(cfg: AccuracyConfig, run: Run) -> dict[str, Any]:
@@ -181,7 +187,7 @@ def accuracy_task(cfg: AccuracyConfig, run: Run) -> dict[str, Any]:
   steps = convergence.median_steps(out.steps_LxS[best]) if best >= 0 else math.inf
   b = sweep.batch
 
-  def predicted_for(m: ModelSpec) -> list[dict[str, Any]]:
+  def predicted_for(m: ModelConfig) -> list[dict[str, Any]]:
     return predicted_steps_ms(m, inputs.cluster, inputs.profile, inputs.plan_options,
                               inputs.seed)
 

@@ -6,21 +6,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
-
+from dp_jax.base.checks import REQUIRED, Checked
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
-from dp_jax.cli.schema import LoggerConfig, ModelConfig
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.models.zoo import ModelSpec
+from dp_jax.models.zoo import ModelConfig
 from dp_jax.report import tables
-from dp_jax.tracking.run import Run
+from dp_jax.tracking.run import LoggerConfig, Run
 
 
-@dataclass
-class InspectConfig:
-  """python -m dp_jax.inspect: the layer table of a model, and its graph JSON."""
+@dataclass(frozen=True)
+class InspectConfig(Checked):
+  """python -m dp_jax.inspect: the layer table of a model, and its graph JSON (out: the graph
+  JSON, default <output dir>/graph.json)."""
 
-  model: ModelConfig = MISSING
+  model: ModelConfig = REQUIRED
   logger: LoggerConfig = field(default_factory=LoggerConfig)
   out: str | None = None
   seed: int = 0
@@ -49,16 +48,10 @@ def print_layer_table(graph: LayerGraph) -> None:
   Console(width=120).print(table)
 
 
-def decode(cfg: InspectConfig) -> tuple[ModelSpec, Path | None, int]:
-  """The config as typed options (the model, the graph file to write, the seed), checked."""
-  return ModelSpec.from_config(cfg.model), Path(cfg.out) if cfg.out else None, cfg.seed
-
-
 def inspect(cfg: InspectConfig, run: Run) -> dict[str, Any]:
   """Trace the model, print its layer table, write the graph JSON, log the table."""
-  model, out, seed = decode(cfg)
-  out = out or run.output_dir / "graph.json"
-  graph = model.graph(seed)
+  out = Path(cfg.out) if cfg.out else run.output_dir / "graph.json"
+  graph = cfg.model.graph(cfg.seed)
   print_layer_table(graph)
   graph.save(out)
   run.log_table("layers", COLUMNS, layer_rows(graph))

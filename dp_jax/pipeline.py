@@ -5,8 +5,8 @@
 
 1. The paper's setting, on the calibrated A100 profile (predicted by the planner's cost
    model, simulated by the simulator; dp_jax.main_job.paper_setting): VGG16 at B=32 on one
-   8-GPU NVLink server and on DGX A100 nodes (G = 8, 16, 32): burst vs data parallelism, GPU time saved, and
-   cluster throughput with a background job in the idle devices.
+   8-GPU NVLink server and on DGX A100 nodes (G = 8, 16, 32): burst vs data parallelism, GPU
+   time saved, and cluster throughput with a background job in the idle devices.
 2. On this machine, the validated way (dp_jax.measurement.local, as dp_jax.validate): one device
    per core, the local links and boundary costs calibrated, every layer profiled in context; a
    burst plan for these devices; the burst plan and data parallelism predicted (the planner's
@@ -30,32 +30,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
-
+from dp_jax.base.checks import REQUIRED, Checked, option
 from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import write_json
-from dp_jax.base.rules import check
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
-from dp_jax.cli.schema import (
-  BackgroundConfig,
-  ClusterConfig,
-  InterferenceConfig,
-  LoggerConfig,
-  ModelConfig,
-  PlannerConfig,
-)
-from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
-from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.hardware.cluster import ClusterConfig, to_record
+from dp_jax.layer_times.sources import ProfileConfig
 from dp_jax.main_job import paper_setting as paper
 from dp_jax.main_job import summary as main_job
-from dp_jax.main_job.paper_setting import PaperConfig, PaperStudy
+from dp_jax.main_job.paper_setting import PaperConfig, PaperSetting
 from dp_jax.measurement import local
-from dp_jax.measurement.local import LocalConfig, LocalOptions
-from dp_jax.models.zoo import ModelSpec
-from dp_jax.multiplex.background import BackgroundSpec
-from dp_jax.orchestrator.jobs import DataSpec, OptimizerSpec, TrainSpec, train_pinned
+from dp_jax.measurement.local import LocalConfig
+from dp_jax.models.zoo import ModelConfig
+from dp_jax.multiplex.background import BackgroundConfig
+from dp_jax.orchestrator.jobs import TrainSpec, train_pinned
 from dp_jax.planner import PlanOptions, plan_for, plan_with, plan_with_idle_device
 from dp_jax.planner.contract import limit_label, model_record
+from dp_jax.planner.options import PlannerConfig
 from dp_jax.report.compare import validated_tolerance
 from dp_jax.report.plan_report import (
   COLUMNS,
@@ -64,34 +55,40 @@ from dp_jax.report.plan_report import (
   plot_devices_per_layer,
   print_plan,
 )
-from dp_jax.simulator.outputs import SimulationOptions, simulate_and_write
-from dp_jax.tracking.run import Run
+from dp_jax.runtime.options import DataConfig, OptimizerConfig
+from dp_jax.simulator.outputs import InterferenceConfig, simulate_and_write
+from dp_jax.tracking.run import LoggerConfig, Run
 
 
-@dataclass
+@dataclass(frozen=True)
 class MainJobLocalConfig(LocalConfig):
   """The local part: the local measurement validate makes (LocalConfig), and whether it runs."""
 
   enabled: bool = True
 
 
-@dataclass
-class PipelineTrainConfig:
-  """The burst plan trained with the background job on pinned processes (one per core)."""
+@dataclass(frozen=True)
+class PipelineTrainConfig(Checked):
+  """The train group: the burst plan trained with the background job on pinned processes (one
+  per core): alone_steps first (compile, the timed step, then the windows' and the noise's
+  steps), then steps with the background job."""
 
-  alone_steps: int = 10  # first: compile, timed step, then the windows' and the noise's steps
-  steps: int = 20  # then with the background job
-  learning_rate: float = 0.01
+  GROUP = "train"
+
+  alone_steps: int = option(10, low=3, integer=True)
+  steps: int = option(20, low=0, integer=True)
+  learning_rate: float = option(0.01, low=0, low_open=True)
   enabled: bool = True
 
 
-@dataclass
-class PipelineConfig:
+@dataclass(frozen=True)
+class PipelineConfig(Checked):
   """python -m dp_jax.pipeline: the paper's A100 setting, then profile -> plan -> simulate ->
-  train on the local devices."""
+  train on the local devices (cluster: this machine's base spec; the calibration replaces its
+  links; iterations: simulated after a warm-up one)."""
 
-  model: ModelConfig = MISSING
-  cluster: ClusterConfig = MISSING
+  model: ModelConfig = REQUIRED
+  cluster: ClusterConfig = REQUIRED
   planner: PlannerConfig = field(default_factory=PlannerConfig)
   background: BackgroundConfig = field(default_factory=BackgroundConfig)
   logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -99,72 +96,40 @@ class PipelineConfig:
   local: MainJobLocalConfig = field(default_factory=MainJobLocalConfig)
   train: PipelineTrainConfig = field(default_factory=PipelineTrainConfig)
   paper: PaperConfig = field(default_factory=PaperConfig)
-  batch_size: int = 32
-  iterations: int = 4  # simulated iterations after a warm-up one
+  batch_size: int = option(32, low=1, integer=True)
+  iterations: int = option(4, low=1, integer=True)
   seed: int = 0
 
 
 @dataclass(frozen=True)
-class Training:
-  """The pinned training's steps (alone first, then with the background job) and optimizer."""
-
-  alone_steps: int
-  steps: int
-  optimizer: OptimizerSpec
-
-  def __post_init__(self):
-    check("train.alone_steps", self.alone_steps)  # compile, the timed step, the windows' steps
-    check("train.steps", self.steps)
-
-
-@dataclass(frozen=True)
 class PipelineInputs:
-  """The main job's config, typed and checked (decode)."""
+  """What the typed config describes for the main job's parts: the paper's clusters, the local
+  plan's options, whether each part runs, and what the summary's words name."""
 
-  model: ModelSpec
-  cluster: ClusterSpec  # this machine's base spec; the calibration replaces its links
+  cfg: PipelineConfig
+  paper: tuple[PaperSetting, ...] | None  # None: paper.enabled=false
   options: PlanOptions  # the local plan's (G: the local devices', set once they are known)
-  background: BackgroundSpec
-  simulation: SimulationOptions
-  paper: PaperStudy | None  # None: paper.enabled=false
-  local: LocalOptions | None  # None: local.enabled=false
-  host_devices: int  # one per core, or local.num_devices (0 without the local part)
-  training: Training | None  # None: train.enabled=false or no background job
-  facts: main_job.MainJobFacts  # what the summary's words name
-  seed: int
+  training: PipelineTrainConfig | None  # None: train.enabled=false or no background job
+  facts: main_job.MainJobFacts
 
-
-def decode(cfg: PipelineConfig) -> PipelineInputs:
-  """The config's groups as typed options, every value checked, before any work."""
-  background = BackgroundSpec.from_config(cfg.background)
-  study = PaperStudy.from_config(cfg.paper, cfg.planner)  # a bad cluster or G fails here
-  options = LocalOptions.from_config(cfg.local)
-  tc = cfg.train
-  training = Training(tc.alone_steps, tc.steps, OptimizerSpec(
-      "sgd", check("train.learning_rate", tc.learning_rate), 0.9))
-  # XLA:CPU runs a stage's gradient all-reduce after its backward, not beside it (as validate)
-  plan_options = replace(PlanOptions.from_config(cfg.planner, 1, cfg.batch_size),
-                         overlap_allreduce=False)
-  enabled = cfg.local.enabled
-  return PipelineInputs(
-      model=ModelSpec.from_config(cfg.model), cluster=job_from_config(cfg.cluster)[0],
-      options=plan_options, background=background,
-      simulation=SimulationOptions.from_config(cfg.interference, cfg.iterations),
-      paper=study if cfg.paper.enabled else None, local=options if enabled else None,
-      host_devices=options.host_devices() if enabled else 0,
-      training=training if tc.enabled and background.active else None,
-      facts=main_job.MainJobFacts(study.model.name, study.batch_size,
-                                  plan_options.amplification_limit, background),
-      seed=cfg.seed)
+  @classmethod
+  def of(cls, cfg: PipelineConfig) -> PipelineInputs:
+    clusters = paper.settings(cfg.paper, cfg.planner)  # a bad cluster or G fails here
+    # XLA:CPU runs a stage's gradient all-reduce after its backward, not beside it (as validate)
+    options = PlanOptions.of(cfg.planner.replace(overlap_allreduce=False), 1, cfg.batch_size)
+    training = cfg.train if cfg.train.enabled and cfg.background.active else None
+    return cls(cfg, clusters if cfg.paper.enabled else None, options, training,
+               main_job.MainJobFacts(cfg.paper.model, cfg.paper.batch_size,
+                                     options.amplification_limit, cfg.background))
 
 
 def pipeline_task(cfg: PipelineConfig, run: Run) -> dict[str, Any]:
   """The paper's A100 setting, then the local run; writes summary.json and the plots."""
   started = time.perf_counter()
-  inputs = decode(cfg)
+  inputs = PipelineInputs.of(cfg)
   out_dir = run.output_dir
-  if inputs.local is not None:
-    local.start_host_devices(inputs.host_devices)  # before JAX starts
+  if cfg.local.enabled:
+    local.start_host_devices(cfg.local.host_devices())  # before JAX starts
   run.begin()
   facts = inputs.facts
 
@@ -173,16 +138,16 @@ def pipeline_task(cfg: PipelineConfig, run: Run) -> dict[str, Any]:
 
   rows, fair = [], []
   if inputs.paper is not None:
-    study = inputs.paper
-    header("A100", f"{study.model.name} B={study.batch_size} on the calibrated A100 profile, "
+    study = cfg.paper
+    header("A100", f"{study.model} B={study.batch_size} on the calibrated A100 profile, "
                    f"amplification limit {study.amplification_limit} (predicted / simulated)")
-    rows, fair = paper.run(study, inputs.background, inputs.simulation, out_dir / "a100",
-                           inputs.seed)
+    rows, fair = paper.run(study, inputs.paper, cfg.background, cfg.interference,
+                           cfg.iterations, out_dir / "a100", cfg.seed)
     run.log_table("a100_burst_vs_data_parallel", list(paper.COLUMNS.values()),
                   [[r[k] for k in paper.COLUMNS] for r in rows])
   measured: main_job.Measured = {}
   plots: dict[str, str] = {}
-  if inputs.local is not None:
+  if cfg.local.enabled:
     try:
       local_part(inputs, out_dir, run, header, measured, plots)
     except UserError as e:  # what was done before the failure is kept
@@ -205,8 +170,9 @@ def local_part(inputs: PipelineInputs, out_dir: Path, run: Run, header: local.An
   Fills `measured` ({quantity: (value, kind)}) and `plots` as it goes (kept if a later part
   fails).
   """
-  model, options = inputs.model, inputs.local
-  setup = local.prepare(options, model, inputs.cluster, inputs.options, seed=inputs.seed,
+  cfg = inputs.cfg
+  model, options = cfg.model, cfg.local
+  setup = local.prepare(options, model, cfg.cluster, inputs.options, seed=cfg.seed,
                         announce=header)
   graph, profile, cluster, g = setup.graph, setup.profile, setup.cluster, setup.num_devices
   b = setup.options.global_batch
@@ -233,7 +199,7 @@ def local_part(inputs: PipelineInputs, out_dir: Path, run: Run, header: local.An
   plots["devices_per_layer"] = str(plot_devices_per_layer(plan, out_dir / "devices_per_layer.png",
                                                           fair))
   assignments = {"burst": plan.assignment(), "data_parallel": plan_with(
-      graph, profile, cluster, replace(plan_options, strategy="data_parallel")).assignment()}
+      graph, profile, cluster, replace(plan_options, name="data_parallel")).assignment()}
   measured.update(main_job.plan_quantities(graph, plan, g, b,
                                            limit=plan_options.amplification_limit,
                                            planned_data_parallel=planned_dp))
@@ -243,12 +209,12 @@ def local_part(inputs: PipelineInputs, out_dir: Path, run: Run, header: local.An
                     f"{options.steps} rounds of {options.runs_per_turn} steps in a row (last "
                     "timed)")
   timings = local.time_assignments(model, list(assignments.values()), setup.devices, options,
-                                   global_batch=b, group=len(assignments), seed=inputs.seed)
+                                   global_batch=b, group=len(assignments), seed=cfg.seed)
   measured.update(main_job.timed_quantities(predicted, {
       name: t.ms(options.statistic) for name, t in zip(assignments, timings, strict=True)}))
   if inputs.training is None:
     return
-  bg = inputs.background
+  bg = cfg.background
   header("simulate", f"background {bg.name}, slowdown cap {bg.cap:.0%}, on the in-context "
                      "profile")
   m = simulate_local(inputs, setup, plan, out_dir / "simulated", plots)
@@ -261,9 +227,9 @@ def local_part(inputs: PipelineInputs, out_dir: Path, run: Run, header: local.An
                   f"{bg.cap:.0%}")
   trained = train_pinned(TrainSpec(
       model=model, plan=plan, steps=tr.alone_steps + tr.steps, output_dir=str(out_dir / "train"),
-      optimizer=tr.optimizer, data=DataSpec("synthetic", seed=inputs.seed), background=bg,
-      alone_steps=tr.alone_steps, memory_gb_per_device=inputs.cluster.memory_gb_per_device,
-      seed=inputs.seed), g)
+      optimizer=OptimizerConfig("sgd", tr.learning_rate, 0.9),
+      data=DataConfig("synthetic", seed=cfg.seed), background=bg, alone_steps=tr.alone_steps,
+      memory_gb_per_device=cfg.cluster.memory_gb_per_device, seed=cfg.seed), g)
   if trained.get("gantt"):
     plots["measured_gantt"] = trained["gantt"]
   measured.update(main_job.trained_quantities(trained, bg.cap))
@@ -277,14 +243,15 @@ def simulate_local(inputs: PipelineInputs, setup: local.LocalSetup, plan, out_di
   """The burst plan simulated alone and with the background job on the in-context profile (a
   job of another model: on its analytic profile of this device, the roofline of
   dp_jax/hardware/devices.py; the calibrated profile is of GPUs); its metrics."""
-  bg, cluster = inputs.background, setup.cluster
+  cfg = inputs.cfg
+  bg, cluster = cfg.background, setup.cluster
   job_graph = job_profile = None
   if bg.model is not None:  # another model than the foreground's
-    job_graph = bg.model.graph(inputs.seed)
-    job_profile = ProfileOptions(source="analytic", dtype=bg.model.dtype).for_cluster(
+    job_graph = bg.model.graph(cfg.seed)
+    job_profile = ProfileConfig(source="analytic", dtype=bg.model.dtype).for_cluster(
         job_graph, cluster.device, bg.batch_per_device)
   sim = simulate_and_write(setup.graph, setup.profile, cluster, plan, out_dir, background=bg,
-                           options=inputs.simulation,
+                           interference=cfg.interference, iterations=cfg.iterations,
                            tolerance=validated_tolerance(cluster.device), job_graph=job_graph,
                            job_profile=job_profile)
   plots["simulated_gantt"] = sim["gantt"]

@@ -12,24 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
-
+from dp_jax.base.checks import REQUIRED, Checked, option
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
-from dp_jax.cli.schema import (
-  ClusterConfig,
-  LoggerConfig,
-  ModelConfig,
-  PlannerConfig,
-  ProfileConfig,
-)
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
-from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.hardware.cluster import ClusterConfig, to_record
+from dp_jax.layer_times.sources import ProfileConfig
+from dp_jax.layer_times.table import ProfileTable
 from dp_jax.measurement import profiles
-from dp_jax.models.zoo import ModelSpec
-from dp_jax.planner import PlanOptions, plan_for
+from dp_jax.models.zoo import ModelConfig
+from dp_jax.planner import Plan, PlanOptions, plan_for
 from dp_jax.planner.contract import model_record
-from dp_jax.report.compare import ComparisonConfig, tolerance_from_config
+from dp_jax.planner.options import PlannerConfig
+from dp_jax.report.compare import ComparisonConfig
 from dp_jax.report.plan_report import (
   COLUMNS,
   comparisons,
@@ -38,73 +32,67 @@ from dp_jax.report.plan_report import (
   plot_devices_per_layer,
   print_plan,
 )
-from dp_jax.tracking.run import Run
+from dp_jax.tracking.run import LoggerConfig, Run
 
 
-@dataclass
-class PlanConfig:
-  """python -m dp_jax.plan: plan a model (or a graph + profile file) on a cluster."""
+@dataclass(frozen=True)
+class PlanConfig(Checked):
+  """python -m dp_jax.plan: plan a model (or a graph file) on a cluster.
 
-  model: ModelConfig = MISSING
-  cluster: ClusterConfig = MISSING
+  graph: a graph JSON to plan instead of the model; out: the plan JSON (default
+  <output dir>/plan.json); chart: also draw devices_per_layer.png.
+  """
+
+  model: ModelConfig = REQUIRED
+  cluster: ClusterConfig = REQUIRED
   planner: PlannerConfig = field(default_factory=PlannerConfig)
   profile: ProfileConfig = field(default_factory=ProfileConfig)
   comparison: ComparisonConfig = field(default_factory=ComparisonConfig)
   logger: LoggerConfig = field(default_factory=LoggerConfig)
-  batch_size: int = 32
-  graph: str | None = None  # a graph JSON to plan instead of the zoo model
-  out: str | None = None  # plan JSON path; default <output dir>/plan.json
-  chart: bool = True  # also draw devices_per_layer.png (imports matplotlib)
+  batch_size: int = option(32, low=1, integer=True)
+  graph: str | None = None
+  out: str | None = None
+  chart: bool = True
   seed: int = 0
 
 
 @dataclass(frozen=True)
-class PlanInputs:
-  """The plan app's config, typed and checked (decode)."""
+class Planned:
+  """What the plan app computes: the model's graph, the profile that priced it, the plan and
+  its fair comparison (report.plan_report.comparisons)."""
 
-  cluster: ClusterSpec
-  num_devices: int
-  model: ModelSpec | None  # None: a graph file
-  graph_file: str | None
-  options: PlanOptions
-  profile: ProfileOptions
-  tolerance: float
-  out: Path | None
-  chart: bool
-  seed: int
+  graph: LayerGraph
+  profile: ProfileTable
+  plan: Plan
+  fair: dict[str, Any]
 
 
-def decode(cfg: PlanConfig) -> PlanInputs:
-  """The config's groups as typed options, every value checked, before any work."""
-  cluster, g = job_from_config(cfg.cluster)
-  return PlanInputs(cluster=cluster, num_devices=g,
-                    model=None if cfg.graph else ModelSpec.from_config(cfg.model),
-                    graph_file=cfg.graph,
-                    options=PlanOptions.from_config(cfg.planner, g, cfg.batch_size),
-                    profile=ProfileOptions.from_config(cfg.profile),
-                    tolerance=tolerance_from_config(cfg.comparison, cluster.device),
-                    out=Path(cfg.out) if cfg.out else None, chart=cfg.chart, seed=cfg.seed)
+def make(cfg: PlanConfig) -> Planned:
+  """The plan `cfg` describes, with its fair comparison (no files written)."""
+  cluster, g, b = cfg.cluster, cfg.cluster.job_devices, cfg.batch_size
+  model = None if cfg.graph else cfg.model
+  graph = LayerGraph.load(cfg.graph) if cfg.graph else model.graph(cfg.seed)
+  profile = profiles.for_cluster(cfg.profile, graph, cluster.device, b, model=model)
+  plan = plan_for(graph, profile, cluster, PlanOptions.of(cfg.planner, g, b),
+                  model=model_record(graph, model and model.options),
+                  cluster_record=to_record(cluster, g))
+  fair = comparisons(graph, profile, cluster, plan, cfg.comparison.for_device(cluster.device))
+  return Planned(graph, profile, plan, fair)
 
 
 def plan_task(cfg: PlanConfig, run: Run) -> dict[str, Any]:
   """Plan, print the per-layer table, write plan JSON and the devices-per-layer chart."""
-  inputs = decode(cfg)
-  cluster, model, b = inputs.cluster, inputs.model, inputs.options.global_batch
   out_dir = run.output_dir
-  out = inputs.out or out_dir / "plan.json"
-  graph = LayerGraph.load(inputs.graph_file) if inputs.graph_file else model.graph(inputs.seed)
-  profile = profiles.for_cluster(inputs.profile, graph, cluster.device, b, model=model)
-  plan = plan_for(graph, profile, cluster, inputs.options,
-                  model=model_record(graph, model and model.options),
-                  cluster_record=to_record(cluster, inputs.num_devices))
+  out = Path(cfg.out) if cfg.out else out_dir / "plan.json"
+  made = make(cfg)
+  plan, fair = made.plan, made.fair
   run.begin()
   plan.save(out)
   rows = layer_rows(plan)
-  fair = comparisons(graph, profile, cluster, plan, inputs.tolerance)
   print_plan(plan, rows, fair)
   run.log_table("plan_layers", COLUMNS, rows)
   print(f"plan: {out}")
-  if inputs.chart:
+  if cfg.chart:
     chart = plot_devices_per_layer(plan, out_dir / "devices_per_layer.png", fair)
     run.log_image("devices_per_layer", chart)
     print(f"chart: {chart}")

@@ -12,38 +12,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
-
-from dp_jax.base.rules import check
+from dp_jax.base.checks import REQUIRED, Checked, option
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
-from dp_jax.cli.schema import ClusterConfig, LoggerConfig, ModelConfig, ProfileConfig
-from dp_jax.hardware.cluster import job_from_config
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.layer_times.deeppool_import import import_deeppool_a100
-from dp_jax.layer_times.sources import ProfileOptions, data_dir, warn_filled
+from dp_jax.layer_times.sources import ProfileConfig, data_dir, warn_filled
 from dp_jax.measurement import profiles
-from dp_jax.models.zoo import ModelSpec
+from dp_jax.models.zoo import ModelConfig
 from dp_jax.report import tables
-from dp_jax.tracking.run import Run
+from dp_jax.tracking.run import LoggerConfig, Run
 
 
-@dataclass
-class ProfileAppConfig:
-  """python -m dp_jax.profile: measure, model or import a model's per-layer costs."""
+@dataclass(frozen=True)
+class ProfileAppConfig(Checked):
+  """python -m dp_jax.profile: measure, model or import a model's per-layer costs.
 
-  model: ModelConfig = MISSING
-  cluster: ClusterConfig = MISSING  # the analytic source models the cluster's device
+  cluster: its device is the one the roofline sources model; batch_size: per-device batches
+  1, 2, 4, ... up to this (profile.batches overrides); out: the profile JSON (default
+  <output dir>/profile.json).
+  """
+
+  model: ModelConfig = REQUIRED
+  cluster: ClusterConfig = REQUIRED
   profile: ProfileConfig = field(default_factory=ProfileConfig)
   logger: LoggerConfig = field(default_factory=LoggerConfig)
-  batch_size: int = 32  # per-device batches 1, 2, 4, ... up to this (profile.batches overrides)
-  out: str | None = None  # default <output dir>/profile.json
+  batch_size: int = option(32, low=1, integer=True)
+  out: str | None = None
   seed: int = 0
 
 
-def profile_batches(options: ProfileOptions, batch_size: int) -> list[int]:
+def profile_batches(options: ProfileConfig, batch_size: int) -> list[int]:
   """profile.batches if given, else powers of two up to batch_size (and batch_size itself)."""
   if options.batches:
     return sorted(set(options.batches))
-  check("batch_size", batch_size)
   out, b = [], 1
   while b < batch_size:
     out.append(b)
@@ -63,42 +64,20 @@ def summary_rows(table, layers: list[str], batches: list[int]) -> list[list[Any]
   return rows
 
 
-@dataclass(frozen=True)
-class ProfileInputs:
-  """The profile app's config, typed and checked (decode)."""
-
-  device: str  # the cluster's device (the analytic profile's)
-  model: ModelSpec
-  options: ProfileOptions
-  batches: list[int]
-  out: Path | None
-  seed: int
-
-
-def decode(cfg: ProfileAppConfig) -> ProfileInputs:
-  """The config's groups as typed options, every value checked, before any work."""
-  cluster, _ = job_from_config(cfg.cluster)
-  options = ProfileOptions.from_config(cfg.profile)
-  return ProfileInputs(cluster.device, ModelSpec.from_config(cfg.model), options,
-                       profile_batches(options, cfg.batch_size),
-                       Path(cfg.out) if cfg.out else None, cfg.seed)
-
-
 def profile_task(cfg: ProfileAppConfig, run: Run) -> dict[str, Any]:
   """Build the profile the config names, print it, write its JSON, log it."""
   from rich.console import Console  # rich: only to print (its import is not free)
 
-  inputs = decode(cfg)
-  model, options, batches = inputs.model, inputs.options, inputs.batches
-  out = inputs.out or run.output_dir / "profile.json"
-  graph = model.graph(inputs.seed)
+  model, options, batches = cfg.model, cfg.profile, profile_batches(cfg.profile, cfg.batch_size)
+  out = Path(cfg.out) if cfg.out else run.output_dir / "profile.json"
+  graph = model.graph(cfg.seed)
   start = time.perf_counter()
   report = None
   if options.source == "deeppool_a100":  # the import's report is printed below
     table, report = import_deeppool_a100(graph, data_dir(options.data_dir))
     warn_filled(graph.model, report.filled)
   else:
-    table = profiles.load(options, graph, inputs.device, batches, model)
+    table = profiles.load(options, graph, cfg.cluster.device, batches, model)
   seconds = time.perf_counter() - start
   table.save(out)
   present = [n for n in graph.names if n not in table.missing(list(graph.names))]

@@ -11,48 +11,43 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING
-
+from dp_jax.base.checks import REQUIRED, Checked, option
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
-from dp_jax.cli.schema import (
-  BackgroundConfig,
-  ClusterConfig,
-  InterferenceConfig,
-  LoggerConfig,
-  ModelConfig,
-  PlannerConfig,
-  ProfileConfig,
-)
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
-from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.hardware.cluster import ClusterConfig, to_record
+from dp_jax.layer_times.sources import ProfileConfig
 from dp_jax.measurement import profiles
-from dp_jax.models.zoo import ModelSpec
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.models.zoo import ModelConfig
+from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.planner import Plan, PlanOptions, plan_for
 from dp_jax.planner.contract import check_made_for, model_record
-from dp_jax.report.compare import ComparisonConfig, tolerance_from_config
+from dp_jax.planner.options import PlannerConfig
+from dp_jax.report.compare import ComparisonConfig
 from dp_jax.report.tables import table
-from dp_jax.simulator.outputs import SimulationOptions, simulate_and_write
-from dp_jax.tracking.run import Run
+from dp_jax.simulator.outputs import InterferenceConfig, simulate_with, write
+from dp_jax.tracking.run import LoggerConfig, Run
 
 
-@dataclass
-class SimulateConfig:
-  """python -m dp_jax.simulate: plan (or load a plan), simulate it alone and with background."""
+@dataclass(frozen=True)
+class SimulateConfig(Checked):
+  """python -m dp_jax.simulate: plan (or load a plan), simulate it alone and with background.
 
-  model: ModelConfig = MISSING
-  cluster: ClusterConfig = MISSING
+  plan: a plan JSON to simulate instead of planning (its G and batch are the job's); graph: a
+  graph JSON to use instead of tracing the model; iterations: simulated after a warm-up one.
+  """
+
+  model: ModelConfig = REQUIRED
+  cluster: ClusterConfig = REQUIRED
   planner: PlannerConfig = field(default_factory=PlannerConfig)
   profile: ProfileConfig = field(default_factory=ProfileConfig)
   background: BackgroundConfig = field(default_factory=BackgroundConfig)
   interference: InterferenceConfig = field(default_factory=InterferenceConfig)
   comparison: ComparisonConfig = field(default_factory=ComparisonConfig)
   logger: LoggerConfig = field(default_factory=LoggerConfig)
-  plan: str | None = None  # a plan JSON to simulate instead of planning
-  graph: str | None = None  # a graph JSON to use instead of tracing the zoo model
-  batch_size: int = 32
-  iterations: int = 4
+  plan: str | None = None
+  graph: str | None = None
+  batch_size: int = option(32, low=1, integer=True)
+  iterations: int = option(4, low=1, integer=True)
   seed: int = 0
 
 
@@ -83,68 +78,58 @@ def _rounded(v: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class SimulateInputs:
-  """The simulate app's config, typed and checked (decode)."""
+class Simulated:
+  """What the simulate app computes: the plan (loaded or made now, and how long planning
+  took), the simulation and its metrics."""
 
-  plan: Plan | None  # a plan file to simulate, or None: plan now
-  cluster: ClusterSpec
-  num_devices: int
-  model: ModelSpec | None  # None: a graph file
-  graph_file: str | None
-  options: PlanOptions
-  profile: ProfileOptions
-  background: BackgroundSpec
-  simulation: SimulationOptions
-  tolerance: float
-  seed: int
+  plan: Plan
+  planning_s: float
+  simulation: Any
+  metrics: dict[str, Any]
 
 
-def decode(cfg: SimulateConfig) -> SimulateInputs:
-  """The config's groups as typed options, every value checked, before any work."""
+def simulated(cfg: SimulateConfig) -> Simulated:
+  """The plan `cfg` names or describes, simulated alone and with its background (no files)."""
   loaded = Plan.load(cfg.plan) if cfg.plan else None
-  cluster, g = job_from_config(cfg.cluster)
+  cluster, background, profile_options = cfg.cluster, cfg.background, cfg.profile
+  g = cluster.job_devices
   batch = loaded.global_batch if loaded else cfg.batch_size
-  return SimulateInputs(
-      plan=loaded, cluster=cluster, num_devices=g,
-      model=None if cfg.graph else ModelSpec.from_config(cfg.model), graph_file=cfg.graph,
-      options=PlanOptions.from_config(cfg.planner, loaded.num_devices if loaded else g, batch),
-      profile=ProfileOptions.from_config(cfg.profile),
-      background=BackgroundSpec.from_config(cfg.background),
-      simulation=SimulationOptions.from_config(cfg.interference, cfg.iterations),
-      tolerance=tolerance_from_config(cfg.comparison, cluster.device), seed=cfg.seed)
-
-
-def simulate_task(cfg: SimulateConfig, run: Run) -> dict[str, Any]:
-  """Plan (or load) a plan, simulate it, write plan/metrics/timeline JSON and the Gantt PNG."""
-  inputs = decode(cfg)
-  cluster, model, background = inputs.cluster, inputs.model, inputs.background
-  profile_options, batch = inputs.profile, inputs.options.global_batch
-  out_dir = run.output_dir
-  graph = LayerGraph.load(inputs.graph_file) if inputs.graph_file else model.graph(inputs.seed)
+  options = PlanOptions.of(cfg.planner, loaded.num_devices if loaded else g, batch)
+  model = None if cfg.graph else cfg.model
+  graph = LayerGraph.load(cfg.graph) if cfg.graph else model.graph(cfg.seed)
   record = model_record(graph, model and model.options)
-  if inputs.plan is not None:
-    check_made_for(inputs.plan, record, f"plan {cfg.plan}")
+  if loaded is not None:
+    check_made_for(loaded, record, f"plan {cfg.plan}")
   profile = profiles.for_cluster(profile_options, graph, cluster.device, batch,
                                  background.batch_per_device, model=model)
   job_graph = job_profile = None
   if background.active and background.model is not None:  # another model than the foreground's
-    job_graph = background.model.graph(inputs.seed)
+    job_graph = background.model.graph(cfg.seed)
     job_profile = profile_options.check_device(profiles.load(
         profile_options, job_graph, cluster.device, [background.batch_per_device],
         background.model), cluster.device)
   t0 = time.perf_counter()
-  plan = inputs.plan or plan_for(graph, profile, cluster, inputs.options, model=record,
-                                 cluster_record=to_record(cluster, inputs.num_devices))
+  plan = loaded or plan_for(graph, profile, cluster, options, model=record,
+                            cluster_record=to_record(cluster, g))
   planning_s = time.perf_counter() - t0
+  sim, m = simulate_with(graph, profile, cluster, plan, background=background,
+                         interference=cfg.interference, iterations=cfg.iterations,
+                         tolerance=cfg.comparison.for_device(cluster.device),
+                         job_graph=job_graph, job_profile=job_profile)
+  return Simulated(plan, planning_s, sim, {**m, "planning_s": planning_s})
+
+
+def simulate_task(cfg: SimulateConfig, run: Run) -> dict[str, Any]:
+  """Plan (or load) a plan, simulate it, write plan/metrics/timeline JSON and the Gantt PNG."""
+  out_dir = run.output_dir
+  result = simulated(cfg)
   run.begin()
-  plan.save(out_dir / "plan.json")
-  result = simulate_and_write(graph, profile, cluster, plan, out_dir, background=background,
-                              options=inputs.simulation, tolerance=inputs.tolerance,
-                              job_graph=job_graph, job_profile=job_profile)
-  m = {**result["metrics"], "planning_s": planning_s}
+  result.plan.save(out_dir / "plan.json")
+  m = result.metrics
+  gantt = write(result.simulation, m, out_dir)
   rows = print_metrics(m)
   run.log_table("simulation", ["metric", "value"], [[k, str(v)] for k, v in rows])
-  run.log_image("gantt", result["gantt"])
+  run.log_image("gantt", gantt)
   print(f"outputs: {out_dir}")
   return {k: v for k, v in m.items() if isinstance(v, (int, float, str)) or v is None}
 

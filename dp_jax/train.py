@@ -15,35 +15,23 @@ cores unless runtime.share_cores=true (one process, exact, the cap not honoured)
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING, OmegaConf
-
+from dp_jax.base.checks import REQUIRED, Checked, ConfigError, option
 from dp_jax.base.errors import UserError
-from dp_jax.base.rules import check
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
-from dp_jax.cli.schema import (
-  BackgroundConfig,
-  ClusterConfig,
-  LoggerConfig,
-  ModelConfig,
-  PlannerConfig,
-  ProfileConfig,
-)
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import ClusterSpec, job_from_config, to_record
-from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.hardware.cluster import ClusterConfig, to_record
+from dp_jax.layer_times.sources import ProfileConfig
 from dp_jax.measurement import profiles
-from dp_jax.models.zoo import ModelSpec
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.models.zoo import ModelConfig
+from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.orchestrator import jobs as training
-from dp_jax.orchestrator.jobs import DataSpec, OptimizerSpec, TrainSpec
+from dp_jax.orchestrator.jobs import TrainSpec
 from dp_jax.planner import PlanOptions, plan_for
 from dp_jax.planner.contract import (
   Plan,
@@ -52,145 +40,61 @@ from dp_jax.planner.contract import (
   data_parallel_layout_plan,
   model_record,
 )
+from dp_jax.planner.options import PlannerConfig
 from dp_jax.runtime import distributed
-from dp_jax.runtime.distributed import DistributedConfig
 from dp_jax.runtime.local_devices import cpu_cores, set_host_device_count
-from dp_jax.tracking.run import Run
+from dp_jax.runtime.options import DataConfig, OptimizerConfig, RuntimeConfig
+from dp_jax.tracking.run import LoggerConfig, Run
 
 log = logging.getLogger("dp_jax.train")
 PLAN_MODES = ("burst", "data_parallel")
 DEFAULT_BATCH = 32  # without batch_size and a plan file
 
 
-class OptimizerName(str, Enum):
-  sgd = "sgd"
-  adam = "adam"
-  adamw = "adamw"
+@dataclass(frozen=True)
+class TrainConfig(Checked):
+  """python -m dp_jax.train: train a zoo model under a burst, data-parallel or given plan.
 
+  cluster: a burst plan's cost model of the local devices; background: none trains alone;
+  plan: burst | data_parallel | the path of a plan JSON; batch_size: None: a plan file's
+  global batch, else 32; steps: in all.
+  """
 
-class DataSourceName(str, Enum):
-  synthetic = "synthetic"
-  npz = "npz"
-  folder = "folder"
-
-
-@dataclass
-class OptimizerConfig:
-  """An element-wise optax optimizer (applied per stage, so no global-norm transforms)."""
-
-  name: OptimizerName = OptimizerName.sgd
-  lr: float = 0.01
-  momentum: float = 0.9  # sgd momentum; adam/adamw b1
-  weight_decay: float = 0.0  # adamw only
-
-
-@dataclass
-class DataConfig:
-  """Training data: synthetic (seeded), an .npz with x and y, or a class-per-folder tree."""
-
-  source: DataSourceName = DataSourceName.synthetic
-  path: str | None = None
-  seed: int = 0
-
-
-@dataclass
-class RuntimeConfig:
-  """Devices, checkpoints and progress display of the runtime."""
-
-  # None: every device (with a background job on CPU: one per core); on CPU also the host
-  # device count
-  num_devices: int | None = None
-  checkpoint_every: int = 50  # steps between checkpoints (0: only at the end)
-  progress: bool = True
-  # With a background job on CPU the job runs as one pinned process per device (an idle
-  # device is then an idle core and the slowdown cap holds); true: one process whose devices
-  # share the cores (exact, but the cap does not hold: for exactness tests)
-  share_cores: bool = False
-  distributed: DistributedConfig = field(default_factory=DistributedConfig)
-
-
-@dataclass
-class TrainConfig:
-  """python -m dp_jax.train: train a zoo model under a burst, data-parallel or given plan."""
-
-  model: ModelConfig = MISSING
-  cluster: ClusterConfig = MISSING  # burst planning: the local devices' cost model
+  model: ModelConfig = REQUIRED
+  cluster: ClusterConfig = REQUIRED
   planner: PlannerConfig = field(default_factory=PlannerConfig)
   profile: ProfileConfig = field(default_factory=ProfileConfig)
   logger: LoggerConfig = field(default_factory=LoggerConfig)
   runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
   optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
   data: DataConfig = field(default_factory=DataConfig)
-  background: BackgroundConfig = field(default_factory=BackgroundConfig)  # none: alone
-  plan: str = "data_parallel"  # burst | data_parallel | path to a plan JSON
-  batch_size: int | None = None  # None: a plan file's global batch, else 32
-  steps: int = 10
+  background: BackgroundConfig = field(default_factory=BackgroundConfig)
+  plan: str = "data_parallel"
+  batch_size: int | None = option(None, low=1, integer=True)
+  steps: int = option(10, low=0, integer=True)
   seed: int = 0
 
+  def check(self) -> None:
+    if self.plan not in PLAN_MODES and not Path(self.plan).is_file():
+      raise ConfigError("plan", f"='{self.plan}' is neither {' nor '.join(PLAN_MODES)} nor an "
+                        "existing plan JSON file")
+
 
 @dataclass(frozen=True)
-class RuntimeOptions:
-  """The runtime group, checked: devices, checkpoints, progress, pinning, processes."""
+class TrainJob:
+  """What the typed config describes beyond itself: the plan file read and the global batch
+  it sets (before any work)."""
 
-  num_devices: int | None = None  # None: every device (pinned: one per core)
-  checkpoint_every: int = 50
-  progress: bool = True
-  share_cores: bool = False
-  distributed: DistributedConfig = field(default_factory=DistributedConfig)
-
-  def __post_init__(self):
-    check("runtime.num_devices", self.num_devices)
-    check("runtime.checkpoint_every", self.checkpoint_every)
+  cfg: TrainConfig
+  plan_file: Plan | None
+  global_batch: int
 
   @classmethod
-  def from_config(cls, cfg: Any) -> RuntimeOptions:
-    dist = cfg.get("distributed")
-    return cls(num_devices=cfg.get("num_devices"),
-               checkpoint_every=cfg.get("checkpoint_every", 50),
-               progress=bool(cfg.get("progress", True)),
-               share_cores=bool(cfg.get("share_cores", False)),
-               distributed=DistributedConfig() if dist is None else DistributedConfig(
-                   **OmegaConf.to_container(dist, resolve=True)))
-
-
-@dataclass(frozen=True)
-class TrainInputs:
-  """The train app's config, typed and checked (decode)."""
-
-  model: ModelSpec
-  cluster: ClusterSpec  # the pod whose cost model a burst plan uses
-  profile: ProfileOptions
-  planner: PlanOptions  # its num_devices is the job's G once the devices are known (burst_plan)
-  background: BackgroundSpec
-  optimizer: OptimizerSpec
-  data: DataSpec
-  runtime: RuntimeOptions
-  plan: str  # burst | data_parallel | a plan file's path
-  plan_file: Plan | None  # the plan file, read and parsed
-  global_batch: int
-  steps: int
-  seed: int
-  recorded: dict[str, Any]  # the config as config.json records it (a resume must keep its job)
-
-
-def decode(cfg: TrainConfig) -> TrainInputs:
-  """The config's groups as typed options, every value checked, before any work."""
-  plan_file = None if cfg.plan in PLAN_MODES else load_plan_file(cfg.plan)
-  batch = cfg.batch_size if cfg.batch_size is not None else (
-      plan_file.global_batch if plan_file is not None else DEFAULT_BATCH)
-  check("batch_size", batch)
-  check("steps", cfg.steps)
-  cluster, _ = job_from_config(cfg.cluster)
-  return TrainInputs(
-      model=ModelSpec.from_config(cfg.model), cluster=cluster,
-      profile=ProfileOptions.from_config(cfg.profile),
-      # G: 1 until the job's devices are known (their count is checked against B then)
-      planner=PlanOptions.from_config(cfg.planner, 1, batch),
-      background=BackgroundSpec.from_config(cfg.background),
-      optimizer=OptimizerSpec.from_config(cfg.optimizer), data=DataSpec.from_config(cfg.data),
-      runtime=RuntimeOptions.from_config(cfg.runtime), plan=cfg.plan, plan_file=plan_file,
-      global_batch=batch, steps=cfg.steps, seed=cfg.seed,
-      recorded=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+  def of(cls, cfg: TrainConfig) -> TrainJob:
+    plan_file = None if cfg.plan in PLAN_MODES else load_plan_file(cfg.plan)
+    batch = cfg.batch_size if cfg.batch_size is not None else (
+        plan_file.global_batch if plan_file is not None else DEFAULT_BATCH)
+    return cls(cfg, plan_file, batch)
 
 
 def load_plan_file(path: str) -> Plan:
@@ -213,33 +117,34 @@ def job_devices(requested: int | None):
   return available[:g]
 
 
-def resolve_plan(inputs: TrainInputs, graph: LayerGraph, g: int) -> Plan:
+def resolve_plan(job: TrainJob, graph: LayerGraph, g: int) -> Plan:
   """The plan of plan=burst | data_parallel | <file> for the model's `graph` on `g` devices,
-  checked once (planner.plan.check_plan: layers, devices, batch) and in graph order."""
-  record = model_record(graph, inputs.model.options)
-  b = inputs.global_batch
-  if inputs.plan_file is not None:
-    check_made_for(inputs.plan_file, record, f"plan {inputs.plan}")
-    plan: Plan | dict[str, Any] = inputs.plan_file
+  checked once (planner.contract.check_plan: layers, devices, batch) and in graph order."""
+  cfg = job.cfg
+  record = model_record(graph, cfg.model.options)
+  b = job.global_batch
+  if job.plan_file is not None:
+    check_made_for(job.plan_file, record, f"plan {cfg.plan}")
+    plan: Plan | dict[str, Any] = job.plan_file
   else:
     if g > b:
       raise UserError(f"batch_size={b} is smaller than runtime.num_devices={g}; every device "
                       "needs a sample")
-    if inputs.plan == "data_parallel":
+    if cfg.plan == "data_parallel":
       plan = {**data_parallel_layout_plan(graph, global_batch=b, num_devices=g),
               "made_for": record}
     else:
-      plan = burst_plan(inputs, graph, record, g)
+      plan = burst_plan(job, graph, record, g)
   return check_plan(plan, graph, available_devices=g, global_batch=b)
 
 
-def burst_plan(inputs: TrainInputs, graph: LayerGraph, record: dict[str, Any], g: int) -> Plan:
+def burst_plan(job: TrainJob, graph: LayerGraph, record: dict[str, Any], g: int) -> Plan:
   """A burst plan for the job's `g` devices (the configured profile and cluster)."""
-  profile = profiles.for_cluster(inputs.profile, graph, inputs.cluster.device,
-                                 inputs.global_batch, model=inputs.model)
-  return plan_for(graph, profile, inputs.cluster,
-                  dataclasses.replace(inputs.planner, num_devices=g), model=record,
-                  cluster_record=to_record(inputs.cluster, g))
+  cfg = job.cfg
+  profile = profiles.for_cluster(cfg.profile, graph, cfg.cluster.device, job.global_batch,
+                                 model=cfg.model)
+  return plan_for(graph, profile, cfg.cluster, PlanOptions.of(cfg.planner, g, job.global_batch),
+                  model=record, cluster_record=to_record(cfg.cluster, g))
 
 
 def same_plan_everywhere(plan: Plan) -> Plan:
@@ -265,19 +170,19 @@ def same_plan_everywhere(plan: Plan) -> Plan:
 
 def train_task(cfg: TrainConfig, run: Run) -> dict[str, Any]:
   """Plan (or load) a plan, train under it, write metrics, timeline and checkpoints."""
-  inputs = decode(cfg)
-  model, background, runtime = inputs.model, inputs.background, inputs.runtime
-  processes = pinned_processes(background, runtime, inputs.cluster.device)
+  job = TrainJob.of(cfg)
+  model, background, runtime = cfg.model, cfg.background, cfg.runtime
+  processes = pinned_processes(background, runtime, cfg.cluster.device)
   if processes is None and runtime.num_devices is not None:
     set_host_device_count(runtime.num_devices)
   distributed.initialize(runtime.distributed)
   devices = None if processes else job_devices(runtime.num_devices)
   g = processes or len(devices)
   out_dir = run.output_dir  # one folder per job, also with several processes (cli.py)
-  plan = same_plan_everywhere(resolve_plan(inputs, model.graph(inputs.seed), g))
+  plan = same_plan_everywhere(resolve_plan(job, model.graph(cfg.seed), g))
   from dp_jax.runtime.train_loop import check_same_job  # JAX: once the device count is set
 
-  check_same_job(out_dir, inputs.recorded, plan.to_json(), inputs.steps)  # a resume: same job
+  check_same_job(out_dir, run.config, plan.to_json(), cfg.steps)  # a resume: the same job
 
   def start_writing() -> None:  # the checkpoint folder fits this job: files may be written now
     run.begin()
@@ -285,12 +190,12 @@ def train_task(cfg: TrainConfig, run: Run) -> dict[str, Any]:
       plan.save(out_dir / "plan.json")
 
   spec = TrainSpec(
-      model=model, plan=plan, steps=inputs.steps, output_dir=str(out_dir),
-      optimizer=inputs.optimizer, data=inputs.data, background=background,
-      memory_gb_per_device=inputs.cluster.memory_gb_per_device,
+      model=model, plan=plan, steps=cfg.steps, output_dir=str(out_dir),
+      optimizer=cfg.optimizer, data=cfg.data, background=background,
+      memory_gb_per_device=cfg.cluster.memory_gb_per_device,
       checkpoint_dir=str(out_dir / "checkpoints"), checkpoint_every=runtime.checkpoint_every,
       background_checkpoint_dir=str(out_dir / "background_checkpoint"),
-      progress=runtime.progress, seed=inputs.seed)
+      progress=runtime.progress, seed=cfg.seed)
   if processes is None:
     summary = training.check_background(training.train_spec(
         spec, devices, log_fn=run.log, on_start=start_writing))
@@ -305,7 +210,7 @@ def train_task(cfg: TrainConfig, run: Run) -> dict[str, Any]:
     run.log_image("gantt", png)
   if not summary.get("background_failures"):
     summary.pop("background_errors", None)
-  summary = {"model": model.name, "plan": inputs.plan, "num_devices": g,
+  summary = {"model": model.name, "plan": cfg.plan, "num_devices": g,
              "processes": processes or 1, "cpu_cores": host_cores(processes, devices),
              "global_batch": plan.global_batch, **summary}
   run.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
@@ -321,7 +226,7 @@ def host_cores(processes: int | None, devices) -> int | None:
   return cpu_cores() if on_cpu else None
 
 
-def pinned_processes(background: BackgroundSpec, runtime: RuntimeOptions,
+def pinned_processes(background: BackgroundConfig, runtime: RuntimeConfig,
                      device: str) -> int | None:
   """Pinned processes for this job (one device each), or None to train in this process.
 

@@ -23,103 +23,68 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
-
-from dp_jax.base.errors import UserError
-from dp_jax.base.rules import check
+from dp_jax.base.checks import REQUIRED, Checked, ConfigError, option
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
-from dp_jax.cli.schema import ClusterConfig, LoggerConfig, ModelConfig, PlannerConfig
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import ClusterSpec, job_from_config
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.measurement import local
-from dp_jax.measurement.local import LocalConfig, LocalOptions
-from dp_jax.models.zoo import ModelSpec
+from dp_jax.measurement.local import LocalConfig
+from dp_jax.models.zoo import ModelConfig
 from dp_jax.planner import PlanOptions, candidate_counts, plan_with
+from dp_jax.planner.options import PlannerConfig
 from dp_jax.planner.random_plans import random_assignments
 from dp_jax.report import agreement
-from dp_jax.tracking.run import Run
+from dp_jax.tracking.run import LoggerConfig, Run
 
 COLUMNS = ("plan", "kind", "predicted_ms", "measured_ms", "error_pct", "stages", "devices_used",
            "device_counts", "compute_ms", "sync_ms", "move_ms", "overhead_ms", "boundary_ms",
            "update_ms", "measured_min_ms", "measured_max_ms")
 
 
-@dataclass
-class ValidationConfig:
-  """Which plans are compared (the local group says how each is measured)."""
+@dataclass(frozen=True)
+class PlanSet(Checked):
+  """The validate group: which plans are compared (the local group says how each is
+  measured): `plans` random valid plans from the planner's space, the burst plans at each of
+  `amplification_limits`, `group` plans held and interleaved at once, and a random plan's most
+  runs of layers (`max_segments`)."""
 
-  plans: int = 11  # random valid plans from the planner's space
-  amplification_limits: list[float] = field(default_factory=lambda: [1.5, 2.0, math.inf])
-  group: int = 4  # plans held and interleaved at once
-  max_segments: int = 6  # a random plan cuts the layers into at most this many runs
+  GROUP = "validate"
+
+  plans: int = option(10, low=0, integer=True)
+  amplification_limits: tuple[float, ...] = option(
+      default_factory=lambda: (1.5, 2.0, math.inf), low=1, inf=True, each=True)
+  group: int = option(14, low=1, integer=True)
+  max_segments: int = option(6, low=1, integer=True)
 
 
-@dataclass
-class ValidateConfig:
-  """python -m dp_jax.validate: every prediction compared with a measured run."""
+@dataclass(frozen=True)
+class ValidateConfig(Checked):
+  """python -m dp_jax.validate: every prediction compared with a measured run (cluster: the
+  base spec; its links are replaced by measured ones)."""
 
-  model: ModelConfig = MISSING
-  cluster: ClusterConfig = MISSING  # the base spec; its links are replaced by measured ones
+  model: ModelConfig = REQUIRED
+  cluster: ClusterConfig = REQUIRED
   planner: PlannerConfig = field(default_factory=PlannerConfig)
   logger: LoggerConfig = field(default_factory=LoggerConfig)
   local: LocalConfig = field(default_factory=LocalConfig)
-  validate: ValidationConfig = field(default_factory=ValidationConfig)
-  batch_size: int = 32
+  validate: PlanSet = field(default_factory=PlanSet)
+  batch_size: int = option(32, low=1, integer=True)
   seed: int = 0
 
-
-@dataclass(frozen=True)
-class PlanSet:
-  """The validate group, typed and checked: random plans, the burst plans' limits, the plans
-  interleaved at once and a random plan's most runs of layers."""
-
-  plans: int = 11
-  amplification_limits: tuple[float, ...] = (1.5, 2.0, math.inf)
-  group: int = 4
-  max_segments: int = 6
-
-  def __post_init__(self):
-    for key in ("plans", "amplification_limits", "group", "max_segments"):
-      check(f"validate.{key}", getattr(self, key))
-    object.__setattr__(self, "amplification_limits",
-                       tuple(float(a) for a in self.amplification_limits))
+  def check(self) -> None:
+    if "weights" in self.planner.sharding:
+      raise ConfigError("planner.sharding", "=[samples,weights] is not validated here: validate "
+                        "times plans as layer -> devices (samples split only); use [samples]")
 
 
-@dataclass(frozen=True)
-class ValidateInputs:
-  """The validate app's config, typed and checked (decode)."""
-
-  model: ModelSpec
-  cluster: ClusterSpec  # the base spec; the calibration replaces its links
-  options: PlanOptions  # G: the local devices', set once they are known
-  local: LocalOptions
-  host_devices: int
-  plan_set: PlanSet
-  seed: int
-
-
-def decode(cfg: ValidateConfig) -> ValidateInputs:
-  """The config's groups as typed options, every value checked, before any work."""
-  options = PlanOptions.from_config(cfg.planner, 1, cfg.batch_size)
-  if "weights" in options.sharding:
-    raise UserError("validate times plans as layer -> devices (samples split only); "
-                    "planner.sharding=[samples,weights] is not validated here, use [samples]")
-  vc, lo = cfg.validate, LocalOptions.from_config(cfg.local)
-  return ValidateInputs(
-      model=ModelSpec.from_config(cfg.model), cluster=job_from_config(cfg.cluster)[0],
-      options=options, local=lo, host_devices=lo.host_devices(),
-      plan_set=PlanSet(vc.plans, tuple(vc.amplification_limits), vc.group, vc.max_segments),
-      seed=cfg.seed)
-
-
-def plan_set(graph: LayerGraph, profile, cluster: ClusterSpec, options: PlanOptions,
+def plan_set(graph: LayerGraph, profile, cluster: ClusterConfig, options: PlanOptions,
              plans: PlanSet, seed: int = 0) -> list[tuple[str, str, dict]]:
   """(name, kind, assignment): data parallelism, burst at each limit, random plans; distinct."""
   out = [("data_parallel", "data_parallel", plan_with(
-      graph, profile, cluster, replace(options, strategy="data_parallel")).assignment())]
+      graph, profile, cluster, replace(options, name="data_parallel")).assignment())]
   for a in plans.amplification_limits:
     assignment = plan_with(graph, profile, cluster, replace(
-        options, strategy="burst", mode="fastest", amplification_limit=a)).assignment()
+        options, name="burst", mode="fastest", amplification_limit=a)).assignment()
     if all(assignment != x for _, _, x in out):
       out.append((f"burst_A{a:g}", "burst", assignment))
   rand = random_assignments(graph, candidate_counts(options), options.num_devices, plans.plans,
@@ -157,15 +122,15 @@ def scatter_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
 
 def validate_task(cfg: ValidateConfig, run: Run) -> dict[str, Any]:
   """Calibrate, profile, plan, predict, run and compare; see the module docstring."""
-  inputs = decode(cfg)
-  lo, model, b = inputs.local, inputs.model, inputs.options.global_batch
-  local.start_host_devices(inputs.host_devices)  # before JAX starts
-  setup = local.prepare(lo, model, inputs.cluster, inputs.options, seed=inputs.seed)
+  lo, model, b = cfg.local, cfg.model, cfg.batch_size
+  # G: the local devices', set once they are known (local.prepare)
+  local.start_host_devices(lo.host_devices())  # before JAX starts
+  setup = local.prepare(lo, model, cfg.cluster, PlanOptions.of(cfg.planner, 1, b), seed=cfg.seed)
   graph, profile, cluster, g = setup.graph, setup.profile, setup.cluster, setup.num_devices
   out_dir = run.output_dir
   run.begin()
   profile.save(out_dir / "profile.json")
-  plans = plan_set(graph, profile, cluster, setup.options, inputs.plan_set, inputs.seed)
+  plans = plan_set(graph, profile, cluster, setup.options, cfg.validate, cfg.seed)
   rows = []
   for name, kind, a in plans:
     rows.append({"plan": name, "kind": kind,
@@ -176,7 +141,7 @@ def validate_task(cfg: ValidateConfig, run: Run) -> dict[str, Any]:
   print(f"{len(plans)} plans on {g} devices; running each for {lo.warmup} steps, then "
         f"{lo.steps} rounds of {lo.runs_per_turn} steps in a row (the last timed)")
   timings = local.time_assignments(model, [a for _, _, a in plans], setup.devices, lo,
-                                   global_batch=b, group=inputs.plan_set.group, seed=inputs.seed,
+                                   global_batch=b, group=cfg.validate.group, seed=cfg.seed,
                                    progress=print)
   stat = lo.statistic
   for r, t in zip(rows, timings, strict=True):

@@ -62,28 +62,6 @@ SIMULATED_SERVER = ("vgg16", "resnet50", "inception_v3", "wide_resnet101_2")
 # --- sources --------------------------------------------------------------------------------
 
 
-def compose_config(app: Any, overrides: Iterable[str]) -> Any:
-  """The app's config as `python -m <app> overrides...` composes it (no run)."""
-  # Hydra: only for the predicted and simulated rows (the cheap parts and --check need none)
-  from hydra import compose, initialize_config_dir
-  from hydra.core.config_store import ConfigStore
-  from hydra.core.global_hydra import GlobalHydra
-
-  from dp_jax.base.yamlfile import CONF_DIR
-
-  # the apps' Hydra edge, for the same reason
-  from dp_jax.cli.hydra_app import expand_file_overrides
-
-  ConfigStore.instance().store(name=f"{app.main.config_name}_schema", node=app.main.schema)
-  GlobalHydra.instance().clear()
-  try:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-      return compose(config_name=app.main.config_name,
-                     overrides=expand_file_overrides(list(overrides)))
-  finally:
-    GlobalHydra.instance().clear()
-
-
 @dataclass(frozen=True)
 class Planned:
   """A plan app run's summary (its status.json), with the plan and graph behind it."""
@@ -97,52 +75,26 @@ class Planned:
 @cache
 def planned(*overrides: str) -> Planned:
   """What `python -m dp_jax.plan overrides...` plans and summarizes (no files written)."""
-  from dp_jax import plan as plan_app  # the apps' library: only for the predicted rows
-  from dp_jax.hardware.cluster import to_record
-  from dp_jax.planner import plan_for
-  from dp_jax.planner.contract import model_record
-  from dp_jax.report.plan_report import comparisons, plan_summary
+  from dp_jax import plan as plan_app  # the app's config: only for the predicted rows
+  from dp_jax.cli.hydra_app import app_config
+  from dp_jax.report.plan_report import plan_summary
 
-  inputs = plan_app.decode(compose_config(plan_app, overrides))
-  cluster, model = inputs.cluster, inputs.model
-  graph = model.graph(inputs.seed)
-  profile = inputs.profile.for_cluster(graph, cluster.device, inputs.options.global_batch,
-                                       model=model)
-  plan = plan_for(graph, profile, cluster, inputs.options,
-                  model=model_record(graph, model.options),
-                  cluster_record=to_record(cluster, inputs.num_devices))
-  fair = comparisons(graph, profile, cluster, plan, inputs.tolerance)
-  return Planned(plan_summary(plan, fair, Path("plan.json")), plan, graph,
-                 inputs.options.optimizer)
+  cfg = app_config(plan_app.main, list(overrides))
+  made = plan_app.make(cfg)
+  return Planned(plan_summary(made.plan, made.fair, Path("plan.json")), made.plan, made.graph,
+                 cfg.planner.optimizer)
 
 
 @cache
 def simulated(*overrides: str) -> dict[str, Any]:
   """The metrics `python -m dp_jax.simulate overrides...` computes (no files written)."""
-  from dp_jax import simulate as sim_app  # the apps' library: only for the simulated rows
-  from dp_jax.hardware.cluster import to_record
-  from dp_jax.planner import plan_for
-  from dp_jax.planner.contract import model_record
-  from dp_jax.simulator.engine import simulate
-  from dp_jax.simulator.metrics import metrics
-  from dp_jax.simulator.outputs import background_job_for
+  from dp_jax import simulate as sim_app  # the app's config: only for the simulated rows
+  from dp_jax.cli.hydra_app import app_config
 
-  inputs = sim_app.decode(compose_config(sim_app, overrides))
-  cluster, model, background = inputs.cluster, inputs.model, inputs.background
-  if background.model is not None:
+  cfg = app_config(sim_app.main, list(overrides))
+  if cfg.background.model is not None:
     raise ValueError("a background job of another model is not rendered here")
-  graph = model.graph(inputs.seed)
-  profile = inputs.profile.for_cluster(graph, cluster.device, inputs.options.global_batch,
-                                       background.batch_per_device, model=model)
-  plan = plan_for(graph, profile, cluster, inputs.options,
-                  model=model_record(graph, model.options),
-                  cluster_record=to_record(cluster, inputs.num_devices))
-  options = inputs.simulation
-  job = background_job_for(background, graph, profile, cluster, plan, options)
-  sim = simulate(graph, profile, cluster, plan, job=job, cap=background.cap,
-                 switch_ms=options.switch_ms, policy=options.policy,
-                 iterations=options.iterations)
-  return metrics(sim, inputs.tolerance)
+  return sim_app.simulated(cfg).metrics
 
 
 @dataclass(frozen=True)

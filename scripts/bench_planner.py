@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import statistics
 import subprocess
@@ -27,10 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 from dp_jax.base.errors import UserError
-from dp_jax.hardware.cluster import load_cluster
+from dp_jax.hardware.cluster import named_cluster
 from dp_jax.planner import make_plan
 from dp_jax.planner.options import PlanOptions, candidate_counts
 
@@ -86,7 +85,7 @@ def timed_plan(graph, profile, cluster, g, b, counts, sharding):
   start, cpu = time.perf_counter(), time.process_time()
   try:
     plan = make_plan(graph, profile, cluster, num_devices=g, global_batch=b,
-                     device_counts=counts, sharding=sharding)
+                     device_counts=counts, sharding=sharding, amplification_limit=math.inf)
   except UserError as e:
     return None, str(e)
   return (time.perf_counter() - start, time.process_time() - cpu), plan
@@ -148,7 +147,7 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3, help="runs per app wall time")
   parser.add_argument("--no-app", action="store_true", help="skip the plan app's wall time")
   args = parser.parse_args()
-  base = load_cluster(yaml.safe_load(Path(args.cluster).read_text()))
+  base = named_cluster(args.cluster)
   print(f"cluster {base.name}; seconds of make_plan on this machine, wall and CPU (samples: "
         f"planner.sharding=[samples]; joint: [samples,weights]); measured")
   print(f"{'model':18} {'layers':>6} {'G':>6} {'B':>6} {'counts':>6} {'samples_s':>9} "
@@ -162,9 +161,10 @@ def main() -> None:
           f"blocks, from {source}")
     for g, b, counts, joint in cases(args.quick):
       cluster = base
-      if g > base.num_devices:
+      if g > base.pod_devices:
         cluster = dataclasses.replace(base, num_nodes=-(-g // base.devices_per_node))
-      n = len(candidate_counts(PlanOptions(num_devices=g, global_batch=b, device_counts=counts)))
+      n = len(candidate_counts(PlanOptions(num_devices=g, global_batch=b, device_counts=counts,
+                                           amplification_limit=math.inf)))
       head = f"{name:18} {len(graph.nodes):6} {g:6} {b:6} {n:6}"
       seconds, plan = timed_plan(graph, profile, cluster, g, b, counts, ("samples",))
       if seconds is None:

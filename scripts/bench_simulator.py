@@ -17,6 +17,9 @@ from pathlib import Path
 
 import yaml
 
+from dp_jax.base.checks import build
+from dp_jax.hardware.cluster import named_cluster
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -29,10 +32,9 @@ def main() -> None:
   ap.add_argument("--amplification-limit", type=float, default=2.0)
   args = ap.parse_args()
 
-  from dp_jax.hardware.cluster import load_cluster
   from dp_jax.layer_times.analytic import analytic_profile
   from dp_jax.layer_times.sources import profile_batches
-  from dp_jax.models.zoo import ModelSpec
+  from dp_jax.models.zoo import ModelConfig
   from dp_jax.planner import make_plan
   from dp_jax.simulator.engine import simulate
   from dp_jax.simulator.job import background_job
@@ -40,9 +42,9 @@ def main() -> None:
 
   t = time.perf_counter()
   spec = yaml.safe_load((REPO / "conf/model" / f"{args.model}.yaml").read_text())
-  graph = ModelSpec.from_config(spec).graph()
+  graph = build(ModelConfig, spec).graph()
   trace_s = time.perf_counter() - t
-  cluster = load_cluster(yaml.safe_load((REPO / "conf/cluster/dgx_a100.yaml").read_text()))
+  cluster = named_cluster("dgx_a100")
   profile = analytic_profile(graph, cluster.device, "bfloat16", profile_batches(args.batch, 8))
   t = time.perf_counter()
   plan = make_plan(graph, profile, cluster, num_devices=args.devices, global_batch=args.batch,

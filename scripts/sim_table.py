@@ -18,6 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from dp_jax.base.checks import build
+from dp_jax.hardware.cluster import ClusterConfig
+
 REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ["model", "G", "B", "cluster", "burst ms", "DP ms", "FG speed-up vs DP",
            "idle alone", "FG ms with BG", "BG samples/s", "of which in FG windows",
@@ -31,7 +34,6 @@ def _cfg(group: str, name: str) -> dict:
 
 def run_one(graph, profile, model: str, g: int, b: int, *, cap=0.1, switch_us=None,
             policy="fit", amp=2.0, flat=False, precision="fp32"):
-  from dp_jax.hardware.cluster import load_cluster
   from dp_jax.planner import make_plan
   from dp_jax.simulator.engine import simulate
   from dp_jax.simulator.job import background_job
@@ -42,7 +44,7 @@ def run_one(graph, profile, model: str, g: int, b: int, *, cap=0.1, switch_us=No
   if flat:  # the old pricing: one ring through one NIC at line rate (dp_jax/hardware/cluster.py)
     spec.update(collectives="flat")
     name += " (flat)"
-  cluster = load_cluster(spec)
+  cluster = build(ClusterConfig, spec)
   plan = make_plan(graph, profile, cluster, num_devices=g, global_batch=b,
                    amplification_limit=amp, gradient_precision=precision)
   job = background_job(graph, profile, cluster, 8, gradient_precision=precision)
@@ -98,11 +100,11 @@ def main() -> None:
   args = ap.parse_args()
 
   from dp_jax.layer_times.deeppool_import import import_deeppool_a100
-  from dp_jax.models.zoo import ModelSpec
+  from dp_jax.models.zoo import ModelConfig
 
   rows, notes, sens = [], [], []
   for model in args.models:
-    graph = ModelSpec.from_config(_cfg("model", model)).graph()
+    graph = build(ModelConfig, _cfg("model", model)).graph()
     profile, report = import_deeppool_a100(graph)
     notes.append(f"{model}: {len(report.matched)} of {len(graph.nodes)} layers matched"
                  + (f"; missing: {', '.join(report.unmatched)}" if report.unmatched else "")

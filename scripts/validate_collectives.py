@@ -16,12 +16,10 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dp_jax.hardware.cluster import ClusterSpec, allreduce_ms, bus_bandwidth_GBps, load_cluster  # noqa: E402
+from dp_jax.hardware.cluster import ClusterConfig, allreduce_ms, bus_bandwidth_GBps, named_cluster  # noqa: E402
 
 TOLERANCE = 0.15
 
@@ -75,11 +73,11 @@ LATENCY_MEASUREMENTS = (
 )
 
 
-def base_cluster(name: str = "dgx_a100") -> ClusterSpec:
-  return load_cluster(yaml.safe_load((REPO / f"conf/cluster/{name}.yaml").read_text()))
+def base_cluster(name: str = "dgx_a100") -> ClusterConfig:
+  return named_cluster(name)
 
 
-def compare(m: Measurement, base: ClusterSpec) -> dict[str, float]:
+def compare(m: Measurement, base: ClusterConfig) -> dict[str, float]:
   """Model and flat bus bandwidth and time for one measurement, as ratios to it."""
   spec = replace(base, num_nodes=m.nodes, devices_per_node=m.gpus_per_node,
                  nics_per_node=m.nics_per_node)
@@ -94,7 +92,7 @@ def compare(m: Measurement, base: ClusterSpec) -> dict[str, float]:
           "flat_busbw_ratio": float(bus_bandwidth_GBps(flat, 0, n)) / m.busbw_GBps}
 
 
-def latency_us(m: Measurement, base: ClusterSpec) -> tuple[float, float]:
+def latency_us(m: Measurement, base: ClusterConfig) -> tuple[float, float]:
   """(model, measured) time of one small all-reduce in microseconds (busbw field: algbw)."""
   spec = replace(base, num_nodes=m.nodes, devices_per_node=m.gpus_per_node,
                  nics_per_node=max(m.nics_per_node, 1))

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import numpy as np
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode, Parallel
-from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.search import ELEMENTWISE_KINDS, build_tables, search
 from dp_jax.planner.structure import flat_layers, sharing_groups
+from dp_jax.planner.synthetic import cluster as synthetic_cluster
 from dp_jax.planner.synthetic import linear_profile, random_layer
 
 
@@ -59,12 +60,13 @@ def random_model(seed: int, g: int = 4, b: int = 4, max_branches: int = 3, max_d
   random_forkjoin's share of relu layers in branches; `stage_terms`: with_stage_terms)."""
   rng = np.random.default_rng(seed)
   graph = random_forkjoin(rng, max_branches, max_depth, elementwise)
-  cluster = ClusterSpec("t", "synthetic", 64, int(rng.choice([1, 2, 4])), 1e6,
+  cluster = synthetic_cluster("t", "synthetic", 64, int(rng.choice([1, 2, 4])), 4096.0,
                         float(rng.uniform(1, 50)), float(rng.uniform(0, 30)),
                         float(rng.uniform(0.1, 5)), float(rng.uniform(0, 100)),
                         update_memory_GBps=1e3)
   profile = linear_profile(graph, [1, 2, 3, 4, 6, 8, 12], rng)
-  opts = PlanOptions(num_devices=g, global_batch=b, overlap_allreduce=bool(rng.random() < 0.5))
+  opts = PlanOptions(num_devices=g, global_batch=b, overlap_allreduce=bool(rng.random() < 0.5),
+                     amplification_limit=math.inf)
   model = build_cost_model(graph, profile, cluster, opts)
   return with_stage_terms(model, seed) if stage_terms else model
 

@@ -22,7 +22,6 @@ import numpy as np
 from forkjoin_brute import branch_mask, with_stage_terms
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.layer_times.analytic import analytic_profile
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
@@ -30,6 +29,7 @@ from dp_jax.planner.make import plan_for_limit
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.sharded import candidates
 from dp_jax.planner.structure import flat_layers, sharing_groups
+from dp_jax.planner.synthetic import cluster as synthetic_cluster
 
 WIDTHS = (6, 10, 64, 256, 1024, 2048, 4096, 8192)
 WEIGHTS = ("samples", "weights")
@@ -95,14 +95,14 @@ def random_model(seed: int, layers: int = 3, overlap: bool | None = None,
   rng = np.random.default_rng(seed)
   graph = random_forkjoin(rng, layers, branches) if forkjoin else random_chain(rng, layers)
   batch = int(rng.choice([4, 8]))
-  cluster = ClusterSpec("t", "A100-SXM4-40GB", 64, int(rng.choice([1, 2, 4])), 1e6,
+  cluster = synthetic_cluster("t", "A100-SXM4-40GB", 64, int(rng.choice([1, 2, 4])), 4096.0,
                         float(rng.uniform(1, 300)), float(rng.uniform(0, 30)),
                         float(rng.uniform(1, 50)), float(rng.uniform(0, 100)))
   profile = analytic_profile(graph, "A100-SXM4-40GB", "bfloat16", [1, 2, 4, 8])
   if overlap is None:
     overlap = bool(rng.random() < 0.5)
   opts = PlanOptions(num_devices=4, global_batch=batch, overlap_allreduce=overlap,
-                     check_memory=False, sharding=WEIGHTS)
+                     check_memory=False, sharding=WEIGHTS, amplification_limit=math.inf)
   model = build_cost_model(graph, profile, cluster, opts)
   return with_stage_terms(model, seed) if stage_terms else model
 

@@ -4,9 +4,7 @@ import functools
 import math
 from pathlib import Path
 
-import yaml
-
-from dp_jax.hardware.cluster import ClusterSpec, load_cluster
+from dp_jax.hardware.cluster import ClusterConfig, named_cluster
 from dp_jax.layer_times.sources import profile_batches
 from dp_jax.planner import make_plan, synthetic
 
@@ -14,8 +12,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @functools.cache
-def cluster(name: str = "dgx_a100") -> ClusterSpec:
-  return load_cluster(yaml.safe_load((REPO / "conf/cluster" / f"{name}.yaml").read_text()))
+def cluster(name: str = "dgx_a100") -> ClusterConfig:
+  return named_cluster(name)
 
 
 @functools.cache

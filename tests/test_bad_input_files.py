@@ -2,6 +2,7 @@
 refused with one `error:` line naming the file and the field (through the apps where cheap)."""
 
 import json
+import math
 
 import pytest
 from apps import assert_one_line_error, run_app
@@ -9,7 +10,7 @@ from test_plan_app import write_graph_and_profile
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import cluster_file, load_cluster
+from dp_jax.hardware.cluster import named_cluster
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import Plan, make_plan
 
@@ -20,8 +21,8 @@ def toy_plan(tmp_path) -> tuple[dict, list[str]]:
   """A planner's plan of the toy graph (as JSON) and the simulate arguments for its files."""
   gpath, ppath = write_graph_and_profile(tmp_path)
   plan = make_plan(LayerGraph.load(gpath), ProfileTable.load(ppath),
-                   load_cluster(cluster_file("a100_nvlink_8")),
-                   num_devices=4, global_batch=8)
+                   named_cluster("a100_nvlink_8"),
+                   num_devices=4, global_batch=8, amplification_limit=math.inf)
   return plan.to_json(), [f"graph={gpath}", f"profile={ppath}", *COMMON, "background=none"]
 
 

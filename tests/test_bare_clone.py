@@ -33,7 +33,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from dp_jax.base.yamlfile import CONF_DIR
 from dp_jax.cli.hydra_app import expand_file_overrides
-from dp_jax.cli.schema import check_known_keys, check_required
+from dp_jax.cli.schema import check_known_keys, structured, typed
 from experiments import studies
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,7 +252,8 @@ def test_every_module_a_readme_runs_imports():
 
 def _composed(app, overrides: list[str], hydra_config: bool = False):
   """The app's config as `python -m <app> overrides...` composes it (no run)."""
-  ConfigStore.instance().store(name=f"{app.main.config_name}_schema", node=app.main.schema)
+  ConfigStore.instance().store(name=f"{app.main.config_name}_schema",
+                               node=structured(app.main.schema))
   GlobalHydra.instance().clear()
   try:
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
@@ -276,7 +277,7 @@ def _first_cell(app, overrides: list[str]) -> list[str]:
 def test_every_app_command_composes_into_a_config_its_app_accepts(readme, module, overrides,
                                                                   multirun):
   """`+experiment=` overlays and `model=`/`cluster=`/... options exist, every key is known and
-  every value in range: what the app checks before any work (config/hydra_app.py, decode)."""
+  every value in range: what the app checks before any work (cli/hydra_app.py, the typed config)."""
   app = importlib.import_module(module)
   for arg in overrides:
     key, _, value = arg.partition("=")
@@ -287,8 +288,7 @@ def test_every_app_command_composes_into_a_config_its_app_accepts(readme, module
   if multirun:  # a study: its first cell (the first value of each swept key)
     cfg = _composed(app, expand_file_overrides(overrides) + _first_cell(app, overrides))
   check_known_keys(cfg, app.main.schema)
-  check_required(cfg)
-  app.decode(cfg)
+  typed(cfg, app.main.schema)
 
 
 def test_a_quick_study_runs_from_a_fresh_clone_without_venv(clone, tmp_path):

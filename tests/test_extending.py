@@ -10,6 +10,7 @@ from apps import REPO, assert_one_line_error, run_app
 from omegaconf import OmegaConf
 from wandb_files import records, run_file
 
+from dp_jax.base.checks import build
 from dp_jax.base.errors import UserError
 from dp_jax.layer_times.deeppool_import import import_deeppool_a100
 from dp_jax.models import zoo
@@ -30,7 +31,7 @@ def vit_reference_params(dim=512, patch=16, image=256, blocks=6, heads=4, dim_he
 
 
 def test_zoo_vit_matches_deeppool_parameter_count_and_table():
-  graph = zoo.ModelSpec.from_config(OmegaConf.load(REPO / "conf" / "model" / "vit.yaml")).graph()
+  graph = build(zoo.ModelConfig, OmegaConf.load(REPO / "conf" / "model" / "vit.yaml")).graph()
   assert sum(n.params for n in graph.nodes) == vit_reference_params() == 13_643_240
   assert [n.kind for n in graph.nodes[:3]] == ["patch_embed", "self_attention", "mlp_block"]
   table, report = import_deeppool_a100(graph)
@@ -45,7 +46,7 @@ def test_zoo_vit_matches_deeppool_parameter_count_and_table():
 def test_vit_rows_the_table_lacks_are_estimated_and_named():
   cfg = OmegaConf.load(REPO / "conf" / "model" / "vit.yaml")
   cfg.kwargs.mlp_dim = 2048  # DeepPool timed dim_linear_block 1024 only
-  table, report = import_deeppool_a100(zoo.ModelSpec.from_config(cfg).graph())
+  table, report = import_deeppool_a100(build(zoo.ModelConfig, cfg).graph())
   assert sorted(report.filled) == [f"blocks.{i}.mlp" for i in range(6)]
   assert set(table.meta["estimated_layers"]) == set(report.filled)
   assert all(f > 0 and w > 0 for f, w in table.layers["blocks.0.mlp"].values())
@@ -94,14 +95,14 @@ def test_sequential_model_gets_layer_specs_and_forward():
 ])
 def test_bad_targets_are_one_line_errors(target, kwargs, match):
   with pytest.raises(UserError, match=match):
-    zoo.ModelSpec.from_config({"_target_": target, "name": "m", "kwargs": kwargs}).build(
+    build(zoo.ModelConfig, {"_target_": target, "name": "m", "kwargs": kwargs}).build(
         abstract=True)
 
 
 def test_a_zoo_name_on_another_target_is_refused():
-  with pytest.raises(UserError, match="model name 'resnet50' is the zoo's .*resnet50, not "
+  with pytest.raises(UserError, match="model.name='resnet50' is the zoo's .*resnet50, not "
                                       "dp_jax.models.vgg.VGG16"):
-    zoo.ModelSpec.from_config({"_target_": "dp_jax.models.vgg.VGG16", "name": "resnet50"})
+    build(zoo.ModelConfig, {"_target_": "dp_jax.models.vgg.VGG16", "name": "resnet50"})
 
 
 def test_examples_inspect_plan_simulate_and_train_through_the_cli(tmp_path):

@@ -5,11 +5,12 @@ import pytest
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import PlanOptions, idle_device_limit, plan_with, plan_with_idle_device
+from dp_jax.planner.synthetic import cluster as synthetic_cluster
 
-CLUSTER = ClusterSpec("t", "synthetic", 1, 2, 1e6, 100.0, 1.0, 25.0, 5.0, update_memory_GBps=1e3)
+CLUSTER = synthetic_cluster("t", "synthetic", 1, 2, 4096.0, 100.0, 1.0, 25.0, 5.0,
+                            update_memory_GBps=1e3)
 
 
 def chain(half_batch_ms: float) -> tuple[LayerGraph, ProfileTable]:

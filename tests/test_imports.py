@@ -240,4 +240,4 @@ def test_the_circle_finder_sees_submodules_and_packages():
       "from . import b", "from .c import d"]
   graph = import_graph()
   assert "dp_jax.planner.make" in graph["dp_jax.planner"]
-  assert all(not m.startswith("dp_jax.cli.hydra_app") for m in graph["dp_jax.base.rules"])
+  assert all(not m.startswith("dp_jax.cli.hydra_app") for m in graph["dp_jax.base.checks"])

@@ -11,9 +11,9 @@ import pytest
 from runtime_helpers import batches, make_model, sgd
 
 from dp_jax.base.errors import UserError
-from dp_jax.models.zoo import ModelSpec, build_model
+from dp_jax.models.zoo import ModelConfig, build_model
 from dp_jax.multiplex import policy as multiplex
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.orchestrator.launch import start_background
 from dp_jax.orchestrator.runners import build_runners, job_of_runner, measured_pieces
 from dp_jax.orchestrator.scheduler import (
@@ -221,11 +221,11 @@ def test_windows_run_to_the_next_call_that_uses_the_device():
   assert w[0] == {2: math.inf} and w[1] == {1: 3.0, 2: math.inf} and w[2] == {1: 2.0, 2: math.inf}
 
 
-TINY_SPEC = ModelSpec.named("gpt2_small", **TINY)
+TINY_SPEC = ModelConfig.named("gpt2_small", **TINY)
 
 
 def bg_spec(**kw):
-  return BackgroundSpec(**{"name": "tiny", "model": TINY_SPEC, **kw})
+  return BackgroundConfig(**{"name": "tiny", "model": TINY_SPEC, **kw})
 
 
 # the foreground's memory: the planner's peak (no layers needed to price it)
@@ -238,7 +238,7 @@ def test_build_failure_gives_a_stopped_hook(monkeypatch):
     raise RuntimeError("cannot build")
 
   TINY_SPEC.graph()  # traced before the build breaks: the job's memory check reads the graph
-  monkeypatch.setattr(ModelSpec, "build", broken)
+  monkeypatch.setattr(ModelConfig, "build", broken)
   hook = start_background(bg_spec(), TINY_SPEC, PLAN, jax.devices()[:2], memory_gb_per_device=2)
   assert not hook.alive and hook.stats.failures == 1
   assert "RuntimeError: cannot build" in hook.stats.errors[0]
@@ -266,7 +266,7 @@ def test_background_none_is_no_hook():
 
 
 def test_same_family_trains_the_foregrounds_model():
-  assert BackgroundSpec("same_family").model_for(TINY_SPEC) is TINY_SPEC
+  assert BackgroundConfig("same_family").model_for(TINY_SPEC) is TINY_SPEC
 
 
 def test_measure_compares_means_after_warmup():

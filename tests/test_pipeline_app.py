@@ -12,7 +12,7 @@ from dp_jax.main_job.summary import (
   story,
   trained_quantities,
 )
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.multiplex.background import BackgroundConfig
 
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=16",
         "model.vocab_size=64", "batch_size=4", "logger=disabled",
@@ -35,7 +35,7 @@ QUICK = ["logger=disabled", "paper.settings=[{cluster: a100_nvlink_8, num_device
 
 def facts() -> MainJobFacts:
   """The main job's default words: vgg16 B=32 on A100s, A = 1.5 here, same_family under 10%."""
-  return MainJobFacts("vgg16", 32, 1.5, BackgroundSpec("same_family", None, 8, 0.1))
+  return MainJobFacts("vgg16", 32, 1.5, BackgroundConfig("same_family", None, 8, 0.1))
 
 
 def test_the_main_job_runs_its_background_job_and_compares_predicted_with_measured(tmp_path):

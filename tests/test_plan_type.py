@@ -1,6 +1,7 @@
 """One plan type and parser for the planner, the simulator and the runtime."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.hardware.cluster import cluster_file, load_cluster
+from dp_jax.hardware.cluster import named_cluster
 from dp_jax.planner import make_plan
 from dp_jax.planner.contract import (
   PLAN_SCHEMA,
@@ -33,7 +34,7 @@ def chain() -> LayerGraph:
 def test_the_plan_schema_string_is_defined_in_one_module():
   holders = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                    if "dp_jax.plan/" in p.read_text())
-  assert holders == ["planner/plan.py"]
+  assert holders == ["planner/contract.py"]
   assert PLAN_SCHEMA == "dp_jax.plan/2"
 
 
@@ -58,7 +59,8 @@ def test_the_runtime_check_returns_the_planner_type_in_graph_order():
 def test_a_planner_plan_goes_to_the_runtime_as_it_is():
   graph = resnet_like(blocks=(1,), width=8)
   plan = make_plan(graph, analytic_profile(graph, (1, 2, 4, 8)),
-                   load_cluster(cluster_file("a100_nvlink_8")), num_devices=4, global_batch=8)
+                   named_cluster("a100_nvlink_8"), num_devices=4, global_batch=8,
+                   amplification_limit=math.inf)
   checked = check_plan(plan, graph, available_devices=4, global_batch=8)
   assert [lp.devices for lp in checked.layers] == [plan.layer(n).devices for n in graph.names]
   again = check_plan(json.loads(json.dumps(plan.to_json())), graph, available_devices=4)

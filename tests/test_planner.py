@@ -8,7 +8,6 @@ import pytest
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.layer_times.table import MissingProfileError, ProfileTable
 from dp_jax.planner import PLAN_SCHEMA, Plan, data_parallel_plan, evaluate_plan, make_plan, pareto
 from dp_jax.planner.frontier import FrontierPoint
@@ -19,11 +18,12 @@ from dp_jax.planner.synthetic import (
   random_series_parallel,
   resnet_like,
 )
+from dp_jax.planner.synthetic import cluster as synthetic_cluster
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
-NVLINK = ClusterSpec("nvlink", "A100-SXM4-40GB", 1, 8, 40.0, 300.0, 2.0, 25.0, 5.0)
-PODS = ClusterSpec("pods", "A100-SXM4-40GB", 16, 8, 40.0, 300.0, 2.0, 25.0, 5.0)
-SLOW = ClusterSpec("slow", "A100-SXM4-40GB", 16, 4, 40.0, 50.0, 10.0, 1.25, 25.0)
+NVLINK = synthetic_cluster("nvlink", "A100-SXM4-40GB", 1, 8, 40.0, 300.0, 2.0, 25.0, 5.0)
+PODS = synthetic_cluster("pods", "A100-SXM4-40GB", 16, 8, 40.0, 300.0, 2.0, 25.0, 5.0)
+SLOW = synthetic_cluster("slow", "A100-SXM4-40GB", 16, 4, 40.0, 50.0, 10.0, 1.25, 25.0)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_fastest_plan_is_never_slower_than_data_parallel(resnet, inception, clus
   for graph, profile in (resnet, inception):
     for g, b in ((8, 32), (8, 8), (6, 24)):
       p = make_plan(graph, profile, cluster, num_devices=g, global_batch=b,
-                    overlap_allreduce=overlap)
+                    overlap_allreduce=overlap, amplification_limit=math.inf)
       assert p.predicted["iteration_ms"] <= p.predicted["data_parallel_iteration_ms"] * (1 + 1e-9)
 
 
@@ -53,7 +53,8 @@ def test_random_graphs_never_slower_than_data_parallel():
     rng = np.random.default_rng(seed)
     graph = random_series_parallel(rng, max_layers=10)
     profile = linear_profile(graph, BATCHES, rng)
-    p = make_plan(graph, profile, SLOW, num_devices=16, global_batch=32)
+    p = make_plan(graph, profile, SLOW, num_devices=16, global_batch=32,
+                  amplification_limit=math.inf)
     assert p.predicted["iteration_ms"] <= p.predicted["data_parallel_iteration_ms"] * (1 + 1e-9)
 
 
@@ -63,7 +64,8 @@ def test_limit_one_keeps_every_layer_within_it(inception):
                 amplification_floor_ms=0.0)
   for layer in p.layers:
     assert layer.extra["amplification"] <= 1.0 + 1e-9, layer.name
-  fast = make_plan(graph, profile, PODS, num_devices=32, global_batch=32)
+  fast = make_plan(graph, profile, PODS, num_devices=32, global_batch=32,
+                   amplification_limit=math.inf)
   assert fast.predicted["iteration_ms"] <= p.predicted["iteration_ms"] + 1e-9
   assert fast.predicted["gpu_ms"] >= p.predicted["gpu_ms"] - 1e-9
 
@@ -71,7 +73,7 @@ def test_limit_one_keeps_every_layer_within_it(inception):
 def test_frontier_is_pareto(resnet):
   graph, profile = resnet
   p = make_plan(graph, profile, PODS, num_devices=64, global_batch=64, mode="frontier",
-                amplification_floor_ms=0.0)
+                amplification_floor_ms=0.0, amplification_limit=math.inf)
   front = p.extra["frontier"]
   assert front and front[0]["iteration_ms"] == pytest.approx(p.predicted["iteration_ms"])
   for a, b in zip(front, front[1:], strict=False):
@@ -83,7 +85,7 @@ def test_frontier_is_pareto(resnet):
 
 def test_plan_json_round_trip_and_contract(resnet, tmp_path):
   graph, profile = resnet
-  p = make_plan(graph, profile, PODS, num_devices=16, global_batch=32)
+  p = make_plan(graph, profile, PODS, num_devices=16, global_batch=32, amplification_limit=math.inf)
   d = p.to_json()
   for key in ("schema", "model", "global_batch", "num_devices", "cluster",
               "amplification_limit", "layers", "predicted", "planner_seconds"):
@@ -113,7 +115,8 @@ def test_plan_json_round_trip_and_contract(resnet, tmp_path):
 ])
 def test_plan_json_errors(resnet, mutate, needle):
   graph, profile = resnet
-  d = make_plan(graph, profile, NVLINK, num_devices=4, global_batch=8).to_json()
+  d = make_plan(graph, profile, NVLINK, num_devices=4, global_batch=8,
+                amplification_limit=math.inf).to_json()
   mutate(d)
   with pytest.raises(UserError, match=needle):
     Plan.from_json(d)
@@ -125,18 +128,19 @@ def test_data_parallel_plan(resnet):
   assert all(layer.devices == tuple(range(16)) for layer in p.layers)
   assert p.predicted["iteration_ms"] == p.predicted["data_parallel_iteration_ms"]
   assert p.predicted["idle_fraction"] == pytest.approx(0.0, abs=1e-12)
-  burst = make_plan(graph, profile, PODS, num_devices=16, global_batch=32)
+  burst = make_plan(graph, profile, PODS, num_devices=16, global_batch=32,
+                    amplification_limit=math.inf)
   assert burst.predicted["data_parallel_iteration_ms"] == p.predicted["iteration_ms"]
 
 
 @pytest.mark.parametrize("kw,needle", [
-    (dict(num_devices=0), "cluster.num_devices=0 must be >= 1"),
-    (dict(global_batch=0), "batch_size=0 must be >= 1"),
+    (dict(num_devices=0), "cluster.num_devices=0 must be an integer >= 1"),
+    (dict(global_batch=0), "batch_size=0 must be an integer >= 1"),
     (dict(num_devices=64, global_batch=32), "64 devices (cluster.num_devices) for a global batch "
                                              "of 32 (batch_size)"),
     (dict(amplification_limit=0.5), "planner.amplification_limit=0.5 must be >= 1 (or inf)"),
-    (dict(device_counts="all"), "device_counts 'all' is unknown"),
-    (dict(mode="slowest"), "planner mode 'slowest' is unknown"),
+    (dict(device_counts="all"), "planner.device_counts='all' is unknown"),
+    (dict(mode="slowest"), "planner.mode='slowest' is unknown"),
     (dict(num_devices=256, global_batch=256), "cluster pods has at most 128 devices"),
 ])
 def test_bad_input_is_one_line(resnet, kw, needle):
@@ -153,7 +157,7 @@ def test_missing_profile_and_cycle(resnet):
   layers.pop("fc")
   partial = ProfileTable(profile.model, profile.device, profile.dtype, profile.source, layers)
   with pytest.raises(MissingProfileError, match="no timing for layer.*'fc'"):
-    make_plan(graph, partial, PODS, num_devices=8, global_batch=32)
+    make_plan(graph, partial, PODS, num_devices=8, global_batch=32, amplification_limit=math.inf)
   d = {"model": "c", "nodes": [
       {"name": "a", "kind": "x", "inputs": ["b"], "param_bytes": 0, "out_bytes_per_sample": 1},
       {"name": "b", "kind": "x", "inputs": ["a"], "param_bytes": 0, "out_bytes_per_sample": 1}]}
@@ -180,32 +184,34 @@ def test_layer_that_never_fits_is_named():
                   out_bytes_per_sample=4)
   graph = LayerGraph(model="chain", input_shape=(1,), input_dtype="float32",
                      nodes=graph.nodes + (big,))
-  small = ClusterSpec("small", "x", 1, 8, 1.0, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
+  small = synthetic_cluster("small", "x", 1, 8, 1.0, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
   with pytest.raises(UserError, match="layer 'huge' does not fit in 1 GB per device"):
-    make_plan(graph, flat_profile(graph), small, num_devices=8, global_batch=8)
+    make_plan(graph, flat_profile(graph), small, num_devices=8, global_batch=8,
+              amplification_limit=math.inf)
 
 
 def test_memory_overflow_is_repaired_or_named():
   graph = chain_graph(10, out_bytes=10**7)  # 10 layers x 8 samples x 10 MB = 0.8 GB on one device
   profile = flat_profile(graph)
-  roomy = ClusterSpec("roomy", "x", 1, 8, 10.0, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
-  fast = make_plan(graph, profile, roomy, num_devices=8, global_batch=8)
+  roomy = synthetic_cluster("roomy", "x", 1, 8, 10.0, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
+  fast = make_plan(graph, profile, roomy, num_devices=8, global_batch=8,
+                   amplification_limit=math.inf)
   assert fast.predicted["memory_peak_gb"] == pytest.approx(0.8)
-  tight = ClusterSpec("tight", "x", 1, 8, 0.5, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
-  p = make_plan(graph, profile, tight, num_devices=8, global_batch=8)
+  tight = synthetic_cluster("tight", "x", 1, 8, 0.5, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
+  p = make_plan(graph, profile, tight, num_devices=8, global_batch=8, amplification_limit=math.inf)
   assert p.predicted["memory_peak_gb"] <= 0.5
   assert p.predicted["iteration_ms"] >= fast.predicted["iteration_ms"]
-  tiny = ClusterSpec("tiny", "x", 1, 8, 0.05, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
+  tiny = synthetic_cluster("tiny", "x", 1, 8, 0.05, 100.0, 1.0, 10.0, 1.0, update_memory_GBps=1e3)
   with pytest.raises(UserError, match=r"no plan fits in 0.05 GB per device: device \d+ needs"):
-    make_plan(graph, profile, tiny, num_devices=8, global_batch=8)
+    make_plan(graph, profile, tiny, num_devices=8, global_batch=8, amplification_limit=math.inf)
 
 
 def test_powers_of_two_and_g_not_dividing_b(resnet):
   graph, profile = resnet
-  p = make_plan(graph, profile, PODS, num_devices=12, global_batch=32)
+  p = make_plan(graph, profile, PODS, num_devices=12, global_batch=32, amplification_limit=math.inf)
   assert p.predicted["data_parallel_devices"] == 8
   assert p.predicted["iteration_ms"] <= p.predicted["data_parallel_iteration_ms"] * (1 + 1e-9)
   q = make_plan(graph, profile, PODS, num_devices=24, global_batch=48,
-                device_counts="powers_of_two")
+                device_counts="powers_of_two", amplification_limit=math.inf)
   assert q.extra["candidate_counts"] == [1, 2, 4, 8, 16, 24]
   assert {len(x.devices) for x in q.layers} <= {1, 2, 4, 8, 16, 24}

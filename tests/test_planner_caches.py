@@ -6,9 +6,8 @@ import math
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from dp_jax.hardware.cluster import load_cluster
+from dp_jax.hardware.cluster import named_cluster
 from dp_jax.planner import memory, pricing, sharded, synthetic
 from dp_jax.planner.amplification import allowed_counts, offers
 from dp_jax.planner.costs import build_cost_model
@@ -36,9 +35,10 @@ def splittable(graph):
 
 
 def model_of(graph, profile, g):
-  cluster = load_cluster(yaml.safe_load((ROOT / "conf/cluster/dgx_a100.yaml").read_text()))
+  cluster = named_cluster("dgx_a100")
   return build_cost_model(graph, profile, cluster,
-                          PlanOptions(num_devices=g, global_batch=g, sharding=WEIGHTS))
+                          PlanOptions(num_devices=g, global_batch=g, sharding=WEIGHTS,
+                                      amplification_limit=math.inf))
 
 
 def prices(model, names):

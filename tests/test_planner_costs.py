@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.hardware.cluster import ClusterSpec, allreduce_ms
+from dp_jax.hardware.cluster import allreduce_ms
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import pricing
 from dp_jax.planner.amplification import allowed_counts, amplification
@@ -22,9 +22,10 @@ from dp_jax.planner.costs import (
   stage_sync_ms,
 )
 from dp_jax.planner.options import PlanOptions, candidate_counts, data_parallel_count
+from dp_jax.planner.synthetic import cluster as synthetic_cluster
 from dp_jax.planner.synthetic import linear_profile, resnet_like
 
-CLUSTER = ClusterSpec("t", "synthetic", 16, 4, 80.0, 100.0, 2.0, 10.0, 5.0,
+CLUSTER = synthetic_cluster("t", "synthetic", 16, 4, 80.0, 100.0, 2.0, 10.0, 5.0,
                       update_memory_GBps=1e3)
 
 
@@ -110,11 +111,13 @@ def test_moves_are_sized_in_the_profile_dtype(dtype, size):
 
 
 def test_candidate_counts():
-  opts = PlanOptions(num_devices=960, global_batch=960)
+  opts = PlanOptions(num_devices=960, global_batch=960, amplification_limit=math.inf)
   assert len(candidate_counts(opts)) == 28
-  opts = PlanOptions(num_devices=12, global_batch=24, device_counts="powers_of_two")
+  opts = PlanOptions(num_devices=12, global_batch=24, device_counts="powers_of_two",
+                     amplification_limit=math.inf)
   assert list(candidate_counts(opts)) == [1, 2, 4, 8, 12]
-  assert data_parallel_count(PlanOptions(num_devices=10, global_batch=24)) == 8
+  assert data_parallel_count(PlanOptions(num_devices=10, global_batch=24,
+                                         amplification_limit=math.inf)) == 8
 
 
 def model_for(**kw):
@@ -159,7 +162,7 @@ def test_batch_norm_statistics_are_priced_as_the_runtime_runs_them(mode):
   graph = LayerGraph(model="m", input_shape=(4, 4, 3), input_dtype="float32", nodes=(conv, relu))
   profile = ProfileTable(model="m", device="d", dtype="float32", source="analytic",
                          layers={n: {b: (0.1, 0.2) for b in (1, 2, 4, 8)} for n in "cr"})
-  opts = PlanOptions(num_devices=8, global_batch=8, batch_norm=mode)
+  opts = PlanOptions(num_devices=8, global_batch=8, batch_norm=mode, amplification_limit=math.inf)
   model = build_cost_model(graph, profile, CLUSTER, opts)
   one = float(allreduce_ms(CLUSTER, 2 * 16 * 4, 0, 8))  # sum and sum of squares, fp32
   total, bwd = pricing.layer_ms(model, "c", (0, 8))
@@ -181,7 +184,8 @@ def test_stage_terms_are_charged_once_per_stage_in_its_backward():
 
   graph = resnet_like(blocks=(1,))
   profile = linear_profile(graph, [1, 2, 4, 8, 16], np.random.default_rng(1))
-  base = build_cost_model(graph, profile, CLUSTER, PlanOptions(num_devices=4, global_batch=16))
+  base = build_cost_model(graph, profile, CLUSTER, PlanOptions(num_devices=4, global_batch=16,
+                                                               amplification_limit=math.inf))
   rows, cols = len(base.names), len(base.counts)
   rng = np.random.default_rng(0)
   stage, enter, leave = rng.uniform(1, 2, cols), rng.uniform(1, 2, (rows, cols)), \
@@ -220,7 +224,8 @@ def test_a_cost_model_is_data_and_its_prices_are_memoised_off_it():
   graph = resnet_like(blocks=(1,))
   profile = linear_profile(graph, [1, 2, 4, 8, 16], np.random.default_rng(2))
   model = build_cost_model(graph, profile, CLUSTER,
-                           PlanOptions(num_devices=4, global_batch=16, batch_norm="local"))
+                           PlanOptions(num_devices=4, global_batch=16, batch_norm="local",
+                                       amplification_limit=math.inf))
   run = tuple(model.names[:3])
   compute, _ = pricing.stage_cost(model, run, (0, 4))
   assert compute > 0 and ("stage", run, (0, 4), (None,) * 3) in pricing.memo(model)

@@ -21,7 +21,6 @@ from forkjoin_brute import (
 )
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.planner import make_plan
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
@@ -29,6 +28,7 @@ from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.search import build_tables, lanes, lower_bound, search
 from dp_jax.planner.search.chains import _lane
 from dp_jax.planner.search.lanes import _lane_plan
+from dp_jax.planner.synthetic import cluster as synthetic_cluster
 from dp_jax.planner.synthetic import linear_profile
 from dp_jax.simulator.engine import simulate
 from dp_jax.simulator.metrics import metrics
@@ -81,7 +81,8 @@ def test_simulator_runs_the_wider_layouts_as_priced():
   for seed in small_seeds(24, 6):
     m = random_model(seed)
     plan = make_plan(m.graph, m.profile, m.cluster, num_devices=4, global_batch=4,
-                     overlap_allreduce=m.options.overlap_allreduce, check_memory=False)
+                     overlap_allreduce=m.options.overlap_allreduce, check_memory=False,
+                     amplification_limit=math.inf)
     sim = metrics(simulate(m.graph, m.profile, m.cluster, plan, switch_ms=0.01))
     assert sim["alone_iteration_ms"] == pytest.approx(plan.predicted["iteration_ms"], rel=1e-3)
     assert sim["gpu_ms"] == pytest.approx(plan.predicted["gpu_ms"], rel=1e-3)
@@ -144,11 +145,12 @@ def issue_model(seed: int = 0):
            LayerNode("add", "add", ("a2", "b", "stem"), 0, 0, out_bytes_per_sample=out))
   nodes += (layer("head", ("add",)),)
   graph = LayerGraph("issue", (1,), "float32", nodes)
-  cluster = ClusterSpec("t", "synthetic", 4, 2, 1e6, float(rng.uniform(1, 50)),
+  cluster = synthetic_cluster("t", "synthetic", 4, 2, 4096.0, float(rng.uniform(1, 50)),
                         float(rng.uniform(0, 30)), float(rng.uniform(0.1, 5)),
                         float(rng.uniform(0, 100)), update_memory_GBps=1e3)
   profile = linear_profile(graph, [1, 2, 4], rng)
-  opts = PlanOptions(num_devices=4, global_batch=4, overlap_allreduce=bool(rng.random() < 0.5))
+  opts = PlanOptions(num_devices=4, global_batch=4, overlap_allreduce=bool(rng.random() < 0.5),
+                     amplification_limit=math.inf)
   return build_cost_model(graph, profile, cluster, opts)
 
 

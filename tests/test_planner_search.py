@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.search import build_tables, search
 from dp_jax.planner.structure import flat_layers, plan_order
+from dp_jax.planner.synthetic import cluster as synthetic_cluster
 from dp_jax.planner.synthetic import linear_profile, random_series_parallel
 
 SHAPES = [(4, 12), (6, 6), (8, 8), (4, 8)]  # (G, B): candidate counts 1,2,3,4 / 1,2,3,6 / ...
@@ -88,12 +88,13 @@ def random_case(seed, overlap):
   rng = np.random.default_rng(seed)
   graph = random_series_parallel(rng, max_layers=7)
   g, b = SHAPES[seed % len(SHAPES)]
-  cluster = ClusterSpec("t", "synthetic", 64, int(rng.choice([1, 2, 4, 8])), 1e6,
+  cluster = synthetic_cluster("t", "synthetic", 64, int(rng.choice([1, 2, 4, 8])), 4096.0,
                         float(rng.uniform(1, 50)), float(rng.uniform(0, 30)),
                         float(rng.uniform(0.1, 5)), float(rng.uniform(0, 100)),
                         update_memory_GBps=1e3)
   profile = linear_profile(graph, [1, 2, 3, 4, 6, 8, 12], rng)
-  opts = PlanOptions(num_devices=g, global_batch=b, overlap_allreduce=overlap)
+  opts = PlanOptions(num_devices=g, global_batch=b, overlap_allreduce=overlap,
+                     amplification_limit=math.inf)
   model = build_cost_model(graph, profile, cluster, opts)
   mask = rng.random(model.compute_ms.shape) < 0.75
   mask[np.arange(len(mask)), rng.integers(0, mask.shape[1], len(mask))] = True
@@ -157,10 +158,11 @@ def test_dp_equals_brute_force_on_hand_made_blocks(name, overlap):
   top = graph.decompose()
   for seed in range(4):
     rng = np.random.default_rng(seed)
-    cluster = ClusterSpec("t", "synthetic", 4, 2, 1e6, 20.0, 5.0, 2.0, 30.0,
+    cluster = synthetic_cluster("t", "synthetic", 4, 2, 4096.0, 20.0, 5.0, 2.0, 30.0,
                           update_memory_GBps=1e3)
     model = build_cost_model(graph, linear_profile(graph, [1, 2, 4, 8], rng), cluster,
-                             PlanOptions(num_devices=8, global_batch=8, overlap_allreduce=overlap))
+                             PlanOptions(num_devices=8, global_batch=8, overlap_allreduce=overlap,
+                                         amplification_limit=math.inf))
     mask = np.ones(model.compute_ms.shape, dtype=bool)
     allowed = {n: [int(c) for c in model.counts] for n in model.names}
     while space_size(top, allowed, 8) > 4000:

@@ -27,13 +27,13 @@ from sharding_brute import (
 )
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.hardware.cluster import ClusterSpec
 from dp_jax.layer_times.analytic import analytic_profile
 from dp_jax.planner import make_plan, pricing, sharded, stage_choice
 from dp_jax.planner.costs import build_cost_model, stage_sync_ms
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.search import build_tables, search
+from dp_jax.planner.synthetic import cluster as synthetic_cluster
 from dp_jax.simulator.engine import simulate
 from dp_jax.simulator.metrics import metrics
 
@@ -72,7 +72,7 @@ def test_simulator_runs_weight_sharded_lanes_as_priced():
   model = random_model(LANE_SEED, layers=1, overlap=False, forkjoin=True)
   plan = make_plan(model.graph, model.profile, model.cluster, num_devices=4,
                    global_batch=model.batch, overlap_allreduce=False, check_memory=False,
-                   sharding=WEIGHTS)
+                   sharding=WEIGHTS, amplification_limit=math.inf)
   assert concurrent_shardings(model, plan.assignment(), sharded.plan_shardings(plan))
   sim = metrics(simulate(model.graph, model.profile, model.cluster, plan, switch_ms=0.01))
   assert sim["alone_iteration_ms"] == pytest.approx(plan.predicted["iteration_ms"], rel=1e-6)
@@ -132,9 +132,9 @@ def test_a_stage_that_syncs_nothing_saves_the_latency():
                   bytes_accessed_per_sample=8.0 * w)
   graph = LayerGraph("latency", (w,), "float32", (fc, mix))
   profile = analytic_profile(graph, "A100-SXM4-40GB", "bfloat16", [1, 2, 4, 8])
-  cluster = ClusterSpec("t", "A100-SXM4-40GB", 1, 4, 1e6, 300.0, 1000.0, 25.0, 10.0)
+  cluster = synthetic_cluster("t", "A100-SXM4-40GB", 1, 4, 4096.0, 300.0, 1000.0, 25.0, 10.0)
   opts = PlanOptions(num_devices=4, global_batch=8, overlap_allreduce=False, check_memory=False,
-                     sharding=WEIGHTS)
+                     sharding=WEIGHTS, amplification_limit=math.inf)
   model = build_cost_model(graph, profile, cluster, opts)
   ms, assignment, shardings = planner(model)
   best, _, _ = brute_force(model)

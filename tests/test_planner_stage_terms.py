@@ -1,29 +1,31 @@
 """Stage terms and the optimizer update, priced by the cost model (planner/stage_terms.py)."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode, flat_layers
-from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.stage_terms import boundary_at, update_bytes_per_param
+from dp_jax.planner.synthetic import cluster as synthetic_cluster
 from dp_jax.planner.synthetic import linear_profile
 
 BW = 100.0  # GB/s of the update
 
 
-def cluster(**kw) -> ClusterSpec:
+def cluster(**kw) -> ClusterConfig:
   base = dict(name="t", device="synthetic", num_nodes=1, devices_per_node=4,
               memory_gb_per_device=80.0, intra_node_bandwidth_GBps=100.0,
               intra_node_latency_us=2.0, inter_node_bandwidth_GBps=10.0,
               inter_node_latency_us=5.0, update_memory_GBps=BW)
-  return ClusterSpec(**{**base, **kw})
+  return synthetic_cluster(**{**base, **kw})
 
 
 def mlp(widths) -> LayerGraph:
@@ -56,14 +58,14 @@ def test_boundary_table_interpolates_in_k_and_scales_to_the_nearest_batch():
     ("sgd", "fp32", 12), ("momentum", "fp32", 20), ("adam", "fp32", 28), ("adamw", "bf16", 26)])
 def test_update_bytes_per_parameter(optimizer, precision, bytes_):
   opts = PlanOptions(num_devices=1, global_batch=1, optimizer=optimizer,
-                     gradient_precision=precision)
+                     gradient_precision=precision, amplification_limit=math.inf)
   assert update_bytes_per_param(opts) == bytes_
 
 
 def test_update_is_in_compute_not_backward_and_reported_per_stage():
   graph = mlp(widths=(64, 128, 10))
   profile = linear_profile(graph, [1, 2, 4, 8], np.random.default_rng(0))
-  opts = PlanOptions(num_devices=4, global_batch=8, optimizer="adam")
+  opts = PlanOptions(num_devices=4, global_batch=8, optimizer="adam", amplification_limit=math.inf)
   model = build_cost_model(graph, profile, cluster(), opts)
   params = np.array([n.params for n in graph.nodes], dtype=float)
   expected = params * 28 / (BW * 1e6)
@@ -83,7 +85,7 @@ def test_unknown_device_without_update_bandwidth_is_one_line_error():
   profile = linear_profile(graph, [1, 2], np.random.default_rng(0))
   with pytest.raises(UserError, match="update_memory_GBps"):
     build_cost_model(graph, profile, cluster(update_memory_GBps=0.0),
-                     PlanOptions(num_devices=2, global_batch=2))
+                     PlanOptions(num_devices=2, global_batch=2, amplification_limit=math.inf))
 
 
 def old_overhead_ms(stage_layers, order, counts_of, table, batch, dispatch_us, stage_us):
@@ -112,7 +114,8 @@ def test_stage_terms_reproduce_the_old_local_overhead_exactly():
   profile = with_meta(profile, boundary_ms=table, includes_update=True)
   dispatch, stage = 130.0, 900.0
   cl = cluster(program_launch_us=dispatch, stage_boundary_us=stage - dispatch)
-  model = build_cost_model(graph, profile, cl, PlanOptions(num_devices=4, global_batch=8))
+  model = build_cost_model(graph, profile, cl, PlanOptions(num_devices=4, global_batch=8,
+                                                           amplification_limit=math.inf))
   names = list(model.names)
   layouts = [{n: (0, 4) for n in names},
              {n: ((0, 4) if i < 2 else (0, 2)) for i, n in enumerate(names)},
@@ -134,7 +137,8 @@ def test_a_boundary_measured_below_zero_is_priced_at_zero():
   profile = linear_profile(graph, [1, 2, 4, 8, 16], np.random.default_rng(1))
   profile = dataclasses.replace(profile, meta={"boundary_ms": {"4": {"1": -5.0, "3": -3.0}}})
   stage, enter, leave = stage_terms(graph, profile, cluster(stage_boundary_us=20.0),
-                                    PlanOptions(num_devices=4, global_batch=16),
+                                    PlanOptions(num_devices=4, global_batch=16,
+                                                amplification_limit=math.inf),
                                     np.array([1, 2, 4]))
   assert (enter >= 0).all() and (leave >= 0).all()
   assert enter[1:].max() == pytest.approx(0.01) and leave[:-1].max() == pytest.approx(0.01)

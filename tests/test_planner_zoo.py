@@ -6,10 +6,10 @@ import math
 from pathlib import Path
 
 import pytest
-import yaml
 from omegaconf import OmegaConf
 
-from dp_jax.hardware.cluster import load_cluster
+from dp_jax.base.checks import build
+from dp_jax.hardware.cluster import named_cluster
 from dp_jax.layer_times.analytic import analytic_profile
 from dp_jax.layer_times.deeppool_import import import_deeppool_a100
 from dp_jax.layer_times.sources import profile_batches
@@ -28,13 +28,13 @@ SETTINGS = [(g, a) for g in (8, 32) for a in (2.0, math.inf)]
 
 @functools.cache
 def cluster(name):
-  return load_cluster(yaml.safe_load((CONF / f"{name}.yaml").read_text()))
+  return named_cluster(name)
 
 
 @functools.cache
 def graph(name, image_size=None):
   cfg = {"name": name} if image_size is None else {"name": name, "image_size": image_size}
-  return zoo.ModelSpec.from_config(OmegaConf.create(cfg)).graph()
+  return build(zoo.ModelConfig, OmegaConf.create(cfg)).graph()
 
 
 @functools.cache

@@ -6,14 +6,13 @@ import math
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
-from hydra.core.global_hydra import GlobalHydra
 
+from dp_jax.base.checks import build
 from dp_jax.base.errors import UserError
 from dp_jax.base.yamlfile import CONF_DIR
-from dp_jax.cli.schema import check_known_keys, check_required
-from dp_jax.hardware.cluster import cluster_file, job_from_config
+from dp_jax.cli.hydra_app import app_config, compose_config
+from dp_jax.cli.schema import check_known_keys
+from dp_jax.hardware.cluster import ClusterConfig, cluster_file
 
 APPS = {"inspect": "dp_jax.inspect", "profile": "dp_jax.profile",
         "plan": "dp_jax.plan", "simulate": "dp_jax.simulate",
@@ -21,26 +20,24 @@ APPS = {"inspect": "dp_jax.inspect", "profile": "dp_jax.profile",
         "pipeline": "dp_jax.pipeline", "validate": "dp_jax.validate"}
 
 
-def schema_of(app: str) -> type:
-  return importlib.import_module(APPS[app]).main.schema
+def main_of(app: str):
+  return importlib.import_module(APPS[app]).main
 
 
 def composed(app: str, *overrides: str):
   """The app's config as Hydra composes it for `python -m dp_jax.<app> overrides...`."""
-  ConfigStore.instance().store(name=f"{app}_schema", node=schema_of(app))
-  GlobalHydra.instance().clear()
-  with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-    return compose(config_name=app, overrides=list(overrides))
+  main = main_of(app)
+  return compose_config(main.config_name, main.schema, list(overrides))
 
 
-def checked(app: str, *overrides: str, decode: bool = True) -> None:
+def checked(app: str, *overrides: str, typed: bool = True) -> None:
   """What an app checks before any work: every key known and required value set (its Hydra
-  edge, config/hydra_app.py), every value in range (its decode into typed options)."""
+  edge, cli/hydra_app.py), every value in range (its typed config)."""
+  if typed:
+    app_config(main_of(app), list(overrides))
+    return
   cfg = composed(app, *overrides)
-  check_known_keys(cfg, schema_of(app))
-  check_required(cfg)
-  if decode:
-    importlib.import_module(APPS[app]).decode(cfg)
+  check_known_keys(cfg, main_of(app).schema)
 
 
 @pytest.mark.parametrize("app", sorted(APPS))
@@ -91,7 +88,7 @@ def _overlays() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("app, overlay", _overlays())
 def test_every_study_overlay_composes_with_known_keys(app, overlay):
-  checked(app, overlay, decode=False)  # a part of a sweep's cell: its keys, not its values
+  checked(app, overlay, typed=False)  # a part of a sweep's cell: its keys, not its values
 
 
 def test_a_cluster_file_without_memory_or_efficiency_is_refused(tmp_path):
@@ -103,7 +100,7 @@ def test_a_cluster_file_without_memory_or_efficiency_is_refused(tmp_path):
     (folder / "mine.yaml").write_text("\n".join(kept).replace("a100_nvlink_8", "mine") + "\n")
     with pytest.raises(UserError) as e:
       checked("plan", "cluster=mine", f"hydra.searchpath=[file://{tmp_path}]")
-    assert f"cluster mine: {drop} is required" in str(e.value)
+    assert f"cluster.{drop} is required for cluster mine" in str(e.value)
 
 
 @pytest.mark.parametrize("key, value, unit", [
@@ -115,18 +112,18 @@ def test_a_cluster_file_without_memory_or_efficiency_is_refused(tmp_path):
 def test_physically_implausible_cluster_numbers_are_refused_with_a_unit_hint(key, value, unit):
   cfg = composed("plan", f"cluster.{key}={value}")
   with pytest.raises(UserError) as e:
-    job_from_config(cfg.cluster)
+    build(ClusterConfig, cfg.cluster)
   assert key in str(e.value) and unit in str(e.value)
 
 
 def test_an_nvlink_class_link_between_nodes_is_a_valid_what_if():
   cfg = composed("simulate", "cluster=dgx_a100", "cluster.inter_node_bandwidth_GBps=300")
-  assert job_from_config(cfg.cluster)[0].inter_node_bandwidth_GBps == 300
+  assert build(ClusterConfig, cfg.cluster).inter_node_bandwidth_GBps == 300
 
 
 def test_every_shipped_cluster_is_plausible():
   for path in Path(CONF_DIR, "cluster").glob("*.yaml"):
-    job_from_config(cluster_file(path.stem))
+    build(ClusterConfig, cluster_file(path.stem))
 
 
 @pytest.mark.parametrize("override, fragment", [

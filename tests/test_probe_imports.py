@@ -20,7 +20,7 @@ def imports_of(module: str) -> set[str]:
 
 
 def test_the_hydra_edge_forms_no_circle():
-  for module in ("dp_jax.base.rules", "dp_jax.cli.config_files", "dp_jax.cli.schema",
+  for module in ("dp_jax.base.checks", "dp_jax.cli.config_files", "dp_jax.cli.schema",
                  "dp_jax.tracking.run_folder"):
     assert "dp_jax.cli.hydra_app" not in imports_of(module), module
   for module in imports_of("dp_jax.cli.hydra_app"):

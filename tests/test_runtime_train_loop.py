@@ -83,7 +83,7 @@ def test_train_takes_a_checked_plan_only(full, tmp_path):
   model = build_model("gpt2_small", **TINY_GPT2)
   graph = structure_graph(model, "gpt2_small")
   raw = data_parallel_layout_plan(graph, global_batch=8, num_devices=8)
-  with pytest.raises(TypeError, match="takes a Plan checked by planner.plan.check_plan"):
+  with pytest.raises(TypeError, match="takes a Plan checked by planner.contract.check_plan"):
     train(model, graph, raw, steps=4, optimizer=optax.adam(1e-2),
           data=datalib.synthetic(model), checkpoint_dir=tmp_path / "ckpt")
   raw["layers"][1]["name"] = "h.9"

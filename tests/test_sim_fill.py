@@ -100,7 +100,8 @@ def test_online_correction_keeps_the_cap_when_pieces_run_twice_as_long_as_profil
 
 def test_devices_without_foreground_work_run_background_at_full_speed():
   gr, prof, g, b = graph("resnet"), profile("resnet", 32), 4, 32
-  model = build_cost_model(gr, prof, cluster(), PlanOptions(num_devices=g, global_batch=b))
+  model = build_cost_model(gr, prof, cluster(), PlanOptions(num_devices=g, global_batch=b,
+                                                            amplification_limit=math.inf))
   one = {n: (0, 1) for n in gr.names}
   p = build_plan(model, one, evaluate(model, one), data_parallel(model), seconds=0.0)
   job = _job("resnet")

@@ -1,5 +1,7 @@
 """Background jobs: pieces of a step, their total, memory from the planner's model."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -30,7 +32,8 @@ def test_groups_cover_every_layer_in_order_and_respect_the_size(times, piece_ms)
 def test_a_step_is_the_profiled_forward_and_backward_in_runtime_order():
   g, prof = graph("resnet"), profile("resnet", 32)
   job = background_job(g, prof, cluster(), 8, piece_ms=0.5)
-  model = build_cost_model(g, prof, cluster(), PlanOptions(num_devices=1, global_batch=8))
+  model = build_cost_model(g, prof, cluster(), PlanOptions(num_devices=1, global_batch=8,
+                                                           amplification_limit=math.inf))
   update = float(model.update_ms.sum())  # the job updates its whole model on its device
   assert update > 0
   assert job.step_ms == pytest.approx(prof.iteration_ms(8, list(g.names)) + update)
@@ -43,7 +46,8 @@ def test_a_step_is_the_profiled_forward_and_backward_in_runtime_order():
 def test_memory_is_the_planner_model_on_one_device():
   g, prof = graph("resnet"), profile("resnet", 32)
   job = background_job(g, prof, cluster(), 8)
-  model = build_cost_model(g, prof, cluster(), PlanOptions(num_devices=1, global_batch=8))
+  model = build_cost_model(g, prof, cluster(), PlanOptions(num_devices=1, global_batch=8,
+                                                           amplification_limit=math.inf))
   one = {n: (0, 1) for n in g.names}
   assert job.memory_bytes == pytest.approx(memory.device_bytes(model, one)[0])
   assert job.memory_bytes > g.total_param_bytes * 3  # params + grads + momentum

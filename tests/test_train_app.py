@@ -121,7 +121,7 @@ def sixteen_device_plan(folder) -> list[str]:
     (sixteen_device_plan, ["plan needs 16 devices but only 8 are available"]),
     (lambda _: ["plan=data_parallel", "batch_size=12"],
      ["layer 'embed' splits global batch 12 over 8 devices"]),
-    (lambda _: ["plan=nowhere.json"], ["plan 'nowhere.json' is neither burst nor data_parallel"]),
+    (lambda _: ["plan=nowhere.json"], ["plan='nowhere.json' is neither burst nor data_parallel"]),
     (lambda _: ["plan=data_parallel", "batch_size=0"], ["batch_size=0 must be >= 1"]),
     (lambda _: ["plan=data_parallel", "batch_size=8", "optimizer.lr=nan"],
      ["optimizer.lr=nan must be a finite number"]),

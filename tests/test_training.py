@@ -7,14 +7,15 @@ import jax
 import pytest
 
 from dp_jax.base.errors import UserError
-from dp_jax.models.zoo import ModelSpec
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.models.zoo import ModelConfig
+from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.orchestrator import jobs as training
 from dp_jax.orchestrator.runners import DeviceRunner
 from dp_jax.planner.contract import check_plan, layout_plan
+from dp_jax.runtime.options import OptimizerConfig
 from dp_jax.runtime.stages import structure_graph
 
-TINY = ModelSpec.named("gpt2_small", n_layer=1, d_model=16, n_head=2, seq_len=8, vocab_size=32)
+TINY = ModelConfig.named("gpt2_small", n_layer=1, d_model=16, n_head=2, seq_len=8, vocab_size=32)
 
 
 def test_a_cap_on_more_devices_than_cores_is_refused_naming_the_way_to_run_it_anyway():
@@ -28,18 +29,9 @@ def test_a_cap_on_more_devices_than_cores_is_refused_naming_the_way_to_run_it_an
 
 
 def test_on_failure_takes_fail_or_continue_only():
-  assert BackgroundSpec("same_family", on_failure="continue").on_failure == "continue"
-  with pytest.raises(UserError, match="background.on_failure=maybe must be one of fail, continue"):
-    BackgroundSpec("same_family", on_failure="maybe")
-
-
-def test_optimizer_and_run_options_are_checked_when_typed():
-  with pytest.raises(UserError, match="optimizer.lr=nan must be a finite number"):
-    training.OptimizerSpec(lr=math.nan)
-  with pytest.raises(UserError, match="optimizer.name 'lamb' is unknown"):
-    training.OptimizerSpec(name="lamb")
-  with pytest.raises(UserError, match="data.source 'csv' is unknown"):
-    training.DataSpec(source="csv")
+  assert BackgroundConfig("same_family", on_failure="continue").on_failure == "continue"
+  with pytest.raises(UserError, match="background.on_failure='maybe' is unknown .valid: fail, co"):
+    BackgroundConfig("same_family", on_failure="maybe")
 
 
 def test_a_multi_process_summary_keeps_process_0s_foreground_and_sums_the_background():
@@ -63,11 +55,11 @@ def spec(tmp_path, steps=6, **background):
   graph = structure_graph(TINY.build(), "gpt2_small")
   plan = layout_plan(graph, lambda n: [0, 1] if n in ("embed", "h.0") else [0], global_batch=4,
                      num_devices=2)
-  job = BackgroundSpec(**{"name": "same_family", "batch_per_device": 2,
+  job = BackgroundConfig(**{"name": "same_family", "batch_per_device": 2,
                           "slowdown_cap": math.inf, **background})
   return training.TrainSpec(model=TINY, plan=check_plan(plan, graph, available_devices=2),
                             steps=steps, output_dir=str(tmp_path), background=job,
-                            optimizer=training.OptimizerSpec("adam", lr=0.02),
+                            optimizer=OptimizerConfig("adam", lr=0.02),
                             alone_steps=4, progress=False)
 
 

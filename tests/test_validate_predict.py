@@ -1,16 +1,17 @@
 """validate and the main job predict with the planner's own evaluation
-(dp_jax.validation.local.predicted_step): a plan's predicted time is validate's."""
+(dp_jax.measurement.local.predicted_step): a plan's predicted time is validate's."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
-from dp_jax.config.files import cluster_file
-from dp_jax.profiling.local_links import LocalCalibration
-from dp_jax.validation.local import predicted_step
 from test_planner_stage_terms import mlp
 
-from dp_jax.hardware.cluster import job_from_config
+from dp_jax.base.checks import build
+from dp_jax.hardware.cluster import ClusterConfig, cluster_file
+from dp_jax.measurement.local import predicted_step
+from dp_jax.measurement.local_links import LocalCalibration
 from dp_jax.planner import PlanOptions, plan_with
 from dp_jax.planner.synthetic import linear_profile
 
@@ -37,10 +38,11 @@ def test_plan_prediction_is_validates_prediction(includes):
   profile = in_context_like(graph, b, (1, 2))
   if not includes:  # the loaded profile: update and all-reduce priced from the calibration
     profile = dataclasses.replace(profile, meta={"boundary_ms": profile.meta["boundary_ms"]})
-  base, _ = job_from_config(cluster_file("local_cpu"))
+  base = build(ClusterConfig, cluster_file("local_cpu"))
   cluster = calibration(g).cluster(base)
-  opts = PlanOptions(num_devices=g, global_batch=b, overlap_allreduce=False)
-  plans = [plan_with(graph, profile, cluster, dataclasses.replace(opts, strategy="data_parallel")),
+  opts = PlanOptions(num_devices=g, global_batch=b, overlap_allreduce=False,
+                     amplification_limit=math.inf)
+  plans = [plan_with(graph, profile, cluster, dataclasses.replace(opts, name="data_parallel")),
            plan_with(graph, profile, cluster, opts)]
   staged = {n: ((0, 2) if i < 3 else (0, 1)) for i, n in enumerate(graph.names)}
   for plan in plans:

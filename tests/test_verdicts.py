@@ -9,7 +9,7 @@ from apps import run_app
 from test_idle_device_limit import CLUSTER, chain
 
 from dp_jax.main_job.summary import MainJobFacts, story
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.planner import PlanOptions, plan_with
 from dp_jax.planner.baseline import cheapest_within, data_parallel_evaluations
 from dp_jax.planner.costs import build_cost_model
@@ -95,7 +95,7 @@ def row(**changed):
 
 
 def test_the_main_jobs_a100_lines_state_the_foreground_deficit_beside_the_throughput_gain():
-  facts = MainJobFacts("vgg16", 32, 1.5, BackgroundSpec("same_family", None, 8, 0.1))
+  facts = MainJobFacts("vgg16", 32, 1.5, BackgroundConfig("same_family", None, 8, 0.1))
   (line,) = story(facts, [row()], {})
   assert "A=2" in line and "bf16 gradients" in line and "calibrated" in line
   sentence = line[line.index("with a background job"):]

@@ -3,6 +3,7 @@ it)."""
 
 from omegaconf import OmegaConf
 
+from dp_jax.base.checks import build
 from dp_jax.models import zoo
 
 
@@ -12,8 +13,8 @@ def tiny(**more):
 
 
 def test_graph_of_is_cached_by_the_config_values():
-  first = zoo.ModelSpec.from_config(tiny()).graph()
-  assert zoo.ModelSpec.from_config(tiny()).graph() is first  # an equal config hits the cache
-  other = zoo.ModelSpec.from_config(tiny(seq_len=16)).graph()
+  first = build(zoo.ModelConfig, tiny()).graph()
+  assert build(zoo.ModelConfig, tiny()).graph() is first  # an equal config hits the cache
+  other = build(zoo.ModelConfig, tiny(seq_len=16)).graph()
   assert other is not first and other.node(other.source).out_shape != first.node(
       first.source).out_shape

@@ -30,7 +30,7 @@ from dp_jax.base.jsonfile import write_json
 from dp_jax.base.yamlfile import CONF_DIR
 from dp_jax.cli.config_files import FILE_GROUPS as YAML_FILE_GROUPS
 from dp_jax.cli.config_files import expand_yaml_overrides
-from dp_jax.cli.schema import check_known_keys, check_required
+from dp_jax.cli.schema import check_known_keys, structured, typed
 from dp_jax.runtime import distributed
 from dp_jax.tracking import run as tracking
 from dp_jax.tracking import run_folder
@@ -38,8 +38,8 @@ from dp_jax.tracking.sweep_summary import SweepSummary
 
 log = logging.getLogger("dp_jax")
 
-# task(cfg, run) -> summary; cfg is the composed config, checked key by key against the app's
-# schema dataclass (a typed DictConfig: attribute access as on the dataclass, types enforced)
+# task(cfg, run) -> summary; cfg is the app's typed config (its frozen schema dataclass, every
+# group its own frozen dataclass, every option checked where it is declared)
 type TaskFn[Schema] = Callable[[Schema, Any], dict[str, Any] | None]
 # a failed write (full disk, read-only folder, quota, I/O error): one line naming the path
 WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EACCES,
@@ -129,7 +129,7 @@ def hydra_app[Schema](config_name: str,
   def decorate(task: TaskFn[Schema]) -> Callable[[], None]:
     @functools.wraps(task)
     def main() -> None:
-      ConfigStore.instance().store(name=f"{config_name}_schema", node=schema)
+      ConfigStore.instance().store(name=f"{config_name}_schema", node=structured(schema))
       # Hydra re-raises instead of printing its own multi-line report; we print one line.
       os.environ["HYDRA_FULL_ERROR"] = "1"
       job = functools.partial(_run_job, task, config_name, schema)
@@ -168,6 +168,26 @@ def hydra_app[Schema](config_name: str,
     return main
 
   return decorate
+
+
+def compose_config(config_name: str, schema: type, overrides: list[str]) -> Any:
+  """The config `python -m dp_jax.<config_name> overrides...` composes (no run): for tests,
+  studies and numbers computed from an app's config."""
+  ConfigStore.instance().store(name=f"{config_name}_schema", node=structured(schema))
+  GlobalHydra.instance().clear()
+  try:
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+      return compose(config_name=config_name, overrides=expand_file_overrides(list(overrides)))
+  finally:
+    GlobalHydra.instance().clear()
+
+
+def app_config(main: Callable[[], None], overrides: list[str]) -> Any:
+  """The typed config an app's `main` runs with for `overrides` (every key known, required
+  values set, every option checked), without running it."""
+  cfg = compose_config(main.config_name, main.schema, overrides)  # type: ignore[attr-defined]
+  check_known_keys(cfg, main.schema)  # type: ignore[attr-defined]
+  return typed(cfg, main.schema)  # type: ignore[attr-defined]
 
 
 def _null_parent_message(config_name: str, argv: list[str]) -> str | None:
@@ -258,9 +278,8 @@ def _run_locked(task: TaskFn[Any], app: str, schema: type, cfg: Any, hc: Any, ou
   if writer and not _EXISTING.covers(output_dir):  # a new folder: its status reserved
     _write_status(output_dir, {"status": "running", "overrides": list(hc.overrides.task)})
   try:
-    check_known_keys(cfg, schema)  # every key known, required values set; each value's range is
-    check_required(cfg)  # checked by the typed option the task decodes it into, first thing
-    summary = task(cfg, run) or {}
+    check_known_keys(cfg, schema)  # every key known, then every value (required ones set)
+    summary = task(typed(cfg, schema), run) or {}
   except Exception as e:  # noqa: BLE001
     message = one_line(e)
     if writer and (run.begun or not _EXISTING.covers(output_dir)):

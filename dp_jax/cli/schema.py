@@ -1,4 +1,5 @@
-"""Structured configs (typed schemas) of the config groups every app shares."""
+"""The composed config at an app's edge: the app's frozen config dataclass as Hydra's schema,
+every key known and every required value set, then the typed object the app receives."""
 
 from __future__ import annotations
 
@@ -6,171 +7,43 @@ import dataclasses
 import difflib
 import types
 import typing
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from dp_jax.base.checks import build
 from dp_jax.base.errors import UserError
 
 
-class WandbMode(str, Enum):
-  online = "online"
-  offline = "offline"
-  disabled = "disabled"
+def structured(schema: type) -> DictConfig:
+  """The Hydra schema node of an app's frozen config dataclass: its fields typed and defaulted
+  as the dataclass says, but writable, so that config files and overrides merge into it (a
+  frozen dataclass makes a read-only node); the typed object is made from the composed config
+  afterwards (`typed`), where every option is checked."""
+  node = OmegaConf.structured(schema)
+  _writable(node)
+  return node
 
 
-def _model_name(target: str) -> str:
-  """The default model name: the last component of its _target_ ('pkg.vit.ViT' -> 'ViT')."""
-  return str(target).rsplit(".", 1)[-1]
+def _writable(node: Any) -> None:
+  OmegaConf.set_readonly(node, None)
+  if isinstance(node, DictConfig):
+    children = [node._get_node(k) for k in node.keys()]
+  elif isinstance(node, ListConfig):
+    children = [node._get_node(i) for i in range(len(node))]
+  else:
+    return
+  for child in children:
+    if isinstance(child, (DictConfig, ListConfig)):
+      _writable(child)
+    elif child is not None:
+      child._set_flag("readonly", None)
 
 
-OmegaConf.register_new_resolver("dp_jax.model_name", _model_name, replace=True)
-
-
-@dataclass
-class ModelConfig:
-  """A model: an importable GraphModel subclass or factory (`_target_`) and its arguments.
-
-  The typed size options (None: the target's own default) and `kwargs` are passed to the
-  target as keyword arguments, with dtype and rngs (docs/extending.md). `name` labels the
-  model in graphs, plans and runs (default: the last component of `_target_`).
-  """
-
-  _target_: str = MISSING
-  name: str = "${dp_jax.model_name:${._target_}}"
-  image_size: int | None = None
-  num_classes: int | None = None
-  seq_len: int | None = None
-  n_layer: int | None = None
-  d_model: int | None = None
-  n_head: int | None = None
-  vocab_size: int | None = None
-  dtype: str = "float32"
-  kwargs: dict[str, Any] = field(default_factory=dict)  # the target's other arguments
-
-
-@dataclass
-class ClusterConfig:
-  """A cluster: devices per node, nodes, device model, memory and links (see conf/cluster/).
-
-  Every physical number is required: each cluster file states it with its source. The three
-  defaults are definitions, not measurements: one node; nics_per_node 0 meaning one NIC per
-  device (the DGX A100 / H100 datasheets' layout: one InfiniBand port per GPU); collectives
-  `rail`, the rings NCCL builds on such nodes (docs/cost_model.md, "Collectives and moves").
-  dp_jax.hardware.cluster.load_cluster refuses physically implausible values (a unit mix-up).
-  """
-
-  name: str = MISSING
-  device: str = MISSING
-  num_nodes: int = 1
-  devices_per_node: int = MISSING
-  memory_gb_per_device: float = MISSING
-  intra_node_bandwidth_GBps: float = MISSING
-  intra_node_latency_us: float = MISSING
-  inter_node_bandwidth_GBps: float = MISSING
-  inter_node_latency_us: float = MISSING
-  nics_per_node: int = 0  # 0: one NIC per device
-  intra_node_bus_efficiency: float = MISSING
-  inter_node_bus_efficiency: float = MISSING
-  collectives: str = "rail"  # rail (NCCL's rail-aligned rings) or flat (old single ring)
-  inter_node_latency_per_doubling_us: float = 0.0  # per doubling of the nodes spanned beyond 2
-  program_launch_us: float = 0.0  # one stage's program per step
-  stage_boundary_us: float = 0.0  # host work of one stage boundary beyond its launch
-  update_memory_GBps: float = 0.0  # optimizer update bandwidth; 0: the device datasheet's
-  num_devices: int | None = None  # G of the job; None: every device of the cluster
-
-
-class DeviceCounts(str, Enum):
-  divisors = "divisors"
-  powers_of_two = "powers_of_two"
-
-
-class PlannerMode(str, Enum):
-  fastest = "fastest"
-  frontier = "frontier"
-
-
-@dataclass
-class PlannerConfig:
-  """Burst-parallel planner options (see dp_jax/planner)."""
-
-  name: str = "burst"
-  amplification_limit: float = 2.0
-  amplification_floor_ms: float = 0.3
-  device_counts: DeviceCounts = DeviceCounts.divisors
-  overlap_allreduce: bool = True
-  mode: PlannerMode = PlannerMode.fastest
-  gradient_precision: str = "fp32"  # the gradient all-reduce: fp32 or bf16 (docs/cost_model.md)
-  optimizer: str = "momentum"  # sgd, momentum, adam, adamw: its state and its update are priced
-  batch_norm: str = "sync"  # sync: statistics over a stage's batch (priced); local: per device
-  # what a layer may split: [samples] (data parallel per layer) or [samples,weights] (also a
-  # linear/conv/attention layer's weights, on a 2-D (data, model) mesh); docs/cost_model.md
-  sharding: list[str] = field(default_factory=lambda: ["samples"])
-
-
-class ProfileSource(str, Enum):
-  calibrated = "calibrated"
-  measure = "measure"
-  analytic = "analytic"
-  deeppool_a100 = "deeppool_a100"
-  file = "file"
-
-
-@dataclass
-class ProfileConfig:
-  """Where per-layer costs come from (see dp_jax/layer_times)."""
-
-  source: ProfileSource = ProfileSource.analytic
-  path: str | None = None  # for source=file
-  device: str | None = None  # analytic: device model; None -> the cluster's device
-  dtype: str = "bfloat16"
-  batches: list[int] | None = None  # None: 1, 2, 4, ... up to the global batch
-  max_batch: int | None = None
-  repeats: int = 5
-  warmup: int = 2
-  cache_dir: str = ".cache/dp_jax/profiles"
-  data_dir: str | None = None  # deeppool_a100: None -> the tables shipped in dp_jax
-  # a profile of another device than the cluster's is refused; true: accepted on purpose (the
-  # plan's `profile.other_device` records it)
-  allow_other_device: bool = False
-
-
-@dataclass
-class BackgroundConfig:
-  """A background job packed into the devices a plan leaves idle."""
-
-  name: str = "none"
-  model: ModelConfig | None = None
-  batch_per_device: int = 8
-  slowdown_cap: float = 0.1
-  on_failure: str = "fail"  # fail: a job that fails to start or dies fails the run; continue
-
-
-class FillPolicy(str, Enum):
-  fit = "fit"  # the multiplexing policy of dp_jax/multiplex/policy.py (the runtime's)
-
-
-@dataclass
-class InterferenceConfig:
-  """How background pieces interact with the foreground (docs/simulator.md)."""
-
-  policy: FillPolicy = FillPolicy.fit
-  piece_ms: float = 0.5  # DeepPool's be_graph_split_ms
-  switch_us: float | None = None  # None: the device's per-kernel overhead (profile/devices.py)
-
-
-@dataclass
-class LoggerConfig:
-  """W&B tracking: offline by default (no server here); 'disabled' turns it off."""
-
-  mode: WandbMode = WandbMode.offline
-  project: str = "dp_jax"
-  entity: str | None = None
-  group: str | None = None  # None: a multirun's sweep name, else no group
-  job_type: str | None = None  # None: the app's name
-  tags: list[str] = field(default_factory=list)
+def typed[T](cfg: Any, schema: type[T]) -> T:
+  """The app's typed config from the composed one: every group its frozen dataclass, every
+  option checked where it is declared (one-line errors naming the option)."""
+  return build(schema, cfg)
 
 
 # --- every key of a composed config known to its schema ---------------------------------------
@@ -193,8 +66,8 @@ def check_known_keys(cfg: Any, schema: type, where: str = "") -> None:
       if key not in hints:
         raise UserError(_unknown_key_message(str(key), name, valid, where))
       check_known_keys(cfg._get_node(key), hints[key], f"{name}.")
-  elif isinstance(cfg, ListConfig) and typing.get_origin(kind) is list:
-    (item,) = typing.get_args(kind) or (Any,)
+  elif isinstance(cfg, ListConfig) and typing.get_origin(kind) in (list, tuple):
+    item = next((a for a in typing.get_args(kind) if a is not Ellipsis), Any)
     for i in range(len(cfg)):
       check_known_keys(cfg._get_node(i), item, f"{where.rstrip('.')}[{i}].")
 
@@ -218,15 +91,3 @@ def _unknown_key_message(key: str, name: str, valid: list[str], where: str) -> s
   return f"unknown option {name} ({hint})"
 
 
-def check_required(cfg: Any) -> None:
-  """Raise a one-line UserError naming the first required option the composed config lacks."""
-  missing = sorted(OmegaConf.missing_keys(cfg))
-  if not missing:
-    return
-  key = missing[0]
-  group = key.split(".")[0]
-  name = OmegaConf.select(cfg, f"{group}.name", default=None, throw_on_missing=False)
-  if group == "cluster":
-    raise UserError(f"cluster {name}: {key.split('.', 1)[1]} is required (a cluster file states "
-                    "every number with its source; see conf/cluster/ and docs/cost_model.md)")
-  raise UserError(f"{key} is required: set {key}=...")

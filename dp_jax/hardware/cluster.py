@@ -7,85 +7,82 @@ i // devices_per_node. The default numbers and their sources are in conf/cluster
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from typing import Any
 
 import numpy as np
 
+from dp_jax.base.checks import REQUIRED, Checked, ConfigError, build, option
 from dp_jax.base.errors import UserError
-from dp_jax.base.rules import check
 from dp_jax.base.yamlfile import group_file
 
 BYTES_PER_MS_PER_GBPS = 1e6  # 1 GB/s moves 1e6 bytes per millisecond
 
 
 COLLECTIVE_MODELS = ("rail", "flat")
+_POSITIVE = dict(low=0, low_open=True)
+_EFFICIENCY = dict(low=0, low_open=True, high=1)
+_NON_NEGATIVE = dict(low=0)
 
 
 @dataclass(frozen=True)
-class ClusterSpec:
-  """A pod of identical nodes, each with identical devices; num_nodes is the pod's maximum.
+class ClusterConfig(Checked):
+  """The cluster group (conf/cluster/): a pod of identical nodes, each with identical devices;
+  num_nodes is the pod's maximum, num_devices the job's G (None: every device of the pod).
 
   Links: inside a node every device has intra_node_bandwidth_GBps (line rate, per direction);
   nodes connect through nics_per_node NICs of inter_node_bandwidth_GBps each. A collective
   reaches `bus efficiency x line rate` of bus bandwidth (what nccl-tests reports as busbw);
   latencies are per collective (or per point-to-point move); a collective that spans n > 2
   nodes adds inter_node_latency_per_doubling_us per doubling of n beyond 2 (NCCL's tree and
-  ring latencies grow with the nodes they cross). collectives="rail" prices
-  collectives as NCCL runs them (one ring per NIC rail); "flat" is the old single ring through
-  one link at line rate (same latencies), kept for comparison only.
+  ring latencies grow with the nodes they cross). collectives="rail" prices collectives as NCCL
+  runs them (one ring per NIC rail); "flat" is the old single ring through one link at line
+  rate (same latencies), kept for comparison only. Host and program costs of running a plan's
+  stages (docs/cost_model.md, "Stage terms"): launching one stage's program, the extra host
+  work of one stage boundary, and the memory bandwidth the optimizer update reaches (0: the
+  device's datasheet bandwidth).
+
+  Every physical number is required: a cluster file states each with its source. The three
+  defaults are definitions, not measurements: one node; nics_per_node 0 meaning one NIC per
+  device (the DGX A100 / H100 datasheets' layout); collectives `rail`.
   """
 
-  name: str
-  device: str  # device model, e.g. "A100-SXM4-40GB", "H100-SXM5-80GB", "cpu"
-  num_nodes: int
-  devices_per_node: int
-  memory_gb_per_device: float
-  intra_node_bandwidth_GBps: float
-  intra_node_latency_us: float
-  inter_node_bandwidth_GBps: float  # per NIC
-  inter_node_latency_us: float
-  nics_per_node: int = 0  # 0: one NIC per device
-  intra_node_bus_efficiency: float = 1.0
-  inter_node_bus_efficiency: float = 1.0
-  collectives: str = "rail"
-  inter_node_latency_per_doubling_us: float = 0.0  # added per doubling of nodes beyond 2
-  # Host and program costs of running a plan's stages (docs/cost_model.md, "Stage terms"):
-  # launching one stage's program, the extra host work of one stage boundary, and the
-  # memory bandwidth the optimizer update reaches (0: the device's datasheet bandwidth).
-  program_launch_us: float = 0.0
-  stage_boundary_us: float = 0.0
-  update_memory_GBps: float = 0.0
+  GROUP = "cluster"
 
-  def __post_init__(self):
-    for key in ("num_nodes", "devices_per_node"):
-      value = getattr(self, key)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"cluster {self.name}: {key} must be a positive integer, got {value!r}")
-    n = self.nics_per_node
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-      raise UserError(f"cluster {self.name}: nics_per_node must be an integer >= 0 (0: one per "
-                      f"device), got {n!r}")
-    for key in ("memory_gb_per_device", "intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps"):
-      value = getattr(self, key)
-      if not _is_number(value) or not value > 0 or not math.isfinite(value):
-        raise UserError(f"cluster {self.name}: {key} must be > 0, got {value!r}")
-    for key in ("intra_node_bus_efficiency", "inter_node_bus_efficiency"):
-      value = getattr(self, key)
-      if not _is_number(value) or not 0 < value <= 1:
-        raise UserError(f"cluster {self.name}: {key} must be in (0, 1], got {value!r}")
-    for key in ("intra_node_latency_us", "inter_node_latency_us",
-                "inter_node_latency_per_doubling_us", "program_launch_us", "stage_boundary_us",
-                "update_memory_GBps"):
-      value = getattr(self, key)
-      if not _is_number(value) or value < 0 or not math.isfinite(value):
-        raise UserError(f"cluster {self.name}: {key} must be >= 0, got {value!r}")
-    if self.collectives not in COLLECTIVE_MODELS:
-      raise UserError(f"cluster {self.name}: collectives '{self.collectives}' is unknown "
-                      f"(valid: {', '.join(COLLECTIVE_MODELS)})")
+  name: str = REQUIRED
+  device: str = REQUIRED  # device model, e.g. "A100-SXM4-40GB", "H100-SXM5-80GB", "cpu"
+  num_nodes: int = option(1, low=1, integer=True)
+  devices_per_node: int = option(REQUIRED, low=1, integer=True)
+  memory_gb_per_device: float = option(REQUIRED, **_POSITIVE)
+  intra_node_bandwidth_GBps: float = option(REQUIRED, **_POSITIVE)
+  intra_node_latency_us: float = option(REQUIRED, **_NON_NEGATIVE)
+  inter_node_bandwidth_GBps: float = option(REQUIRED, **_POSITIVE)  # per NIC
+  inter_node_latency_us: float = option(REQUIRED, **_NON_NEGATIVE)
+  nics_per_node: int = option(0, low=0, integer=True, hint="0: one NIC per device")
+  intra_node_bus_efficiency: float = option(REQUIRED, **_EFFICIENCY)
+  inter_node_bus_efficiency: float = option(REQUIRED, **_EFFICIENCY)
+  collectives: str = option("rail", choices=COLLECTIVE_MODELS)
+  inter_node_latency_per_doubling_us: float = option(REQUIRED, **_NON_NEGATIVE)
+  program_launch_us: float = option(REQUIRED, **_NON_NEGATIVE)
+  stage_boundary_us: float = option(REQUIRED, **_NON_NEGATIVE)
+  update_memory_GBps: float = option(REQUIRED, **_NON_NEGATIVE)
+  num_devices: int | None = option(None, low=1, integer=True)
+
+  def required_hint(self) -> str:
+    return (f" for cluster {self.name} (a cluster file states every number with its source; "
+            "see conf/cluster/ and docs/extending.md)")
+
+  def check(self) -> None:
+    for key in _FLOATS:
+      object.__setattr__(self, key, float(getattr(self, key)))
+    if self.device != "cpu":  # host devices' links are measured here (dp_jax/measurement)
+      check_plausible(self)
+    g = self.num_devices
+    if g is not None and g > self.pod_devices:
+      raise ConfigError("num_devices", f"={g}: cluster {self.name} has at most "
+                        f"{self.pod_devices} devices ({self.num_nodes} nodes x "
+                        f"{self.devices_per_node}); use fewer devices or a larger cluster")
 
   @property
   def nics(self) -> int:
@@ -100,29 +97,32 @@ class ClusterSpec:
     return self.intra_node_bandwidth_GBps * self.intra_node_bus_efficiency
 
   @property
-  def num_devices(self) -> int:
+  def pod_devices(self) -> int:
+    """Every device of the pod."""
     return self.num_nodes * self.devices_per_node
 
-  def with_num_devices(self, num_devices: int) -> ClusterSpec:
-    """The spec of a job on `num_devices` devices: as many nodes as it fills, filled in order."""
+  @property
+  def job_devices(self) -> int:
+    """The job's G: num_devices, or every device of the pod."""
+    return self.pod_devices if self.num_devices is None else self.num_devices
+
+  def with_num_devices(self, num_devices: int) -> ClusterConfig:
+    """The cluster of a job on `num_devices` devices: as many nodes as it fills, filled in
+    order."""
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
       raise UserError(f"num_devices must be a positive integer, got {num_devices!r}")
-    if num_devices > self.num_devices:
+    if num_devices > self.pod_devices:
       raise UserError(
-          f"cluster {self.name} has at most {self.num_devices} devices ({self.num_nodes} nodes x "
-          f"{self.devices_per_node}), got num_devices={num_devices}; use fewer devices or a "
+          f"cluster {self.name} has at most {self.pod_devices} devices ({self.num_nodes} nodes "
+          f"x {self.devices_per_node}), got num_devices={num_devices}; use fewer devices or a "
           "larger cluster")
-    return replace(self, num_nodes=-(-num_devices // self.devices_per_node))
+    return replace(self, num_nodes=-(-num_devices // self.devices_per_node),
+                   num_devices=num_devices)
 
   def node_of(self, device: int) -> int:
     return device // self.devices_per_node
 
 
-def _is_number(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-_FIELDS = tuple(f.name for f in fields(ClusterSpec))
 _FLOATS = ("memory_gb_per_device", "intra_node_bandwidth_GBps", "intra_node_latency_us",
            "inter_node_bandwidth_GBps", "inter_node_latency_us", "intra_node_bus_efficiency",
            "inter_node_bus_efficiency", "inter_node_latency_per_doubling_us",
@@ -149,7 +149,7 @@ PLAUSIBLE_MAX = {
 FASTEST_NIC_GBPS = 100  # ConnectX-8: 800 Gb/s
 
 
-def check_plausible(spec: ClusterSpec) -> None:
+def check_plausible(spec: ClusterConfig) -> None:
   """Refuse values no real cluster has (a unit mix-up), with a hint about the unit.
 
   Between nodes more than a NIC carries (100 GB/s) is an NVLink-class fabric; it is accepted up
@@ -160,14 +160,14 @@ def check_plausible(spec: ClusterSpec) -> None:
   for key, (limit, unit) in PLAUSIBLE_MAX.items():
     value = getattr(spec, key)
     if value > limit:
-      raise UserError(f"cluster {spec.name}: {key}={value:g} is above {limit:g}, more than any "
-                      f"real cluster; the unit is {unit}")
+      raise ConfigError(key, f"={value:g} is above {limit:g}, more than any real cluster; "
+                        f"the unit is {unit}")
   inter, intra = spec.inter_node_bandwidth_GBps, spec.intra_node_bandwidth_GBps
   if inter > FASTEST_NIC_GBPS and inter > intra:
-    raise UserError(f"cluster {spec.name}: inter_node_bandwidth_GBps={inter:g} is above "
-                    f"{FASTEST_NIC_GBPS} GB/s (the fastest NIC, 800 Gb/s) and above the node's "
-                    f"own links ({intra:g} GB/s); the unit is "
-                    f"{PLAUSIBLE_MAX['inter_node_bandwidth_GBps'][1]}")
+    raise ConfigError("inter_node_bandwidth_GBps", f"={inter:g} is above {FASTEST_NIC_GBPS} "
+                      f"GB/s (the fastest NIC, 800 Gb/s) and above the node's own links "
+                      f"({intra:g} GB/s); the unit is "
+                      f"{PLAUSIBLE_MAX['inter_node_bandwidth_GBps'][1]}")
 
 
 def cluster_file(name: str) -> dict:
@@ -175,41 +175,12 @@ def cluster_file(name: str) -> dict:
   return group_file("cluster", name)
 
 
-def load_cluster(config: Mapping[str, Any]) -> ClusterSpec:
-  """A ClusterSpec from a config mapping (a conf/cluster/*.yaml file or its Hydra node)."""
-  if not isinstance(config, Mapping):
-    raise UserError(f"cluster config must be a mapping of fields, got {type(config).__name__}")
-  name = str(config.get("name", "cluster"))
-  unknown = sorted(set(config) - set(_FIELDS))
-  if unknown:
-    raise UserError(f"cluster {name}: unknown field(s) {', '.join(unknown)} "
-                    f"(valid: {', '.join(_FIELDS)})")
-  missing = [k for k in _FIELDS if k not in config]
-  if missing:
-    raise UserError(f"cluster {name}: missing field(s) {', '.join(missing)}")
-  values = dict(config)
-  for key in _FLOATS:
-    if not _is_number(values[key]):
-      raise UserError(f"cluster {name}: {key} must be a number, got {values[key]!r}")
-    values[key] = float(values[key])
-  values["name"], values["device"] = name, str(values["device"])
-  values["collectives"] = str(values["collectives"])
-  spec = ClusterSpec(**values)
-  check_plausible(spec)
-  return spec
+def named_cluster(name: str, **changes: Any) -> ClusterConfig:
+  """The cluster conf/cluster/<name>.yaml (or the YAML file `name` names), with `changes`."""
+  return build(ClusterConfig, {**cluster_file(name), **changes})
 
 
-def job_from_config(cfg: Mapping[str, Any]) -> tuple[ClusterSpec, int]:
-  """(the pod, G) of a cluster group: its ClusterSpec (load_cluster) and the job's device
-  count, cluster.num_devices if set, else every device of the pod (checked against it)."""
-  spec = load_cluster({k: cfg[k] for k in cfg if k != "num_devices"})
-  g = cfg.get("num_devices")
-  g = spec.num_devices if g is None else check("cluster.num_devices", g)
-  spec.with_num_devices(g)  # G within the pod
-  return spec, g
-
-
-def to_record(spec: ClusterSpec, num_devices: int) -> dict[str, Any]:
+def to_record(spec: ClusterConfig, num_devices: int) -> dict[str, Any]:
   """What a plan records of the cluster it was made for: every field and G."""
   return {**asdict(spec), "num_devices": num_devices}
 
@@ -222,7 +193,7 @@ def to_record(spec: ClusterSpec, num_devices: int) -> dict[str, Any]:
 # that spans nodes runs at most at (rails the sparsest node can feed) x NIC bandwidth.
 
 
-def link_class(cluster: ClusterSpec, start, count):
+def link_class(cluster: ClusterConfig, start, count):
   """0 for a range inside one node, else the devices of its least-populated node."""
   dpn = cluster.devices_per_node
   start, count = np.asarray(start), np.asarray(count)
@@ -233,14 +204,14 @@ def link_class(cluster: ClusterSpec, start, count):
 
 
 @cache
-def class_bus_GBps(cluster: ClusterSpec) -> np.ndarray:
+def class_bus_GBps(cluster: ClusterConfig) -> np.ndarray:
   """(devices_per_node + 1,) bus bandwidth of a collective per link class (read-only: cached)."""
   out = _class_bus_GBps(cluster)
   out.setflags(write=False)
   return out
 
 
-def _class_bus_GBps(cluster: ClusterSpec) -> np.ndarray:
+def _class_bus_GBps(cluster: ClusterConfig) -> np.ndarray:
   k = np.arange(cluster.devices_per_node + 1)
   if cluster.collectives == "flat":
     return np.where(k == 0, cluster.intra_node_bandwidth_GBps, cluster.inter_node_bandwidth_GBps)
@@ -249,7 +220,7 @@ def _class_bus_GBps(cluster: ClusterSpec) -> np.ndarray:
   return np.where(k == 0, cluster.intra_bus_GBps, inter)
 
 
-def class_latency_ms(cluster: ClusterSpec, count) -> np.ndarray:
+def class_latency_ms(cluster: ClusterConfig, count) -> np.ndarray:
   """(devices_per_node + 1, *count.shape) latency of one collective per link class and size:
   the class's latency once per collective (0 on one device), in both pricings; across nodes
   plus inter_node_latency_per_doubling_us x log2(nodes / 2), nodes = max(2, ceil(count /
@@ -263,14 +234,14 @@ def class_latency_ms(cluster: ClusterSpec, count) -> np.ndarray:
   return lat * (count > 1)
 
 
-def bus_bandwidth_GBps(cluster: ClusterSpec, start, count):
+def bus_bandwidth_GBps(cluster: ClusterConfig, start, count):
   """Bus bandwidth of a collective over devices [start, start + count)."""
   if isinstance(start, int) and isinstance(count, int):  # one range: cached
     return _range_link(cluster, start, count)[0]
   return class_bus_GBps(cluster)[link_class(cluster, start, count)]
 
 
-def collective_latency_ms(cluster: ClusterSpec, start, count):
+def collective_latency_ms(cluster: ClusterConfig, start, count):
   """Latency of one collective over devices [start, start + count) (0 on one device)."""
   if isinstance(start, int) and isinstance(count, int):  # one range: cached
     return _range_link(cluster, start, count)[1]
@@ -278,13 +249,13 @@ def collective_latency_ms(cluster: ClusterSpec, start, count):
 
 
 @cache
-def _range_link(cluster: ClusterSpec, start: int, count: int) -> tuple[float, float]:
+def _range_link(cluster: ClusterConfig, start: int, count: int) -> tuple[float, float]:
   """(bus bandwidth, latency) of one range, as the array versions price it."""
   return (float(class_bus_GBps(cluster)[link_class(cluster, start, count)]),
           float(_latency_ms(cluster, start, count)))
 
 
-def _latency_ms(cluster: ClusterSpec, start, count):
+def _latency_ms(cluster: ClusterConfig, start, count):
   cls = link_class(cluster, start, count)
   table = class_latency_ms(cluster, count)
   return np.take_along_axis(table, np.asarray(cls)[None, ...], axis=0)[0] if np.ndim(cls) else (
@@ -301,13 +272,13 @@ def volume_ms(nbytes, count, bus_GBps, factor: float = 2.0):
       np.asarray(bus_GBps) * BYTES_PER_MS_PER_GBPS)
 
 
-def allreduce_ms(cluster: ClusterSpec, nbytes, start, count):
+def allreduce_ms(cluster: ClusterConfig, nbytes, start, count):
   """All-reduce of nbytes over devices [start, start + count): 2(n-1)/n bytes/busbw + latency."""
   return (volume_ms(nbytes, count, bus_bandwidth_GBps(cluster, start, count))
           + collective_latency_ms(cluster, start, count))
 
 
-def allgather_ms(cluster: ClusterSpec, nbytes, start, count):
+def allgather_ms(cluster: ClusterConfig, nbytes, start, count):
   """All-gather of nbytes (the gathered size) over the range: (n-1)/n bytes/busbw + latency."""
   return (volume_ms(nbytes, count, bus_bandwidth_GBps(cluster, start, count), 1.0)
           + collective_latency_ms(cluster, start, count))
@@ -316,7 +287,7 @@ def allgather_ms(cluster: ClusterSpec, nbytes, start, count):
 reduce_scatter_ms = allgather_ms  # same volume and latency as an all-gather of the same size
 
 
-def p2p_link(cluster: ClusterSpec, first, last):
+def p2p_link(cluster: ClusterConfig, first, last):
   """(bytes per ms, latency ms) of one device's point-to-point link for devices [first, last].
 
   Inside a node: the bus bandwidth of NVLink-class links; across nodes: the device's share of
@@ -338,13 +309,13 @@ def p2p_link(cluster: ClusterSpec, first, last):
 
 
 @cache
-def strided_link_class(cluster: ClusterSpec, first: int, count: int, stride: int) -> int:
+def strided_link_class(cluster: ClusterConfig, first: int, count: int, stride: int) -> int:
   """link_class of the devices first + i stride, i < count: 0 inside one node, else the devices
   of its least-populated node (stride 1 is link_class of the range)."""
   return int(strided_link_classes(cluster, [first], count, stride)[0])
 
 
-def strided_link_classes(cluster: ClusterSpec, firsts, count: int, stride: int) -> np.ndarray:
+def strided_link_classes(cluster: ClusterConfig, firsts, count: int, stride: int) -> np.ndarray:
   """strided_link_class of the group starting at each of `firsts` (one array pass)."""
   firsts = np.asarray(firsts, dtype=np.int64).reshape(-1, 1)
   nodes = (firsts + stride * np.arange(count)) // cluster.devices_per_node  # ascending per row
@@ -356,14 +327,14 @@ def strided_link_classes(cluster: ClusterSpec, firsts, count: int, stride: int) 
   return np.where(run[:, -1] > 0, least, 0).astype(np.int64)
 
 
-def strided_volume_ms(cluster: ClusterSpec, nbytes, first: int, count: int, stride: int,
+def strided_volume_ms(cluster: ClusterConfig, nbytes, first: int, count: int, stride: int,
                       factor: float = 2.0) -> float:
   """Bandwidth part of a collective over a strided group (all-reduce: factor 2)."""
   bw = class_bus_GBps(cluster)[strided_link_class(cluster, first, count, stride)]
   return float(volume_ms(nbytes, count, bw, factor))
 
 
-def group_collective_ms(cluster: ClusterSpec, nbytes, first: int, count: int, stride: int,
+def group_collective_ms(cluster: ClusterConfig, nbytes, first: int, count: int, stride: int,
                         factor: float = 2.0) -> float:
   """All-reduce (factor 2; all-gather: 1) over a strided group, with its latency."""
   if count <= 1:

@@ -8,10 +8,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from dp_jax.base.checks import Checked, ConfigError, option
 from dp_jax.base.errors import UserError
-from dp_jax.base.rules import check
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.layer_times.analytic import analytic_profile
 from dp_jax.layer_times.calibrated import DEFAULT_DTYPE, calibrated_profile
@@ -21,56 +20,40 @@ from dp_jax.layer_times.table import ProfileTable
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("calibrated", "analytic", "deeppool_a100", "measure", "file")
-DEFAULT_CACHE = ".cache/dp_jax/profiles"
 
 
 @dataclass(frozen=True)
-class ProfileOptions:
-  """The profile group, checked: the source and what it needs.
+class ProfileConfig(Checked):
+  """The profile group (conf/profile/): where a plan's per-layer costs come from.
 
-  device: the roofline's device (None: the cluster's); dtype: the roofline's precision (None:
-  the source's default); batches: per-device batches to profile (None: every one a plan of B
-  can use); allow_other_device: a profile of another device than the cluster's is accepted
-  (and recorded in the plan) instead of refused.
+  source: calibrated (the roofline of the cluster's GPU fitted on published throughput; the
+  default on GPU clusters), analytic (the plain roofline), deeppool_a100 (DeepPool's measured
+  A100 tables), measure (each layer timed on this machine, cached in cache_dir) or file (a
+  profile JSON at `path`); device: the roofline's device (None: the cluster's); dtype: the
+  roofline's precision (None: the source's default); batches: per-device batches to profile
+  (None: every one a plan of B can use); max_batch, repeats, warmup: measure's; data_dir:
+  other A100 tables (None: the shipped ones); allow_other_device: a profile of another device
+  than the cluster's is accepted (and recorded in the plan) instead of refused.
   """
 
-  source: str = "calibrated"
-  path: str | None = None
+  GROUP = "profile"
+
+  source: str = option("calibrated", choices=SOURCES)
+  path: str | None = None  # for source=file
   device: str | None = None
   dtype: str | None = None
-  batches: tuple[int, ...] | None = None
-  max_batch: int | None = None
-  repeats: int = 5
-  warmup: int = 2
-  cache_dir: str = DEFAULT_CACHE
+  batches: tuple[int, ...] | None = option(None, low=1, integer=True, each=True)
+  max_batch: int | None = option(None, low=1, integer=True)
+  repeats: int = option(5, low=1, integer=True)
+  warmup: int = option(2, low=0, integer=True)
+  cache_dir: str = ".cache/dp_jax/profiles"
   data_dir: str | None = None
   allow_other_device: bool = False
 
-  def __post_init__(self):
-    if self.source not in SOURCES:
-      raise UserError(f"profile source '{self.source}' is unknown (valid: "
-                      f"{', '.join(SOURCES)})")
+  def check(self) -> None:
     if self.source == "file" and not self.path:
-      raise UserError("profile.source=file needs profile.path=<profile.json>")
-    check("profile.repeats", self.repeats)
-    check("profile.warmup", self.warmup)
-    check("profile.max_batch", self.max_batch)
-    if self.batches is not None:
-      check("profile.batches", list(self.batches))
-      object.__setattr__(self, "batches", tuple(int(b) for b in self.batches))
-
-  @classmethod
-  def from_config(cls, cfg: Any) -> ProfileOptions:
-    """The profile group of a config (a DictConfig or a mapping)."""
-    get = cfg.get
-    source = get("source", "calibrated")
-    batches = get("batches")
-    return cls(source=str(getattr(source, "value", source)), path=get("path"),
-               device=get("device"), dtype=get("dtype"),
-               batches=None if batches is None else tuple(batches), max_batch=get("max_batch"),
-               repeats=get("repeats", 5), warmup=get("warmup", 2),
-               cache_dir=get("cache_dir") or DEFAULT_CACHE, data_dir=get("data_dir"),
-               allow_other_device=bool(get("allow_other_device", False)))
+      raise ConfigError("path", " is needed by profile.source=file: profile.path=<profile.json>"
+                        " (or simply profile=<profile.json>)")
 
   def load(self, graph: LayerGraph, device: str, batches: Sequence[int]) -> ProfileTable:
     """The ProfileTable of `graph` at per-device `batches` (`device`: the cluster's)."""

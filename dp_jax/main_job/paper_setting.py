@@ -3,28 +3,27 @@ planner's cost model, simulated by the simulator, no JAX run): a model at one gl
 each of a few A100 clusters, burst vs data parallelism, GPU time saved, and cluster throughput
 with the background job in the idle devices.
 
-PaperConfig is the schema of the main job's `paper` group, PaperStudy its typed form.
+PaperConfig is the main job's `paper` group.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
-
-from dp_jax.base.rules import check
-from dp_jax.hardware.cluster import ClusterSpec, cluster_file, job_from_config, to_record
-from dp_jax.layer_times.sources import ProfileOptions
+from dp_jax.base.checks import REQUIRED, Checked, option
+from dp_jax.hardware.cluster import ClusterConfig, named_cluster, to_record
+from dp_jax.layer_times.sources import ProfileConfig
 from dp_jax.layer_times.table import ProfileTable
-from dp_jax.models.zoo import ModelSpec
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.models.zoo import MODEL_NAMES, ModelConfig
+from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.planner import PlanOptions, plan_for
 from dp_jax.planner.contract import model_record
+from dp_jax.planner.options import PlannerConfig
 from dp_jax.report.compare import validated_tolerance
 from dp_jax.report.plan_report import comparisons
-from dp_jax.simulator.outputs import SimulationOptions, simulate_and_write
+from dp_jax.simulator.outputs import InterferenceConfig, simulate_and_write
 
 # A setting's row: key -> its label (the summary's JSON and the printed table name them so).
 COLUMNS = {
@@ -44,28 +43,34 @@ COLUMNS = {
     "matched_dp_devices": "matched DP: devices (simulated)",
     "tolerance": "a tie within (the validated tolerance)",
     "basis": "rests on"}
-CALIBRATED = ProfileOptions(source="calibrated")
+CALIBRATED = ProfileConfig(source="calibrated")
 
 
-@dataclass
-class PaperSettingConfig:
-  """One cluster of the paper's comparison: a cluster config (conf/cluster/) and G."""
+@dataclass(frozen=True)
+class PaperSettingConfig(Checked):
+  """One cluster of the paper's comparison: a cluster option (conf/cluster/) and G."""
 
-  cluster: str = MISSING
-  num_devices: int = MISSING
+  GROUP = "paper.settings"
+
+  cluster: str = REQUIRED
+  num_devices: int = option(REQUIRED, low=1, integer=True)
 
 
-@dataclass
-class PaperConfig:
-  """The paper's setting on the calibrated A100 profile (predicted and simulated, no JAX run)."""
+@dataclass(frozen=True)
+class PaperConfig(Checked):
+  """The paper group: the paper's setting on the calibrated A100 profile (predicted and
+  simulated, no JAX run): a zoo model at one global batch, burst at one amplification limit,
+  on each of a few clusters."""
+
+  GROUP = "paper"
 
   enabled: bool = True
-  model: str = "vgg16"
-  batch_size: int = 32
-  amplification_limit: float = 2.0
-  settings: list[PaperSettingConfig] = field(default_factory=lambda: [
+  model: str = option("vgg16", choices=MODEL_NAMES)
+  batch_size: int = option(32, low=1, integer=True)
+  amplification_limit: float = option(2.0, low=1, inf=True)
+  settings: tuple[PaperSettingConfig, ...] = (
       PaperSettingConfig("a100_nvlink_8", 8), PaperSettingConfig("dgx_a100", 16),
-      PaperSettingConfig("dgx_a100", 32)])
+      PaperSettingConfig("dgx_a100", 32))
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ class PaperSetting:
   G (the paper's batch, burst at the paper's amplification limit)."""
 
   name: str
-  cluster: ClusterSpec
+  cluster: ClusterConfig
   options: PlanOptions
 
   @property
@@ -82,48 +87,33 @@ class PaperSetting:
     return self.options.num_devices
 
 
-@dataclass(frozen=True)
-class PaperStudy:
-  """The paper group, typed and checked: the model (a zoo name), B, the amplification limit and
-  the settings."""
-
-  model: ModelSpec
-  batch_size: int
-  amplification_limit: float
-  settings: tuple[PaperSetting, ...]
-
-  @classmethod
-  def from_config(cls, paper: Any, planner: Any) -> PaperStudy:
-    """The paper group (a DictConfig or a mapping); `planner`: the planner group its plans
-    share (burst at paper.amplification_limit whatever planner.name and its limit)."""
-    b = check("paper.batch_size", paper.get("batch_size"))
-    limit = check("paper.amplification_limit", float(paper.get("amplification_limit")))
-    settings = []
-    for s in paper.get("settings"):
-      cluster, g = job_from_config({**cluster_file(s.get("cluster")),
-                                    "num_devices": s.get("num_devices")})
-      options = replace(PlanOptions.from_config(planner, g, b), strategy="burst",
-                        amplification_limit=limit)
-      settings.append(PaperSetting(str(s.get("cluster")), cluster, options))
-    return cls(ModelSpec.from_config(str(paper.get("model"))), b, limit, tuple(settings))
+def settings(paper: PaperConfig, planner: PlannerConfig) -> tuple[PaperSetting, ...]:
+  """The paper's clusters at their G, planned with `planner`'s options as burst at the paper's
+  amplification limit (whatever planner.name and its limit); a bad cluster or G fails here."""
+  burst = planner.replace(name="burst", amplification_limit=paper.amplification_limit)
+  return tuple(PaperSetting(s.cluster, c := named_cluster(s.cluster, num_devices=s.num_devices),
+                            PlanOptions.of(burst, c.job_devices, paper.batch_size))
+               for s in paper.settings)
 
 
-def run(study: PaperStudy, background: BackgroundSpec, simulation: SimulationOptions,
-        out_dir: Path, seed: int = 0) -> tuple[list[dict[str, Any]], list[str]]:
+def run(paper: PaperConfig, clusters: tuple[PaperSetting, ...], background: BackgroundConfig,
+        interference: InterferenceConfig, iterations: int, out_dir: Path,
+        seed: int = 0) -> tuple[list[dict[str, Any]], list[str]]:
   """Burst vs data parallelism per setting on the calibrated profile (one row each, keyed as
   COLUMNS), and each setting's simulated fair comparison in words; every setting's plan,
   metrics, timeline and Gantt chart under out_dir/<cluster>_g<G>/."""
-  graph = study.model.graph(seed)
-  record = model_record(graph, study.model.options)
+  model = ModelConfig.named(paper.model)
+  graph = model.graph(seed)
+  record = model_record(graph, model.options)
   job_model = background.model if background.active else None  # None: the foreground's
   job_graph = job_model.graph(seed) if job_model is not None else None
   profiles: dict[str, tuple[ProfileTable, ProfileTable | None]] = {}  # by device
   rows, fair = [], []
-  for setting in study.settings:
+  for setting in clusters:
     cluster, g = setting.cluster, setting.num_devices
     if cluster.device not in profiles:
       profiles[cluster.device] = (
-          CALIBRATED.for_cluster(graph, cluster.device, study.batch_size,
+          CALIBRATED.for_cluster(graph, cluster.device, paper.batch_size,
                                  background.batch_per_device),
           None if job_graph is None else CALIBRATED.for_cluster(
               job_graph, cluster.device, background.batch_per_device))
@@ -134,7 +124,8 @@ def run(study: PaperStudy, background: BackgroundSpec, simulation: SimulationOpt
     plan.save(folder / "plan.json")
     tolerance = validated_tolerance(cluster.device)
     m = simulate_and_write(graph, profile, cluster, plan, folder, background=background,
-                           options=simulation, tolerance=tolerance, job_graph=job_graph,
+                           interference=interference, iterations=iterations,
+                           tolerance=tolerance, job_graph=job_graph,
                            job_profile=job_profile)["metrics"]
     c = comparisons(graph, profile, cluster, plan, tolerance)
     p = plan.predicted

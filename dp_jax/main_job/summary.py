@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dp_jax.main_job.paper_setting import COLUMNS as PAPER_COLUMNS
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.multiplex.policy import busy_in_every_layer
 from dp_jax.planner.contract import limit_label
 from dp_jax.report.compare import describe, validated_tolerance, verdict
@@ -39,7 +39,7 @@ class MainJobFacts:
   paper_model: str
   paper_batch: int
   amplification_limit: float
-  background: BackgroundSpec
+  background: BackgroundConfig
 
 
 # --- the local part's quantities ------------------------------------------------------------
@@ -111,7 +111,7 @@ def cap_held(cap: float, slowdown: float | None, noise: float | None) -> bool | 
   return None if slowdown is None else slowdown <= cap + (noise or 0.0)
 
 
-def background_failure(bg: BackgroundSpec, local: Measured) -> str | None:
+def background_failure(bg: BackgroundConfig, local: Measured) -> str | None:
   """Why the main job failed to show what it exists for (one line), or None: the background
   job ran no step beside the plan, or the measured slowdown broke the cap beyond its noise."""
   v = {k: val for k, (val, _) in local.items()}
@@ -296,7 +296,7 @@ def _measured_lines(v: dict[str, Any]) -> list[str]:
       f"for: {', '.join(off)}."]
 
 
-def _background_lines(bg: BackgroundSpec, v: dict[str, Any]) -> list[str]:
+def _background_lines(bg: BackgroundConfig, v: dict[str, Any]) -> list[str]:
   held = v.get("cap_held")
   verdict = ("the cap held" if held else "the cap did not hold" if held is False else
              "no slowdown measured")

@@ -2,7 +2,7 @@
 core, the local links calibrated, every layer profiled in context, plans predicted by the
 planner's own evaluation and timed interleaved, each timed step right after one of its own.
 
-LocalConfig is the `local` group of both apps (one schema), LocalOptions its typed form, and
+LocalConfig is the `local` group of both apps (one schema), LocalConfig its typed form, and
 Statistic the one summary of repeated timings (min: contention only adds time; median).
 Measuring imports JAX; naming the options does not (the apps import this module for its
 schema before they set the host devices).
@@ -13,15 +13,15 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import Enum
 from typing import Any
 
+from dp_jax.base.checks import Checked, option
 from dp_jax.base.errors import UserError
-from dp_jax.base.rules import check
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.cluster import ClusterConfig
+from dp_jax.layer_times.sources import ProfileConfig
 from dp_jax.layer_times.table import ProfileTable
-from dp_jax.models.zoo import ModelSpec
+from dp_jax.models.zoo import ModelConfig
 from dp_jax.planner.contract import layout_plan
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
@@ -34,71 +34,35 @@ Assignment = Mapping[str, tuple[int, int]]  # layer -> (first device, count)
 Announce = Callable[[str, str], None]  # (part, what it does): a header before each part
 
 
-class Statistic(str, Enum):  # noqa: UP042 - OmegaConf needs (str, Enum) config enums
-  median = "median"
-  min = "min"
-
-
-class ProfileMethod(str, Enum):  # noqa: UP042 - OmegaConf needs (str, Enum) config enums
-  in_context = "in_context"  # every prefix's fused stage program (dp_jax.measurement.in_context)
-  loaded = "loaded"  # every layer alone under its stage's load (dp_jax.measurement.loaded)
-
-
-@dataclass
-class LocalConfig:
-  """The local devices, calibration, profile and timed steps (the schema of group `local`)."""
-
-  num_devices: int | None = None  # None: one per core (more would share cores)
-  steps: int = 3  # timed rounds per plan
-  warmup: int = 1  # untimed steps per plan (the first compiles)
-  runs_per_turn: int = 2  # a plan's (and profiled program's) steps in a row, the last timed
-  statistic: Statistic = Statistic.min  # of a prefix's rounds and of a plan's timed steps
-  profile: ProfileMethod = ProfileMethod.in_context  # how layer times are measured
-  profile_repeats: int = 2  # timed rounds per layer (prefix), count and pass
-  profile_passes: int = 1  # passes over all layers (prefixes), spreading samples over time
-  profile_cuts: int = 4  # stage boundaries measured as two-stage cuts (the rest interpolated)
-  refresh_calibration: bool = False
-  cache_dir: str = ".cache/dp_jax/profiles"
-
-
 @dataclass(frozen=True)
-class LocalOptions:
-  """LocalConfig, typed and checked once (every local.* rule here)."""
+class LocalConfig(Checked):
+  """The local group: the local devices, their calibration, the profile and the timed steps
+  (the measurement of validate and the main job).
 
-  num_devices: int | None = None
-  steps: int = 3
-  warmup: int = 1
-  runs_per_turn: int = 2
-  statistic: str = "min"
-  profile: str = "in_context"
-  profile_repeats: int = 2
-  profile_passes: int = 1
-  profile_cuts: int = 4
+  num_devices: None: one per core (more would share cores); steps: timed rounds per plan;
+  warmup: untimed steps per plan (the first compiles); runs_per_turn: a plan's (and a profiled
+  program's) steps in a row, the last timed; statistic: of a prefix's rounds and of a plan's
+  timed steps (min or median); profile: how layer times are measured (in_context: every
+  prefix's fused stage program, dp_jax.measurement.in_context; loaded: every layer alone
+  under its stage's load, dp_jax.measurement.loaded); profile_repeats: timed rounds per layer
+  (prefix), count and pass; profile_passes: passes over all layers (prefixes), spreading
+  samples over time; profile_cuts: stage boundaries measured as two-stage cuts (the rest
+  interpolated).
+  """
+
+  GROUP = "local"
+
+  num_devices: int | None = option(None, low=1, integer=True)
+  steps: int = option(3, low=1, integer=True)
+  warmup: int = option(1, low=0, integer=True)
+  runs_per_turn: int = option(2, low=1, integer=True)
+  statistic: str = option("min", choices=("min", "median"))
+  profile: str = option("in_context", choices=PROFILE_METHODS)
+  profile_repeats: int = option(2, low=1, integer=True)
+  profile_passes: int = option(1, low=1, integer=True)
+  profile_cuts: int = option(4, low=0, integer=True)
   refresh_calibration: bool = False
-  cache_dir: str = ".cache/dp_jax/profiles"
-
-  def __post_init__(self):
-    for key in ("num_devices", "steps", "warmup", "runs_per_turn", "profile_repeats",
-                "profile_passes", "profile_cuts"):
-      check(f"local.{key}", getattr(self, key))
-    if self.statistic not in Statistic.__members__:
-      raise UserError(f"local.statistic={self.statistic} must be one of "
-                      f"{', '.join(Statistic.__members__)}")
-    if self.profile not in PROFILE_METHODS:
-      raise UserError(f"local.profile={self.profile} must be one of "
-                      f"{', '.join(PROFILE_METHODS)}")
-
-  @classmethod
-  def from_config(cls, cfg: Any) -> LocalOptions:
-    """The local group of a config (a DictConfig or a mapping; keys of other groups' schemas
-    that extend LocalConfig are left to them)."""
-
-    def plain(key: str) -> Any:
-      value = cfg.get(key)
-      return getattr(value, "value", value)
-
-    return cls(**{k: plain(k) for k in cls.__dataclass_fields__ if cfg.get(k) is not None
-                  or k == "num_devices"})
+  cache_dir: str = ProfileConfig.cache_dir
 
   def host_devices(self) -> int:
     """Host devices to start: one per core, or local.num_devices (at most the cores: a
@@ -113,7 +77,7 @@ class LocalSetup:
 
   devices: list
   calibration: Any  # dp_jax.measurement.local_links.LocalCalibration
-  cluster: ClusterSpec
+  cluster: ClusterConfig
   graph: LayerGraph
   profile: ProfileTable
   options: PlanOptions  # num_devices: the devices'
@@ -124,12 +88,12 @@ class LocalSetup:
 
 
 def start_host_devices(count: int) -> None:
-  """Ask for `count` host devices (LocalOptions.host_devices), before JAX starts; no effect
+  """Ask for `count` host devices (LocalConfig.host_devices), before JAX starts; no effect
   once it has, or on an accelerator."""
   local_devices.set_host_device_count(count)
 
 
-def timing_devices(options: LocalOptions) -> list:
+def timing_devices(options: LocalConfig) -> list:
   """The devices to time on (one per core on the CPU, else the first local.num_devices), with
   XLA's compile cache in local.cache_dir (the plans and the profile share programs)."""
   # JAX: measuring starts it, after start_host_devices
@@ -149,8 +113,9 @@ def at_devices(options: PlanOptions, devices: Sequence) -> PlanOptions:
   return replace(options, num_devices=g)
 
 
-def prepare(options: LocalOptions, model: ModelSpec, base: ClusterSpec, plan_options: PlanOptions,
-            *, seed: int = 0, announce: Announce | None = None) -> LocalSetup:
+def prepare(options: LocalConfig, model: ModelConfig, base: ClusterConfig,
+            plan_options: PlanOptions, *, seed: int = 0,
+            announce: Announce | None = None) -> LocalSetup:
   """The devices, the calibrated cluster (`base` with the measured links) and the model's
   profile measured on them (in context, or loaded)."""
   announce = announce or (lambda part, what: None)
@@ -168,8 +133,8 @@ def prepare(options: LocalOptions, model: ModelSpec, base: ClusterSpec, plan_opt
   return LocalSetup(devices, calibration, cluster, graph, profile, plan_options)
 
 
-def calibrated_cluster(options: LocalOptions, devices: Sequence,
-                       base: ClusterSpec) -> tuple[Any, ClusterSpec]:
+def calibrated_cluster(options: LocalConfig, devices: Sequence,
+                       base: ClusterConfig) -> tuple[Any, ClusterConfig]:
   """(the calibration, `base` with its links and stage terms): read from local.cache_dir, or
   measured now (local.refresh_calibration: always)."""
   # JAX: the calibration measures the devices
@@ -184,7 +149,7 @@ def calibrated_cluster(options: LocalOptions, devices: Sequence,
   return cal, cal.cluster(base)
 
 
-def measured_profile(options: LocalOptions, model: ModelSpec, graph: LayerGraph,
+def measured_profile(options: LocalConfig, model: ModelConfig, graph: LayerGraph,
                      plan_options: PlanOptions, devices: Sequence, seed: int = 0
                      ) -> ProfileTable:
   """Every layer's times at each per-device batch a plan on these devices can use: in context
@@ -207,7 +172,7 @@ def measured_profile(options: LocalOptions, model: ModelSpec, graph: LayerGraph,
   return loaded_profile(built, graph, b, counts, **common)
 
 
-def predicted_step(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+def predicted_step(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
                    options: PlanOptions, assignment: Assignment) -> dict[str, Any]:
   """An assignment's predicted step, in ms with its parts: the planner's own evaluation on the
   (calibrated) cluster and the profile (dp_jax.planner.evaluate: compute with the update unless
@@ -222,8 +187,8 @@ def predicted_step(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpe
           "boundary_ms": ev.overhead_ms - host, "update_ms": ev.update_ms}
 
 
-def time_assignments(model: ModelSpec, assignments: Sequence[Assignment], devices: Sequence,
-                     options: LocalOptions, *, global_batch: int, group: int, seed: int = 0,
+def time_assignments(model: ModelConfig, assignments: Sequence[Assignment], devices: Sequence,
+                     options: LocalConfig, *, global_batch: int, group: int, seed: int = 0,
                      progress: Callable[[str], None] | None = None) -> list:
   """The runtime's timed steps of each assignment (dp_jax.measurement.plan_timing.PlanTiming),
   `group` plans interleaved at a time: local.warmup untimed steps each, then local.steps rounds

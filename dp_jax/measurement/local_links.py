@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.measurement.plan_timing import stepper, timed, turns
 from dp_jax.models.zoo import build_model
 from dp_jax.planner.contract import staged_data_parallel_plan
@@ -59,7 +59,7 @@ class LocalCalibration:
   update_ns_per_param: float
   points: dict  # the raw (bytes, ms) medians behind each fit
 
-  def cluster(self, base: ClusterSpec) -> ClusterSpec:
+  def cluster(self, base: ClusterConfig) -> ClusterConfig:
     """`base` with the measured links (all-reduce bandwidth, transfer latency, G devices) and
     stage terms: a stage's program launch (dispatch_us), the host work a boundary adds beyond
     the added stage's launch (stage_us - dispatch_us, so k stages cost dispatch_us + (k - 1)

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.layer_times.sources import ProfileOptions, profile_batches
+from dp_jax.layer_times.sources import ProfileConfig, profile_batches
 from dp_jax.layer_times.table import ProfileTable
-from dp_jax.models.zoo import ModelSpec
+from dp_jax.models.zoo import ModelConfig
 
 
-def load(options: ProfileOptions, graph: LayerGraph, device: str, batches: Sequence[int],
-         model: ModelSpec | None = None) -> ProfileTable:
+def load(options: ProfileConfig, graph: LayerGraph, device: str, batches: Sequence[int],
+         model: ModelConfig | None = None) -> ProfileTable:
   """The ProfileTable of `graph` at per-device `batches` (`device`: the cluster's)."""
   if options.source != "measure":
     return options.load(graph, device, batches)
@@ -27,9 +27,9 @@ def load(options: ProfileOptions, graph: LayerGraph, device: str, batches: Seque
                          warmup=options.warmup)
 
 
-def for_cluster(options: ProfileOptions, graph: LayerGraph, cluster_device: str,
+def for_cluster(options: ProfileConfig, graph: LayerGraph, cluster_device: str,
                 global_batch: int, *extra_batches: int,
-                model: ModelSpec | None = None) -> ProfileTable:
+                model: ModelConfig | None = None) -> ProfileTable:
   """The profile that prices a cluster of `cluster_device`: every per-device batch a plan of
   `global_batch` can use (and `extra_batches`), of the cluster's device (check_device)."""
   table = load(options, graph, cluster_device, profile_batches(global_batch, *extra_batches),

@@ -21,8 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from dp_jax.base.checks import Checked, ConfigError, option
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
 
@@ -46,74 +45,95 @@ SIZE_KEYS = ("image_size", "num_classes", "seq_len", "n_layer", "d_model", "n_he
              "vocab_size")
 
 
+DTYPES = ("float32", "bfloat16", "float16")  # model dtypes, as jax.numpy names
+_SIZE = dict(low=1, integer=True)
+
+
 @dataclass(frozen=True)
-class ModelSpec:
-  """A model as a config names it, checked once: its target (an importable GraphModel class or
-  factory), its label, the options passed to the target (size options and `kwargs`) and its
-  dtype. The model group's typed form: apps decode `cfg.model` into it at their edge."""
+class ModelConfig(Checked):
+  """The model group (conf/model/): an importable GraphModel subclass or factory (`_target_`),
+  its label and the arguments it is called with (docs/extending.md).
 
-  target: str
-  name: str
-  options: Mapping[str, Any] = field(default_factory=dict)
-  dtype: str = "float32"
+  The size options that are set (None: the target's own default) and `kwargs` are passed to
+  the target as keyword arguments, with `dtype` (a JAX dtype) and `rngs`. `name` labels the
+  model in graphs, plans and runs (default: the last component of `_target_`); a config with
+  only a zoo `name` takes that name's target.
+  """
 
-  def __post_init__(self):
-    if not isinstance(self.target, str) or "." not in self.target:
-      raise UserError(f"model {self.name}: _target_ {self.target!r} must be a dotted path such "
-                      "as 'my_models.vit.ViT'")
-    if self.name in ZOO and ZOO[self.name] != self.target:  # names pick recipes, label plans
-      raise UserError(f"model name '{self.name}' is the zoo's {ZOO[self.name]}, not "
-                      f"{self.target}; pick the zoo model with model={self.name}, or give your "
-                      "model another model.name")
-    if self.dtype not in DTYPES:
-      raise UserError(f"unknown dtype '{self.dtype}' for model {self.name}; valid: "
-                      f"{', '.join(DTYPES)}")
-    for k in SIZE_KEYS:
-      if k in self.options:
-        positive(self.name, f"model.{k}", self.options[k])
-    object.__setattr__(self, "options", dict(self.options))
+  GROUP = "model"
+
+  _target_: str | None = None
+  name: str | None = None
+  image_size: int | None = option(None, **_SIZE)
+  num_classes: int | None = option(None, **_SIZE)
+  seq_len: int | None = option(None, **_SIZE)
+  n_layer: int | None = option(None, **_SIZE)
+  d_model: int | None = option(None, **_SIZE)
+  n_head: int | None = option(None, **_SIZE)
+  vocab_size: int | None = option(None, **_SIZE)
+  dtype: str = option("float32", choices=DTYPES)
+  kwargs: dict[str, Any] = field(default_factory=dict)  # the target's other arguments
+
+  def check(self) -> None:
+    target, name = self._target_, self.name
+    if not target:
+      if name not in ZOO:
+        raise ConfigError("name", f"='{name}' is not a zoo model; valid models: "
+                          f"{', '.join(MODEL_NAMES)}, or give model._target_ (an importable "
+                          "GraphModel class or factory; docs/extending.md)")
+      object.__setattr__(self, "_target_", target := ZOO[name])
+    if not isinstance(target, str) or "." not in target:
+      raise ConfigError("_target_", f"={target!r} must be a dotted path such as "
+                        "'my_models.vit.ViT'")
+    if not name:
+      object.__setattr__(self, "name", name := target.rsplit(".", 1)[-1])
+    if name in ZOO and ZOO[name] != target:  # names pick recipes, label plans
+      raise ConfigError("name", f"='{name}' is the zoo's {ZOO[name]}, not {target}; pick the "
+                        f"zoo model with model={name}, or give your model another model.name")
+    if not isinstance(self.kwargs, dict):
+      raise ConfigError("kwargs", f"={self.kwargs!r} must be a mapping of argument names to "
+                        "values")
+    both = sorted(set(self.kwargs) & (set(SIZE_KEYS) | {"rngs", "dtype"}))
+    if both:
+      raise ConfigError(f"kwargs.{both[0]}", f" repeats an option of the model config; set it "
+                        f"as model.{both[0]} instead")
+
+  @property
+  def target(self) -> str:
+    return str(self._target_)
+
+  @property
+  def options(self) -> dict[str, Any]:
+    """The arguments the target is called with (besides dtype and rngs)."""
+    sizes = {k: getattr(self, k) for k in SIZE_KEYS if getattr(self, k) is not None}
+    return {**sizes, **self.kwargs}
 
   @classmethod
-  def named(cls, name: str, **options: Any) -> ModelSpec:
+  def named(cls, name: str, **options: Any) -> ModelConfig:
     """The zoo model `name` with `options` (dtype among them, or float32)."""
     if name not in ZOO:
       raise UserError(f"unknown model '{name}'; valid models: {', '.join(MODEL_NAMES)} (or a "
                       "model config with a _target_: docs/extending.md)")
-    dtype = options.pop("dtype", "float32")
-    return cls(ZOO[name], name, {k: v for k, v in options.items() if v is not None}, dtype)
+    return cls.of(ZOO[name], name, {k: v for k, v in options.items() if v is not None})
 
   @classmethod
-  def from_config(cls, cfg: Any) -> ModelSpec:
-    """The model group of a config (a DictConfig or a mapping), or a zoo name."""
-    if isinstance(cfg, str):
-      return cls.named(cfg)
-    target, name = _get(cfg, "_target_"), _get(cfg, "name")
-    if not target:
-      if name not in ZOO:
-        raise UserError(f"unknown model '{name}'; valid models: {', '.join(MODEL_NAMES)}, or "
-                        "give model._target_ (an importable GraphModel class or factory; "
-                        "docs/extending.md)")
-      target = ZOO[name]
-    options = {k: _get(cfg, k) for k in SIZE_KEYS if _get(cfg, k) is not None}
-    extra = _get(cfg, "kwargs") or {}
-    if not isinstance(extra, dict):
-      raise UserError(f"model.kwargs must be a mapping of argument names to values, got "
-                      f"{extra!r}")
-    both = sorted(set(extra) & (set(options) | {"rngs", "dtype"}))
-    if both:
-      raise UserError(f"model.kwargs.{both[0]} repeats an option of the model config; set it "
-                      f"as model.{both[0]} instead")
-    return cls(str(target), str(name or str(target).rsplit(".", 1)[-1]),
-               {**options, **extra}, str(_get(cfg, "dtype") or "float32"))
+  def of(cls, target: str, name: str, options: Mapping[str, Any],
+         dtype: str | None = None) -> ModelConfig:
+    """The config calling `target` with `options` (size options and other arguments alike)."""
+    options = dict(options)
+    dtype = dtype or options.pop("dtype", "float32")
+    sizes = {k: options.pop(k) for k in SIZE_KEYS if k in options}
+    return cls(_target_=target, name=name, dtype=dtype, kwargs=options, **sizes)
 
   def to_json(self) -> dict[str, Any]:
-    """The spec as plain JSON (it travels to pinned processes; from_json reads it back)."""
-    return {"target": self.target, "name": self.name, "options": dict(self.options),
+    """The config as plain JSON (it travels to pinned processes; from_json reads it back)."""
+    return {"target": self.target, "name": self.name, "options": self.options,
             "dtype": self.dtype}
 
   @classmethod
-  def from_json(cls, d: Mapping[str, Any]) -> ModelSpec:
-    return cls(d["target"], d["name"], dict(d.get("options") or {}), d.get("dtype", "float32"))
+  def from_json(cls, d: Mapping[str, Any]) -> ModelConfig:
+    return cls.of(d["target"], d["name"], dict(d.get("options") or {}),
+                  d.get("dtype", "float32"))
 
   def build(self, seed: int = 0, abstract: bool = False):
     """The model (abstract: parameter shapes only, nothing allocated)."""
@@ -126,29 +146,13 @@ class ModelSpec:
     return _traced(self.target, self.name, seed, key)
 
 
-def _get(cfg: Any, key: str) -> Any:
-  """cfg[key], None when absent or missing (???), for DictConfigs and mappings alike."""
-  if isinstance(cfg, DictConfig):
-    if key not in cfg or OmegaConf.is_missing(cfg, key):
-      return None
-    try:
-      value = cfg[key]
-    except Exception:  # noqa: BLE001 - the default name interpolates a missing _target_
-      return None
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
-  return cfg.get(key) if cfg is not None else None
-
-
-DTYPES = ("float32", "bfloat16", "float16")  # model dtypes, as jax.numpy names
-
-
 def build_model(name: str, *, seed: int = 0, abstract: bool = False, **options: Any):
   """The named zoo model with `options` (dtype among them); abstract=True gives
   ShapeDtypeStruct params (nothing allocated)."""
-  return ModelSpec.named(name, **options).build(seed=seed, abstract=abstract)
+  return ModelConfig.named(name, **options).build(seed=seed, abstract=abstract)
 
 
-def _build(spec: ModelSpec, seed: int, abstract: bool):
+def _build(spec: ModelConfig, seed: int, abstract: bool):
   """`target(**options, dtype=..., rngs=nnx.Rngs(seed))` of a checked spec; what the target
   accepts is checked here, where it is imported."""
   import jax.numpy as jnp  # JAX only to build a model: a known graph is read without it
@@ -252,7 +256,7 @@ def _traced(target: str, name: str, seed: int, options_json: str):
 
   options = json.loads(options_json)
   dtype = options.pop("dtype", "float32")
-  graph = trace_graph(ModelSpec(target, name, options, dtype).build(seed, abstract=True), name)
+  graph = trace_graph(ModelConfig.of(target, name, options, dtype).build(seed, abstract=True), name)
   if path is not None:
     graph.save(path)
   return graph

@@ -8,31 +8,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dp_jax.base.errors import UserError
-from dp_jax.base.rules import check
-from dp_jax.models.zoo import ModelSpec
+from dp_jax.base.checks import Checked, option
+from dp_jax.models.zoo import ModelConfig
 
 ON_FAILURE = ("fail", "continue")  # a failed job fails the run / the run finishes regardless
 
 
 @dataclass(frozen=True)
-class BackgroundSpec:
-  """The job the devices a plan leaves idle run: `model` (None: the foreground's own model, as
-  `same_family`), `batch_per_device` samples per device, the foreground's `slowdown_cap` (0.1:
-  at most 10% slower; inf: no cap) and `on_failure`. name 'none': no background job."""
+class BackgroundConfig(Checked):
+  """The background group (conf/background/): the job the devices a plan leaves idle run.
+
+  name: none (no job), same_family (the foreground's own model) or a label; model: the job's
+  model (None: the foreground's); batch_per_device: samples per device; slowdown_cap: how much
+  slower the foreground may get (0.1: at most 10%; inf: no cap); on_failure: fail (a job that
+  fails to start or dies fails the run) or continue.
+  """
+
+  GROUP = "background"
 
   name: str = "none"
-  model: ModelSpec | None = None
-  batch_per_device: int = 8
-  slowdown_cap: float = 0.1
-  on_failure: str = "fail"
-
-  def __post_init__(self):
-    check("background.batch_per_device", self.batch_per_device)
-    check("background.slowdown_cap", self.slowdown_cap)
-    if self.on_failure not in ON_FAILURE:
-      raise UserError(f"background.on_failure={self.on_failure} must be one of "
-                      f"{', '.join(ON_FAILURE)}")
+  model: ModelConfig | None = None
+  batch_per_device: int = option(8, low=1, integer=True)
+  slowdown_cap: float = option(0.1, low=0, inf=True,
+                               hint="0.1: the foreground may slow down by 10%; inf: no cap")
+  on_failure: str = option("fail", choices=ON_FAILURE)
 
   @property
   def active(self) -> bool:
@@ -43,19 +42,7 @@ class BackgroundSpec:
   def cap(self) -> float:
     return float(self.slowdown_cap)
 
-  @classmethod
-  def from_config(cls, cfg: Any) -> BackgroundSpec:
-    """The background group of a config (a DictConfig or a mapping; None: no job)."""
-    if cfg is None:
-      return cls()
-    model = cfg.get("model")
-    return cls(name=str(cfg.get("name", "none")),
-               model=None if model is None else ModelSpec.from_config(model),
-               batch_per_device=cfg.get("batch_per_device", 8),
-               slowdown_cap=cfg.get("slowdown_cap", 0.1),
-               on_failure=str(cfg.get("on_failure", "fail")))
-
-  def model_for(self, foreground: ModelSpec) -> ModelSpec:
+  def model_for(self, foreground: ModelConfig) -> ModelConfig:
     """The job's model: its own, or the foreground's."""
     return self.model or foreground
 
@@ -67,8 +54,8 @@ class BackgroundSpec:
             "on_failure": self.on_failure}
 
   @classmethod
-  def from_json(cls, d: Mapping[str, Any]) -> BackgroundSpec:
+  def from_json(cls, d: Mapping[str, Any]) -> BackgroundConfig:
     cap = d.get("slowdown_cap")
-    return cls(name=d["name"], model=None if d.get("model") is None else ModelSpec.from_json(
+    return cls(name=d["name"], model=None if d.get("model") is None else ModelConfig.from_json(
         d["model"]), batch_per_device=d["batch_per_device"],
                slowdown_cap=math.inf if cap is None else cap, on_failure=d["on_failure"])

@@ -24,72 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from dp_jax.base.errors import UserError
-from dp_jax.base.rules import check
-from dp_jax.models.zoo import ModelSpec
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.models.zoo import ModelConfig
+from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.planner.contract import Plan
 from dp_jax.runtime import distributed, pinned
 from dp_jax.runtime.local_devices import cpu_cores
+from dp_jax.runtime.options import DataConfig, OptimizerConfig
 
 log = logging.getLogger("dp_jax.orchestrator.jobs")
 SHARE_CORES = "runtime.share_cores=true"  # the option that runs a cap on shared cores anyway
-
-
-OPTIMIZERS = ("sgd", "adam", "adamw")
-DATA_SOURCES = ("synthetic", "npz", "folder")
-
-
-@dataclass(frozen=True)
-class OptimizerSpec:
-  """An element-wise optax optimizer (applied per stage, so no global-norm transforms): sgd
-  (with momentum), adam or adamw (momentum: their b1)."""
-
-  name: str = "sgd"
-  lr: float = 0.01
-  momentum: float = 0.9
-  weight_decay: float = 0.0
-
-  def __post_init__(self):
-    if self.name not in OPTIMIZERS:
-      raise UserError(f"optimizer.name '{self.name}' is unknown (valid: {', '.join(OPTIMIZERS)})")
-    check("optimizer.lr", self.lr)
-    check("optimizer.momentum", self.momentum)
-    check("optimizer.weight_decay", self.weight_decay)
-
-  @classmethod
-  def from_config(cls, cfg: Any) -> OptimizerSpec:
-    name = cfg.get("name", "sgd")
-    return cls(str(getattr(name, "value", name)), float(cfg.get("lr", 0.01)),
-               float(cfg.get("momentum", 0.9)), float(cfg.get("weight_decay", 0.0)))
-
-  def build(self):
-    """The optax optimizer."""
-    import optax  # JAX: only when a run trains
-
-    if self.name == "sgd":
-      return optax.sgd(self.lr, momentum=self.momentum or None)
-    if self.name == "adam":
-      return optax.adam(self.lr, b1=self.momentum)
-    return optax.adamw(self.lr, b1=self.momentum, weight_decay=self.weight_decay)
-
-
-@dataclass(frozen=True)
-class DataSpec:
-  """Training data: synthetic (seeded), an .npz with x and y, or a class-per-folder tree."""
-
-  source: str = "synthetic"
-  path: str | None = None
-  seed: int = 0
-
-  def __post_init__(self):
-    if self.source not in DATA_SOURCES:
-      raise UserError(f"data.source '{self.source}' is unknown (valid: "
-                      f"{', '.join(DATA_SOURCES)})")
-
-  @classmethod
-  def from_config(cls, cfg: Any) -> DataSpec:
-    source = cfg.get("source", "synthetic")
-    return cls(str(getattr(source, "value", source)), cfg.get("path"), int(cfg.get("seed", 0)))
 
 
 @dataclass(frozen=True)
@@ -97,13 +40,13 @@ class TrainSpec:
   """Everything one training run needs, typed and checked once (the train app and the main job
   build it at their edge); to_json / from_json carry it to pinned processes."""
 
-  model: ModelSpec
-  plan: Plan  # checked against the model's graph and the devices (planner.plan.check_plan)
+  model: ModelConfig
+  plan: Plan  # checked against the model's graph and the devices (planner.contract.check_plan)
   steps: int  # steps in all (alone ones included)
   output_dir: str
-  optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
-  data: DataSpec = field(default_factory=DataSpec)
-  background: BackgroundSpec = field(default_factory=BackgroundSpec)  # name none: alone
+  optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+  data: DataConfig = field(default_factory=DataConfig)
+  background: BackgroundConfig = field(default_factory=BackgroundConfig)  # name none: alone
   alone_steps: int | None = None  # steps before the background job starts (None: the default)
   memory_gb_per_device: float = 2.0
   checkpoint_dir: str | None = None
@@ -120,10 +63,10 @@ class TrainSpec:
 
   @classmethod
   def from_json(cls, d: dict[str, Any]) -> TrainSpec:
-    return cls(**{**d, "model": ModelSpec.from_json(d["model"]),
+    return cls(**{**d, "model": ModelConfig.from_json(d["model"]),
                   "plan": Plan.from_json(d["plan"], "plan", planned=False),
-                  "optimizer": OptimizerSpec(**d["optimizer"]), "data": DataSpec(**d["data"]),
-                  "background": BackgroundSpec.from_json(d["background"])})
+                  "optimizer": OptimizerConfig(**d["optimizer"]), "data": DataConfig(**d["data"]),
+                  "background": BackgroundConfig.from_json(d["background"])})
 
 
 def honest_processes(num_devices: int | None, background: str, *,

@@ -1,6 +1,6 @@
 """From a background spec to a running hook: check memory, build, warm up.
 
-The spec's cap and batch are checked where it is decoded (multiplex.background.BackgroundSpec);
+The spec's cap and batch are checked where it is decoded (multiplex.background.BackgroundConfig);
 a job that cannot fit beside the foreground is a one-line UserError before anything is built.
 Anything that fails while building or compiling the job is logged and gives a stopped hook (its
 failure counted); the foreground runs regardless.
@@ -19,8 +19,8 @@ import optax
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.models.zoo import ModelSpec
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.models.zoo import ModelConfig
+from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.multiplex.policy import (
   DEFAULT_PIECE_MS,
   busy_in_every_layer,
@@ -71,7 +71,7 @@ def check_fits(name: str, batch: int, need: float, used: Mapping[int, float],
         "in all); use a smaller background batch_per_device, a smaller model or background=none")
 
 
-def start_background(background: BackgroundSpec, foreground: ModelSpec, plan: Plan,
+def start_background(background: BackgroundConfig, foreground: ModelConfig, plan: Plan,
                      devices: Sequence[jax.Device], *, memory_gb_per_device: float,
                      learning_rate: float = 0.01, seed: int = 0, start_after: int = 0,
                      piece_ms: float = DEFAULT_PIECE_MS, margin: float = 0.0,

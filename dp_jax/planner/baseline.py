@@ -8,7 +8,7 @@ from dataclasses import fields
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import memory
 from dp_jax.planner.contract import Plan
@@ -62,7 +62,7 @@ def plan_options(plan: Plan) -> PlanOptions:
   return PlanOptions(**kw)
 
 
-def cost_model_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+def cost_model_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
                    plan: Plan) -> CostModel:
   """The planner's cost model for the plan's model, batch, devices and options."""
   if plan.model != graph.model:

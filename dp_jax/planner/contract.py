@@ -322,7 +322,7 @@ def _ranges(samples: Any, count: int, where: str) -> list[tuple[int, int]]:
 def recorded(plan: Plan, *, model: Mapping[str, Any] | None, cluster: Mapping[str, Any] | None,
              profile: Mapping[str, Any]) -> Plan:
   """The plan with what it was made for: the model (`made_for`: name, input shape, layers,
-  options; ModelSpec.record), the cluster (`cluster_config`: its fields and G) and the profile
+  options; ModelConfig.record), the cluster (`cluster_config`: its fields and G) and the profile
   (source, device, precision, extrapolated batches, the calibration it rests on)."""
   return dataclasses.replace(plan, extra={**plan.extra, "made_for": dict(model or {}) or None,
                                           "cluster_config": None if cluster is None else

@@ -18,7 +18,7 @@ import numpy as np
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import (
-  ClusterSpec,
+  ClusterConfig,
   bus_bandwidth_GBps,
   class_bus_GBps,
   class_latency_ms,
@@ -34,7 +34,7 @@ from dp_jax.planner.segments import Placement  # noqa: F401 (re-exported: first 
 # --- collectives ------------------------------------------------------------------------------
 
 
-def allreduce_volume_ms(cluster: ClusterSpec, nbytes, start, count):
+def allreduce_volume_ms(cluster: ClusterConfig, nbytes, start, count):
   """Bandwidth part of an all-reduce over devices [start, start + count)
   (dp_jax/hardware/cluster.py)."""
   return volume_ms(nbytes, count, bus_bandwidth_GBps(cluster, start, count))
@@ -96,7 +96,7 @@ def devices_in_move(src_start, src_count, dst_start, dst_count):
   return np.asarray(src_count) + dst_count - shared
 
 
-def move_parts(cluster: ClusterSpec, batch: int, src_start, src_count, dst_start, dst_count):
+def move_parts(cluster: ClusterConfig, batch: int, src_start, src_count, dst_start, dst_count):
   """(busiest samples, link bandwidth in bytes/ms, link latency ms) of a layout change."""
   samples = busiest_samples(batch, src_start, src_count, dst_start, dst_count)
   first = np.minimum(src_start, dst_start)
@@ -112,7 +112,7 @@ def move_from_parts(parts, bytes_per_sample):
   return np.where(samples > 0, 2.0 * (nbytes / bw + lat), 0.0)
 
 
-def move_ms(cluster: ClusterSpec, batch: int, bytes_per_sample, src_start, src_count, dst_start,
+def move_ms(cluster: ClusterConfig, batch: int, bytes_per_sample, src_start, src_count, dst_start,
             dst_count):
   """Forward activations plus backward gradients of one edge: 2 x (busiest bytes / bw + lat)."""
   parts = move_parts(cluster, batch, src_start, src_count, dst_start, dst_count)
@@ -130,7 +130,7 @@ class CostModel:
 
   graph: LayerGraph
   profile: ProfileTable
-  cluster: ClusterSpec
+  cluster: ClusterConfig
   options: PlanOptions
   counts: np.ndarray  # (C,) ascending, counts[0] == 1
   names: tuple[str, ...]  # graph order
@@ -223,7 +223,7 @@ def input_bytes_per_sample(graph: LayerGraph, profile: ProfileTable) -> np.ndarr
                   dtype=float)
 
 
-def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
                      options: PlanOptions) -> CostModel:
   """Look every layer up at every candidate count once."""
   missing = profile.missing(list(graph.names))
@@ -233,8 +233,8 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterS
         f"profile of {profile.model} on {profile.device} has no timing for layer(s) "
         f"{', '.join(repr(n) for n in missing[:5])}{more}; profile them (python -m "
         "dp_jax.profile) or pass a profile that covers every layer of the graph")
-  if options.num_devices > cluster.num_devices:
-    raise UserError(f"cluster {cluster.name} has at most {cluster.num_devices} devices "
+  if options.num_devices > cluster.pod_devices:
+    raise UserError(f"cluster {cluster.name} has at most {cluster.pod_devices} devices "
                     f"({cluster.num_nodes} nodes x {cluster.devices_per_node}), got "
                     f"num_devices={options.num_devices}; use fewer devices or a larger cluster")
   counts = candidate_counts(options)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
@@ -92,7 +92,7 @@ class Evaluation:
     return float(sum(s.overhead_ms for s in self.stages))
 
 
-def evaluate_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+def evaluate_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
                   assignment: Mapping[str, Placement], *, global_batch: int,
                   num_devices: int | None = None, overlap_allreduce: bool = True,
                   shardings: Mapping[str, Sharding] | None = None, **options) -> Evaluation:

@@ -14,7 +14,7 @@ import numpy as np
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import memory, pricing, sharded
 from dp_jax.planner.amplification import (
@@ -39,15 +39,15 @@ log = logging.getLogger(__name__)
 MEMORY_PENALTIES_MS_PER_GB = (0.01, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e6)
 
 
-def plan_with(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+def plan_with(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
               options: PlanOptions, frontier_limits: Iterable[float] = DEFAULT_LIMITS) -> Plan:
-  """The plan `options.strategy` names: the fastest burst-parallel plan under the amplification
+  """The plan `options.name` names: the fastest burst-parallel plan under the amplification
   limit (mode="frontier" also attaches the Pareto front of (iteration_ms, gpu_ms) over
   frontier_limits), or the data-parallel baseline."""
   start = time.perf_counter()
   model = build_cost_model(graph, profile, cluster, options)
   baseline = data_parallel(model)
-  if options.strategy == "data_parallel":
+  if options.name == "data_parallel":
     count, ev = baseline
     return build_plan(model, data_parallel_assignment(model, count), ev, baseline,
                       seconds=time.perf_counter() - start, extra={"strategy": "data_parallel"})
@@ -62,11 +62,11 @@ def plan_with(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
                     seconds=time.perf_counter() - start, extra=extra, shardings=best.shardings)
 
 
-def plan_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+def plan_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
              options: PlanOptions, *, model: Mapping[str, Any] | None = None,
              cluster_record: Mapping[str, Any] | None = None) -> Plan:
   """`plan`, recording what it was made for (the model record, the cluster, the profile with
-  the per-device batches it had to extrapolate to, warned once: planner/plan.py, `recorded`)."""
+  the per-device batches it had to extrapolate to, warned once: planner/contract.py, `recorded`)."""
   made = plan_with(graph, profile, cluster, options)
   # the per-device batches this search priced: B / d for its device counts d <= G
   b = options.global_batch
@@ -84,7 +84,7 @@ def plan_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
       "calibration": profile.meta.get("calibration")})
 
 
-def idle_device_limit(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+def idle_device_limit(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
                       options: PlanOptions, limits: Iterable[float] = DEFAULT_LIMITS
                       ) -> float | None:
   """The highest of `limits` at or below options' amplification limit whose fastest plan
@@ -102,7 +102,7 @@ def idle_device_limit(graph: LayerGraph, profile: ProfileTable, cluster: Cluster
   return None
 
 
-def plan_with_idle_device(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+def plan_with_idle_device(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
                           options: PlanOptions, **record: Any) -> tuple[Plan, float | None]:
   """plan_for's plan if some layer leaves a device idle (room for a background job), with None;
   else the fastest plan with an idle device (idle_device_limit) and the limit it was made
@@ -133,19 +133,19 @@ def extrapolated_batches(profile: ProfileTable, graph: LayerGraph,
   return sorted(out)
 
 
-def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, *,
+def make_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, *,
               frontier_limits: Iterable[float] = DEFAULT_LIMITS, **options: Any) -> Plan:
   """The fastest burst-parallel plan; `options`: PlanOptions' fields (num_devices,
   global_batch, amplification_limit, ...)."""
   return plan_with(graph, profile, cluster, PlanOptions(**options), frontier_limits)
 
 
-def data_parallel_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+def data_parallel_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
                        **options: Any) -> Plan:
   """The data-parallel plan with predicted and data-parallel numbers (they coincide);
   `options`: PlanOptions' fields."""
   options.pop("amplification_limit", None)
-  return plan_with(graph, profile, cluster, PlanOptions(**options, strategy="data_parallel"))
+  return plan_with(graph, profile, cluster, PlanOptions(**options, name="data_parallel"))
 
 
 def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,

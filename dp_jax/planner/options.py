@@ -1,20 +1,15 @@
-"""Planner options: what the user chooses, validated once, and the candidate device counts."""
+"""The planner group (PlannerConfig: every option's default and range, stated once) and a
+planning run's options (PlanOptions: the group for G devices and a global batch B)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from dp_jax.base.checks import Checked, ConfigError, fields_of, option
 from dp_jax.base.errors import UserError
-from dp_jax.base.rules import check
 
-DEVICE_COUNT_MODES = ("divisors", "powers_of_two")
-BATCH_NORM_MODES = ("sync", "local")  # statistics over a stage's whole batch / per device
-MODES = ("fastest", "frontier")
-STRATEGIES = ("burst", "data_parallel")  # the planner group's name
 SHARDING_CHOICES = ("samples", "weights")  # split samples / also weights (out, in, heads)
 # Gradient precision of the all-reduce: bytes per parameter sent (docs/cost_model.md,
 # "Gradient precision").
@@ -25,82 +20,45 @@ OPTIMIZER_STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8, "adamw": 8}
 
 
 @dataclass(frozen=True)
-class PlanOptions:
-  """The knobs of one planning run (validated here, once)."""
+class PlannerConfig(Checked):
+  """The planner group (conf/planner/): how the burst planner searches and what it prices.
 
-  num_devices: int
-  global_batch: int
-  amplification_limit: float = math.inf
-  device_counts: str = "divisors"
+  name: burst (the fastest plan under the limit) or data_parallel (the baseline); mode:
+  fastest, or also the Pareto frontier over amplification limits; amplification_limit: how
+  much more device-time a layer may use than on one device (1 or more; inf: the fastest plan);
+  layers under amplification_floor_ms are exempt (DeepPool's 300 us); device_counts: a layer's
+  candidate counts, divisors of B or powers of two; overlap_allreduce: gradients all-reduced
+  beside the backward pass; gradient_precision: the all-reduce's bytes per parameter (fp32 or
+  bf16, docs/cost_model.md "Gradient precision"); optimizer: whose state the memory model holds
+  and whose update every step pays; batch_norm: sync (statistics over a layer's devices,
+  priced) or local (per device); sharding: what a layer may split, [samples] or
+  [samples,weights] (docs/cost_model.md, "Weight sharding"); check_memory: refuse plans that
+  do not fit; param_bytes_per_param: counts parameters where a graph gives bytes alone.
+  """
+
+  GROUP = "planner"
+
+  name: str = option("burst", choices=("burst", "data_parallel"))
+  mode: str = option("fastest", choices=("fastest", "frontier"))
+  amplification_limit: float = option(
+      2.0, low=1, inf=True, hint="1: no layer may use more device-time than on one device; "
+      "inf: the fastest plan")
+  amplification_floor_ms: float = option(0.3, low=0)
+  device_counts: str = option("divisors", choices=("divisors", "powers_of_two"))
   overlap_allreduce: bool = True
-  amplification_floor_ms: float = 0.3  # the original DeepPool exempts layers under 300 us
-  gradient_precision: str = "fp32"  # fp32 or bf16 all-reduce (GRADIENT_BYTES)
-  optimizer: str = "momentum"  # sgd, momentum, adam, adamw (OPTIMIZER_STATE_BYTES)
-  param_bytes_per_param: int = 4  # only used to count params when a node gives param_bytes alone
+  gradient_precision: str = option("fp32", choices=tuple(GRADIENT_BYTES))
+  optimizer: str = option("momentum", choices=tuple(OPTIMIZER_STATE_BYTES))
+  batch_norm: str = option("sync", choices=("sync", "local"))
+  sharding: tuple[str, ...] = option(default_factory=lambda: ("samples",), each=True,
+                                     choices=SHARDING_CHOICES)
   check_memory: bool = True
-  batch_norm: str = "sync"  # sync: statistics all-reduced over a layer's devices (priced)
-  sharding: tuple[str, ...] = ("samples",)  # what a layer may split (planner.sharding)
-  strategy: str = "burst"  # burst: the fastest plan under the limit; data_parallel: the baseline
-  mode: str = "fastest"  # fastest plan, or also the Pareto frontier over amplification limits
+  param_bytes_per_param: float = option(4, low=0, low_open=True)
 
-  def __post_init__(self):
-    for field_name, key in (("num_devices", "cluster.num_devices"),
-                            ("global_batch", "batch_size")):
-      value = getattr(self, field_name)
-      if isinstance(value, np.integer):
-        object.__setattr__(self, field_name, value := int(value))
-      check(key, value)
-    if self.num_devices > self.global_batch:
-      raise UserError(f"{self.num_devices} devices (cluster.num_devices) for a global batch of "
-                      f"{self.global_batch} (batch_size): every device needs at least one "
-                      "sample; use cluster.num_devices <= batch_size")
-    a = self.amplification_limit
-    if isinstance(a, bool) or not isinstance(a, (int, float)):
-      raise UserError(f"planner.amplification_limit={a!r} must be a number >= 1 (1: no layer "
-                      "may use more device-time than on one device; inf: fastest plan)")
-    check("planner.amplification_limit", a)
-    check("planner.amplification_floor_ms", self.amplification_floor_ms)
-    if self.strategy not in STRATEGIES:
-      raise UserError(f"planner '{self.strategy}' is unknown (valid: {', '.join(STRATEGIES)})")
-    if self.mode not in MODES:
-      raise UserError(f"planner mode '{self.mode}' is unknown (valid: {', '.join(MODES)})")
-    if self.batch_norm not in BATCH_NORM_MODES:
-      raise UserError(f"batch_norm '{self.batch_norm}' is unknown "
-                      f"(valid: {', '.join(BATCH_NORM_MODES)})")
-    object.__setattr__(self, "sharding", check_sharding_choices(self.sharding))
-    if self.device_counts not in DEVICE_COUNT_MODES:
-      raise UserError(f"device_counts '{self.device_counts}' is unknown "
-                      f"(valid: {', '.join(DEVICE_COUNT_MODES)})")
-    if self.gradient_precision not in GRADIENT_BYTES:
-      raise UserError(f"gradient_precision '{self.gradient_precision}' is unknown "
-                      f"(valid: {', '.join(GRADIENT_BYTES)})")
-    if self.optimizer not in OPTIMIZER_STATE_BYTES:
-      raise UserError(f"optimizer '{self.optimizer}' is unknown "
-                      f"(valid: {', '.join(OPTIMIZER_STATE_BYTES)})")
-    value = self.param_bytes_per_param
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-      raise UserError(f"param_bytes_per_param must be > 0, got {value!r}")
-
-  @classmethod
-  def from_config(cls, planner: Any, num_devices: int, global_batch: int) -> PlanOptions:
-    """The planner group of a config (a DictConfig or a mapping) for G devices and batch B."""
-    get = planner.get
-
-    def plain(key: str, default: Any) -> Any:
-      value = get(key, default)
-      return getattr(value, "value", value)  # a config enum's value
-
-    sharding = get("sharding", ["samples"])
-    return cls(num_devices=num_devices, global_batch=global_batch,
-               amplification_limit=float(get("amplification_limit", math.inf)),
-               device_counts=plain("device_counts", "divisors"),
-               overlap_allreduce=bool(get("overlap_allreduce", True)),
-               amplification_floor_ms=float(get("amplification_floor_ms", 0.3)),
-               gradient_precision=str(get("gradient_precision", "fp32")),
-               optimizer=str(get("optimizer", "momentum")),
-               batch_norm=str(get("batch_norm", "sync")),
-               sharding=sharding if isinstance(sharding, str) else tuple(map(str, sharding)),
-               strategy=str(get("name", "burst")), mode=plain("mode", "fastest"))
+  def check(self) -> None:
+    if "samples" not in self.sharding:
+      raise ConfigError("sharding", f"={list(self.sharding)} must include samples (layers that "
+                        "cannot split weights split their samples), e.g. [samples,weights]")
+    object.__setattr__(self, "sharding", tuple(n for n in SHARDING_CHOICES if n in self.sharding))
 
   @property
   def grad_bytes_per_param(self) -> int:
@@ -113,21 +71,32 @@ class PlanOptions:
     return OPTIMIZER_STATE_BYTES[self.optimizer]
 
 
-def check_sharding_choices(value) -> tuple[str, ...]:
-  """planner.sharding as a tuple of known names that includes samples (one-line errors)."""
-  names = [value] if isinstance(value, str) else list(value) if isinstance(
-      value, (list, tuple)) else None
-  if names is None or not names or not all(isinstance(n, str) for n in names):
-    raise UserError(f"planner.sharding must be a list of names from "
-                    f"{', '.join(SHARDING_CHOICES)}, got {value!r}")
-  unknown = sorted(set(names) - set(SHARDING_CHOICES))
-  if unknown:
-    raise UserError(f"planner.sharding '{unknown[0]}' is unknown "
-                    f"(valid: {', '.join(SHARDING_CHOICES)})")
-  if "samples" not in names:
-    raise UserError("planner.sharding must include samples (layers that cannot split weights "
-                    "split their samples), e.g. [samples,weights]")
-  return tuple(n for n in SHARDING_CHOICES if n in names)
+@dataclass(frozen=True)
+class PlanOptions(PlannerConfig):
+  """The planner group for one planning run: G devices (cluster.num_devices) and a global
+  batch B (batch_size), every device at least one sample."""
+
+  num_devices: int = field(default=1, kw_only=True)
+  global_batch: int = field(default=1, kw_only=True)
+
+  def check(self) -> None:
+    super().check()
+    for name, value in (("num_devices", self.num_devices), ("global_batch", self.global_batch)):
+      if isinstance(value, np.integer):
+        object.__setattr__(self, name, value := int(value))
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        key = "cluster.num_devices" if name == "num_devices" else "batch_size"
+        raise UserError(f"{key}={value!r} must be an integer >= 1")
+    if self.num_devices > self.global_batch:
+      raise UserError(f"{self.num_devices} devices (cluster.num_devices) for a global batch of "
+                      f"{self.global_batch} (batch_size): every device needs at least one "
+                      "sample; use cluster.num_devices <= batch_size")
+
+  @classmethod
+  def of(cls, planner: PlannerConfig, num_devices: int, global_batch: int) -> PlanOptions:
+    """`planner`'s options for G = num_devices devices and global batch B."""
+    return cls(**fields_of(planner, PlannerConfig), num_devices=num_devices,
+               global_batch=global_batch)
 
 
 def candidate_counts(options: PlanOptions) -> np.ndarray:

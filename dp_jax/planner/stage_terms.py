@@ -28,7 +28,7 @@ import numpy as np
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, flat_layers
-from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.hardware.devices import get_device
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner.options import PlanOptions
@@ -42,7 +42,7 @@ def update_bytes_per_param(options: PlanOptions) -> float:
   return 2 * MASTER_BYTES + options.grad_bytes_per_param + 2 * options.optimizer_bytes_per_param
 
 
-def update_GBps(cluster: ClusterSpec) -> float:
+def update_GBps(cluster: ClusterConfig) -> float:
   """Bandwidth of the optimizer update: the cluster's, else the device's datasheet HBM."""
   if cluster.update_memory_GBps > 0:
     return cluster.update_memory_GBps
@@ -54,7 +54,7 @@ def update_GBps(cluster: ClusterSpec) -> float:
                     "cluster config") from None
 
 
-def update_ms(params: np.ndarray, profile: ProfileTable, cluster: ClusterSpec,
+def update_ms(params: np.ndarray, profile: ProfileTable, cluster: ClusterConfig,
               options: PlanOptions) -> np.ndarray:
   """(L,) ms of each layer's optimizer update on one device holding all of its parameters."""
   if profile.meta.get("includes_update"):
@@ -76,7 +76,7 @@ def boundary_at(table: Mapping[str, Mapping[str, float]], batch: int, k: int) ->
   return value * batch / int(near)
 
 
-def stage_terms(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec,
+def stage_terms(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
                 options: PlanOptions, counts: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(stage_ms (C,), enter_ms (L, C), leave_ms (L, C)) in graph order (costs.CostModel)."""

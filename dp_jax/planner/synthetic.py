@@ -1,11 +1,25 @@
-"""Synthetic layer graphs and profiles for planner tests and benchmarks (no JAX, no model zoo)."""
+"""Synthetic layer graphs, profiles and clusters for planner tests and benchmarks (no JAX, no
+model zoo)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.layer_times.table import ProfileTable
+
+# A synthetic cluster's links: collectives at line rate, no latency growth with the nodes
+# spanned, no program or boundary terms, the update at the device's datasheet bandwidth. A real
+# cluster states each of these with its source (conf/cluster/).
+IDEAL_LINKS = dict(intra_node_bus_efficiency=1.0, inter_node_bus_efficiency=1.0,
+                   inter_node_latency_per_doubling_us=0.0, program_launch_us=0.0,
+                   stage_boundary_us=0.0, update_memory_GBps=0.0)
+
+
+def cluster(*args, **kw) -> ClusterConfig:
+  """A ClusterConfig (its fields, positional or by name) with IDEAL_LINKS where not given."""
+  return ClusterConfig(*args, **{**IDEAL_LINKS, **kw})
 
 
 class _Builder:

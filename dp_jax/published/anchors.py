@@ -23,8 +23,9 @@ from typing import Any
 
 import yaml
 
+from dp_jax.base.checks import build
 from dp_jax.base.errors import UserError
-from dp_jax.hardware.cluster import allreduce_ms, cluster_file, load_cluster
+from dp_jax.hardware.cluster import allreduce_ms, named_cluster
 from dp_jax.hardware.devices import get_device
 from dp_jax.layer_times.analytic import analytic_profile
 from dp_jax.layer_times.calibrated import (
@@ -35,7 +36,7 @@ from dp_jax.layer_times.calibrated import (
 )
 from dp_jax.layer_times.deeppool_import import import_deeppool_a100
 from dp_jax.layer_times.sources import profile_batches
-from dp_jax.models.zoo import ModelSpec
+from dp_jax.models.zoo import ModelConfig
 from dp_jax.planner import evaluate_plan
 
 ANCHORS_FILE = Path(__file__).resolve().parent / "anchors.yaml"
@@ -221,11 +222,11 @@ def _cluster(anchor: Anchor):
 
 @cache
 def _cluster_spec(name: str):
-  return load_cluster(cluster_file(name))
+  return named_cluster(name)
 
 
 def _graph(anchor: Anchor):
-  return ModelSpec.from_config(dict(anchor.model or {})).graph()
+  return build(ModelConfig, dict(anchor.model or {})).graph()
 
 
 # --- errors ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dp_jax.base.errors import UserError
+from dp_jax.base.checks import Checked, option
 
 # The committed validation's median |predicted / measured - 1| over all its plans
 # (results/validation/vgg16_validation.csv and gpt2_small_validation.csv: 25 plans, 4.3%;
@@ -40,36 +40,24 @@ def tolerance_basis(device: str) -> str:
           "the held-out median error against published GPU measurements")
 
 
-@dataclass
-class ComparisonConfig:
-  """How comparisons are judged (config group `comparison`, composed by plan and simulate).
+@dataclass(frozen=True)
+class ComparisonConfig(Checked):
+  """How comparisons are judged (the comparison group, composed by plan and simulate).
 
   tolerance: a margin within +-tolerance is a tie. Default (null): the validated tolerance of
   the cluster's device (validated_tolerance: 4.3% on this machine's CPU, 7.6% on NVIDIA GPUs);
   `comparison=strict` (0) judges every margin.
   """
 
-  tolerance: float | None = None
+  GROUP = "comparison"
 
+  tolerance: float | None = option(None, low=0, hint="a margin within +-tolerance is a tie; "
+                                   "default null: the validated median error of the cluster's "
+                                   "device")
 
-def check_tolerance(tolerance: Any) -> float:
-  """The tolerance as a float; a UserError naming comparison.tolerance when it is not >= 0."""
-  try:
-    t = float(tolerance)
-  except (TypeError, ValueError):
-    t = math.nan
-  if not math.isfinite(t) or t < 0:
-    raise UserError(f"comparison.tolerance={tolerance} must be a finite number >= 0 (a margin "
-                    "within +-tolerance is a tie; default null: the validated median error of "
-                    "the cluster's device)")
-  return t
-
-
-def tolerance_from_config(comparison: Any, device: str) -> float:
-  """The comparison group's tolerance (a DictConfig, a mapping or None), checked; the validated
-  tolerance of `device` when it is unset (null)."""
-  value = None if comparison is None else comparison.get("tolerance")
-  return validated_tolerance(device) if value is None else check_tolerance(value)
+  def for_device(self, device: str) -> float:
+    """The tolerance, or the validated tolerance of `device` when it is unset."""
+    return validated_tolerance(device) if self.tolerance is None else float(self.tolerance)
 
 
 def verdict(ratio: float, tolerance: float) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from dp_jax.base.checks import Checked, option
 from dp_jax.base.errors import UserError
 from dp_jax.runtime import fatal_filter
 
@@ -34,15 +35,20 @@ AUTO = "auto"  # coordinator_address: let jax.distributed read the cluster's env
 WAIT_NOTICE_S = 3.0  # say that we wait for the peers once joining takes longer than this
 
 
-@dataclass
-class DistributedConfig:
-  """Multi-process settings; coordinator_address None (the default) means a single process."""
+@dataclass(frozen=True)
+class DistributedConfig(Checked):
+  """Multi-process settings (runtime.distributed); coordinator_address None (the default)
+  means a single process, else host:port of process 0, or auto (SLURM, Open MPI); a process
+  silent for heartbeat_timeout_s is dead (the others exit); initialization_timeout_s: how long
+  to wait for every process to join."""
 
-  coordinator_address: str | None = None  # host:port of process 0, or auto (SLURM, Open MPI)
-  num_processes: int | None = None
-  process_id: int | None = None
-  heartbeat_timeout_s: int = 30  # a process silent this long is dead; the others exit
-  initialization_timeout_s: int = 300  # how long to wait for every process to join
+  GROUP = "runtime.distributed"
+
+  coordinator_address: str | None = None
+  num_processes: int | None = option(None, low=1, integer=True)
+  process_id: int | None = option(None, low=0, integer=True)
+  heartbeat_timeout_s: int = option(30, low=1, integer=True)
+  initialization_timeout_s: int = option(300, low=1, integer=True)
 
 
 def resolve(cfg: DistributedConfig | None) -> DistributedConfig:
@@ -62,8 +68,9 @@ def resolve(cfg: DistributedConfig | None) -> DistributedConfig:
   return DistributedConfig(pick(cfg.coordinator_address, "DP_JAX_COORDINATOR_ADDRESS", str),
                            pick(cfg.num_processes, "DP_JAX_NUM_PROCESSES", int),
                            pick(cfg.process_id, "DP_JAX_PROCESS_ID", int),
-                           _get(cfg, "heartbeat_timeout_s", 30),
-                           _get(cfg, "initialization_timeout_s", 300))
+                           _get(cfg, "heartbeat_timeout_s", DistributedConfig.heartbeat_timeout_s),
+                           _get(cfg, "initialization_timeout_s",
+                                DistributedConfig.initialization_timeout_s))
 
 
 def configured(cfg: DistributedConfig | None) -> bool:

@@ -1,6 +1,6 @@
 """The training loop: a plan's program, checkpoints, metrics, progress, a measured timeline.
 
-train() runs a plan its caller checked (planner.plan.check_plan, once, at the app's edge),
+train() runs a plan its caller checked (planner.contract.check_plan, once, at the app's edge),
 resumes from the newest checkpoint in checkpoint_dir, saves every `checkpoint_every` steps (0:
 only at the end) and at the end, and writes metrics.jsonl (one line per step) and timeline.json
 (the second step of the call, every stage call waited for) to output_dir (default: the parent of
@@ -77,13 +77,13 @@ def train(model, graph: LayerGraph, plan: Plan, *, steps: int,
           on_start: Callable[[], None] | None = None) -> TrainResult:
   """Train `model` under `plan` until `steps` steps in total are done (see the module doc).
 
-  `plan`: checked for `graph` and the devices by the caller (planner.plan.check_plan).
+  `plan`: checked for `graph` and the devices by the caller (planner.contract.check_plan).
   on_stage(stage_program, phase) is passed to every train_step (background job hook);
   on_start() runs once the checkpoint folder is known to fit, before any write.
   A non-finite loss stops training with a UserError; the last good checkpoint is kept.
   """
   if not isinstance(plan, Plan):
-    raise TypeError(f"train() takes a Plan checked by planner.plan.check_plan, not "
+    raise TypeError(f"train() takes a Plan checked by planner.contract.check_plan, not "
                     f"{type(plan).__name__}")
   devices = devices or meshlib.job_devices()
   _check_model_graph(model, graph)

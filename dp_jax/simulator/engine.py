@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.hardware.devices import get_device
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import memory
@@ -39,12 +39,12 @@ class Simulation:
   fill: Fill | None = None
 
 
-def default_switch_ms(cluster: ClusterSpec) -> float:
+def default_switch_ms(cluster: ClusterConfig) -> float:
   """One kernel's fixed overhead on the cluster's device (dp_jax/hardware/devices.py)."""
   return get_device(cluster.device).kernel_overhead_us / 1e3
 
 
-def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, plan: Plan, *,
+def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, plan: Plan, *,
              job: BackgroundJob | None = None, cap: float = 0.1, switch_ms: float | None = None,
              policy: str = "fit", iterations: int = 4) -> Simulation:
   """Simulate the plan's iteration alone, then with `job` filling idle windows under `cap`."""

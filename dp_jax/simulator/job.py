@@ -19,7 +19,7 @@ import numpy as np
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, flat_layers
-from dp_jax.hardware.cluster import ClusterSpec
+from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.multiplex.policy import DEFAULT_PIECE_MS, BackgroundJob, layer_groups, step_pieces
 from dp_jax.planner import memory, pricing
@@ -29,7 +29,7 @@ from dp_jax.planner.options import PlanOptions
 __all__ = ["DEFAULT_PIECE_MS", "BackgroundJob", "background_job", "check_memory", "job_bytes"]
 
 
-def job_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, batch: int, *,
+def job_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, batch: int, *,
               gradient_precision: str = "fp32", optimizer: str = "momentum",
               param_bytes_per_param: float = 4) -> CostModel:
   """The planner's cost model of the whole model on one device at `batch`."""
@@ -39,14 +39,14 @@ def job_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, ba
   return build_cost_model(graph, profile, cluster.with_num_devices(1), opts)
 
 
-def job_bytes(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, batch: int,
+def job_bytes(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, batch: int,
               **options) -> float:
   """The planner's memory model of the whole model on one device at `batch`."""
   model = job_model(graph, profile, cluster, batch, **options)
   return float(memory.device_bytes(model, {n: (0, 1) for n in model.names})[0])
 
 
-def background_job(graph: LayerGraph, profile: ProfileTable, cluster: ClusterSpec, batch: int, *,
+def background_job(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, batch: int, *,
                    piece_ms: float = DEFAULT_PIECE_MS, **options) -> BackgroundJob:
   """The job `graph` at per-device `batch`, timed by `profile` with its optimizer update,
   sized by the planner's model (`options`: gradient_precision, optimizer,

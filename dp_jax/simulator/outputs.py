@@ -1,6 +1,6 @@
 """A plan simulated alone and with its background job, written as metrics, timeline JSON and a
-Gantt chart (the simulate app's and the pipeline's one path; no JAX), and the typed options of
-a simulation."""
+Gantt chart (the simulate app's and the pipeline's one path; no JAX), and the interference
+group."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dp_jax.base.errors import UserError
+from dp_jax.base.checks import Checked, option
 from dp_jax.base.jsonfile import write_json
-from dp_jax.base.rules import check
-from dp_jax.multiplex.background import BackgroundSpec
+from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.multiplex.policy import DEFAULT_PIECE_MS
 from dp_jax.planner.baseline import plan_options
 from dp_jax.simulator.engine import simulate
@@ -25,45 +24,33 @@ from dp_jax.simulator.timeline import TIMELINE_SCHEMA
 
 
 @dataclass(frozen=True)
-class SimulationOptions:
-  """How the simulator runs a plan (the interference group and the iteration count, typed and
-  checked once): the fill policy, the background piece length, the foreground's delay when a
-  device is handed back (None: the device's per-kernel cost), iterations after a warm-up one."""
+class InterferenceConfig(Checked):
+  """The interference group (conf/simulate.yaml's interference): how the simulator packs
+  background pieces (docs/simulator.md): the fill policy (fit: the multiplexing policy the
+  runtime runs, dp_jax/multiplex/policy.py), a piece's length (DeepPool's be_graph_split_ms)
+  and the foreground's delay when a device is handed back (None: the device's per-kernel
+  cost, dp_jax/hardware/devices.py)."""
 
-  policy: str = "fit"
-  piece_ms: float = DEFAULT_PIECE_MS
-  switch_ms: float | None = None
-  iterations: int = 4
+  GROUP = "interference"
 
-  def __post_init__(self):
-    check("interference.piece_ms", self.piece_ms)
-    check("iterations", self.iterations)
-    if self.switch_ms is not None:
-      check("interference.switch_us", self.switch_ms * 1e3)
-    if self.policy not in POLICIES:
-      raise UserError(f"interference policy '{self.policy}' is unknown (valid: "
-                      f"{', '.join(POLICIES)})")
+  policy: str = option("fit", choices=POLICIES)
+  piece_ms: float = option(DEFAULT_PIECE_MS, low=0, low_open=True)
+  switch_us: float | None = option(None, low=0)
 
-  @classmethod
-  def from_config(cls, interference: Any, iterations: int = 4) -> SimulationOptions:
-    """The interference group of a config (a DictConfig or a mapping) and the iterations."""
-    policy = interference.get("policy", "fit")
-    switch_us = interference.get("switch_us")
-    return cls(policy=str(getattr(policy, "value", policy)),
-               piece_ms=float(interference.get("piece_ms", DEFAULT_PIECE_MS)),
-               switch_ms=None if switch_us is None else float(switch_us) / 1e3,
-               iterations=iterations)
+  @property
+  def switch_ms(self) -> float | None:
+    return None if self.switch_us is None else self.switch_us / 1e3
 
 
-def background_job_for(background: BackgroundSpec, graph, profile, cluster, plan,
-                       options: SimulationOptions, job_graph=None, job_profile=None):
+def background_job_for(background: BackgroundConfig, graph, profile, cluster, plan,
+                       interference: InterferenceConfig, job_graph=None, job_profile=None):
   """The simulator's view of `background` (None when no job runs): its own model's
   `job_graph` and `job_profile` when it has one, else the foreground's graph and profile."""
   if not background.active:
     return None
   opts = plan_options(plan)
   return background_job(job_graph or graph, job_profile or profile, cluster,
-                        background.batch_per_device, piece_ms=options.piece_ms,
+                        background.batch_per_device, piece_ms=interference.piece_ms,
                         gradient_precision=opts.gradient_precision, optimizer=opts.optimizer,
                         param_bytes_per_param=opts.param_bytes_per_param)
 
@@ -108,20 +95,31 @@ def gantt(sim, metrics: dict[str, Any], path: Path) -> Path:
                     title=gantt_title(m, sim.fill is not None), classes=sim.classes, marks=marks)
 
 
-def simulate_and_write(graph, profile, cluster, plan, out_dir: Path, *,
-                       background: BackgroundSpec, options: SimulationOptions, tolerance: float,
-                       job_graph=None, job_profile=None) -> dict[str, Any]:
-  """Simulate `plan` alone and with `background`; write metrics, timeline and Gantt chart."""
-  job = background_job_for(background, graph, profile, cluster, plan, options, job_graph,
+def simulate_with(graph, profile, cluster, plan, *, background: BackgroundConfig,
+                  interference: InterferenceConfig, iterations: int, tolerance: float,
+                  job_graph=None, job_profile=None) -> tuple[Any, dict[str, Any]]:
+  """(simulation, metrics) of `plan` alone and with `background` (`iterations` after a warm-up
+  one); nothing written."""
+  job = background_job_for(background, graph, profile, cluster, plan, interference, job_graph,
                            job_profile)
   t0 = time.perf_counter()
   sim = simulate(graph, profile, cluster, plan, job=job, cap=background.cap,
-                 switch_ms=options.switch_ms, policy=options.policy,
-                 iterations=options.iterations)
+                 switch_ms=interference.switch_ms, policy=interference.policy,
+                 iterations=iterations)
   m = compute_metrics(sim, tolerance)
   m.update(simulation_s=time.perf_counter() - t0, profile_source=profile.source)
+  return sim, m
+
+
+def write(sim, m: dict[str, Any], out_dir: Path) -> Path:
+  """metrics.json, timeline.json and the Gantt chart of a simulation; the chart's path."""
   out_dir.mkdir(parents=True, exist_ok=True)
   write_json(out_dir / "metrics.json", m)
   write_json(out_dir / "timeline.json", timeline_json(sim, m), indent=None)
-  png = gantt(sim, m, out_dir / "gantt.png")
-  return {"metrics": m, "gantt": str(png)}
+  return gantt(sim, m, out_dir / "gantt.png")
+
+
+def simulate_and_write(graph, profile, cluster, plan, out_dir: Path, **kw: Any) -> dict[str, Any]:
+  """Simulate `plan` (simulate_with's keywords) and write metrics, timeline and Gantt chart."""
+  sim, m = simulate_with(graph, profile, cluster, plan, **kw)
+  return {"metrics": m, "gantt": str(write(sim, m, out_dir))}

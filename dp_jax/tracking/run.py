@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from dp_jax.base.checks import Checked, build, option
 from dp_jax.base.jsonfile import dumps, write_json
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,22 @@ log = logging.getLogger(__name__)
 TRACKED_PACKAGES = ("dp_jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "hydra-core",
                     "omegaconf", "wandb", "numpy", "matplotlib", "rich")
 RUN_ID_FILE = "wandb_run_id.txt"
+
+
+@dataclass(frozen=True)
+class LoggerConfig(Checked):
+  """The logger group (conf/logger/): W&B tracking, offline by default (no server needed);
+  `disabled` turns it off. group: None: a multirun's sweep name, else no group; job_type:
+  None: the app's name."""
+
+  GROUP = "logger"
+
+  mode: str = option("offline", choices=("online", "offline", "disabled"))
+  project: str = "dp_jax"
+  entity: str | None = None
+  group: str | None = None
+  job_type: str | None = None
+  tags: tuple[str, ...] = ()
 
 
 def git_state(repo: Path | None = None) -> dict[str, Any]:
@@ -83,6 +100,7 @@ class Run:
   output_dir: Path
   wandb_run: Any | None = None
   writes: bool = True  # False on processes other than 0 of a multi-process job
+  config: dict[str, Any] = field(default_factory=dict)  # the job's config, as config.json has it
   _summary: dict[str, Any] = field(default_factory=dict)
   _start: Callable[[], Any] | None = None  # writes config/provenance, returns the W&B run
   begun: bool = False
@@ -193,12 +211,11 @@ def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None
   writer=False (processes other than 0 of a multi-process job): no files, no W&B run.
   """
   output_dir = Path(output_dir)
-  if not writer:
-    return Run(output_dir, writes=False)
   resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-  logger_cfg = cfg.get("logger") or {}
-  mode = str(getattr(logger_cfg.get("mode", "offline"), "value", logger_cfg.get("mode", "offline")))
-  mode = os.environ.get("DP_JAX_WANDB_MODE", mode)
+  if not writer:
+    return Run(output_dir, writes=False, config=resolved)
+  logger = build(LoggerConfig, cfg.get("logger") or {})
+  mode = os.environ.get("DP_JAX_WANDB_MODE", logger.mode)
 
   def write_and_start_wandb() -> Any | None:
     prov = provenance()
@@ -206,10 +223,11 @@ def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None
     write_json(output_dir / "config.json", resolved)
     if mode == "disabled":
       return None
-    return _start_wandb(resolved, prov, logger_cfg, mode, app, output_dir, sweep_name)
+    return _start_wandb(resolved, prov, logger, mode, app, output_dir, sweep_name)
 
   inputs, outputs = job_files(resolved, app, output_dir)
-  return Run(output_dir, _start=write_and_start_wandb, inputs=inputs, outputs=outputs)
+  return Run(output_dir, config=resolved, _start=write_and_start_wandb, inputs=inputs,
+             outputs=outputs)
 
 
 # What each app writes (relative to its run folder unless cfg.out names the file).
@@ -299,7 +317,7 @@ def plan_file_json(plan: Any) -> dict[str, Any]:
   return data if isinstance(data, dict) else {}
 
 
-def _start_wandb(resolved: dict[str, Any], prov: dict[str, Any], logger_cfg: Any, mode: str,
+def _start_wandb(resolved: dict[str, Any], prov: dict[str, Any], logger: LoggerConfig, mode: str,
                  app: str, output_dir: Path, sweep_name: str | None) -> Any | None:
   """The W&B run of this job (resumed by the id stored in its folder); None if W&B fails."""
   try:
@@ -311,10 +329,10 @@ def _start_wandb(resolved: dict[str, Any], prov: dict[str, Any], logger_cfg: Any
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
       run = wandb.init(
-          mode=mode, project=logger_cfg.get("project", "dp_jax"), entity=logger_cfg.get("entity"),
-          group=logger_cfg.get("group") or sweep_name, job_type=logger_cfg.get("job_type") or app,
-          name=run_name(resolved, app),
-          tags=list(logger_cfg.get("tags") or []), config={**resolved, "provenance": prov},
+          mode=mode, project=logger.project, entity=logger.entity,
+          group=logger.group or sweep_name, job_type=logger.job_type or app,
+          name=run_name(resolved, app), tags=list(logger.tags),
+          config={**resolved, "provenance": prov},
           dir=str(output_dir), id=run_id, resume="allow", reinit="finish_previous",
           settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
     write_json(Path(run.dir) / "dp_jax_config.json", {**resolved, "provenance": prov})
