@@ -166,7 +166,9 @@ def test_dtype_option_sets_param_dtype():
 def test_model_names():
   assert set(MODEL_NAMES) == {"vgg16", "resnet50", "wide_resnet50_2", "wide_resnet101_2",
                               "inception_v3", "gpt2_small", "gpt2_medium", "digits_cnn", "vit",
-                              "digits_mlp"}
+                              "digits_mlp", "llama3_8b", "llama3_70b", "llama_tiny",
+                              "llava_1_5_7b", "llava_tiny", "mixtral_8x7b", "mixtral_tiny",
+                              "deepseek_moe_16b", "deepseek_moe_tiny"}
 
 
 def test_unknown_model_lists_valid_names():

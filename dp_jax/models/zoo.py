@@ -38,6 +38,15 @@ ZOO: dict[str, str] = {  # name -> _target_
     "vit": "dp_jax.models.vit.ViT",
     "gpt2_small": "dp_jax.models.gpt2.gpt2_small",
     "gpt2_medium": "dp_jax.models.gpt2.gpt2_medium",
+    "llama3_8b": "dp_jax.models.llama.llama3_8b",
+    "llama3_70b": "dp_jax.models.llama.llama3_70b",
+    "llama_tiny": "dp_jax.models.llama.llama_tiny",
+    "llava_1_5_7b": "dp_jax.models.vlm.llava_1_5_7b",
+    "llava_tiny": "dp_jax.models.vlm.llava_tiny",
+    "mixtral_8x7b": "dp_jax.models.moe.mixtral_8x7b",
+    "mixtral_tiny": "dp_jax.models.moe.mixtral_tiny",
+    "deepseek_moe_16b": "dp_jax.models.moe.deepseek_moe_16b",
+    "deepseek_moe_tiny": "dp_jax.models.moe.deepseek_moe_tiny",
 }
 MODEL_NAMES: tuple[str, ...] = tuple(ZOO)
 

@@ -39,6 +39,7 @@ class DataSource:
   num_samples: int | None = None  # None: synthetic (unbounded)
   read_x: Reader | None = None
   read_y: Reader | None = None
+  image_prefix: int = 0  # token inputs: pixel values (0-255) before the token ids (a VLM)
 
   @property
   def tokens(self) -> bool:
@@ -57,10 +58,11 @@ def make_source(kind: str, model, *, path: str | None = None, seed: int = 0) -> 
 
 
 def synthetic(model, *, seed: int = 0) -> DataSource:
-  """Random inputs and labels (tokens: next-token labels of one random sequence)."""
+  """Random inputs and labels (tokens: next-token labels of one random sequence, after
+  `model.image_prefix` random pixel values if the model reads an image before its tokens)."""
   x, y = model.input_spec(1), model.label_spec(1)
   return DataSource("synthetic", tuple(x.shape[1:]), str(x.dtype), tuple(y.shape[1:]),
-                    _num_labels(model), seed)
+                    _num_labels(model), seed, image_prefix=int(getattr(model, "image_prefix", 0)))
 
 
 def from_npz(path: str | Path, model, *, seed: int = 0) -> DataSource:
@@ -79,7 +81,7 @@ def from_npz(path: str | Path, model, *, seed: int = 0) -> DataSource:
   x = _as_inputs(x, src, str(path))
   y = _as_labels(y, src, str(path), len(x))
   return DataSource("npz", src.x_shape, src.x_dtype, src.y_shape, src.num_labels, seed, len(x),
-                    lambda ids: x[ids], lambda ids: y[ids])
+                    lambda ids: x[ids], lambda ids: y[ids], src.image_prefix)
 
 
 def from_folder(path: str | Path, model, *, seed: int = 0) -> DataSource:
@@ -146,13 +148,21 @@ def _generators(src: DataSource, global_batch: int, x_sharding, y_sharding):
   key = jax.random.key(src.seed)
 
   if src.tokens:
-    seq = src.x_shape[0]
+    prefix = src.image_prefix
+    seq = src.x_shape[0] - prefix
 
     def tokens(step):
       k = jax.random.fold_in(key, step)
       return jax.random.randint(k, (global_batch, seq + 1), 0, src.num_labels, src.x_dtype)
 
-    return (jax.jit(lambda s: tokens(s)[:, :-1], out_shardings=x_sharding),
+    def inputs(step):
+      if not prefix:
+        return tokens(step)[:, :-1]
+      k = jax.random.fold_in(jax.random.fold_in(key, step), 1)
+      pixels = jax.random.randint(k, (global_batch, prefix), 0, 256, src.x_dtype)
+      return jnp.concatenate([pixels, tokens(step)[:, :-1]], axis=1)
+
+    return (jax.jit(inputs, out_shardings=x_sharding),
             jax.jit(lambda s: tokens(s)[:, 1:].astype(jnp.int32), out_shardings=y_sharding))
 
   def images(step):
@@ -187,7 +197,12 @@ def _as_inputs(x: np.ndarray, src: DataSource, where: str) -> np.ndarray:
   if src.tokens:
     if not np.issubdtype(x.dtype, np.integer):
       raise UserError(f"{where}: token inputs x must be integers, got {x.dtype}")
-    _check_range(x, src.num_labels, where, "x")
+    p = src.image_prefix
+    if p and (x[:, :p].min() < 0 or x[:, :p].max() > 255):
+      raise UserError(f"{where}: the first {p} values of each x are pixel values of the model's "
+                      f"image and must lie in [0, 255], found [{x[:, :p].min()}, "
+                      f"{x[:, :p].max()}]")
+    _check_range(x[:, p:], src.num_labels, where, "x")
   elif x.dtype == np.uint8:
     return (x / 255.0).astype(src.x_dtype)
   return x.astype(src.x_dtype)
