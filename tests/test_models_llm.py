@@ -9,10 +9,10 @@ from flax import nnx
 from runtime_helpers import by_prefix, run_plan, run_reference, sgd, state_diffs
 
 from dp_jax.base.errors import UserError
-from dp_jax.graph.trace import trace_graph
 from dp_jax.models import llama, ops, vlm
 from dp_jax.models.base import run_layers
 from dp_jax.models.moe import param_counts
+from dp_jax.models.trace import trace_graph
 from dp_jax.models.zoo import build_model
 from dp_jax.runtime import data
 

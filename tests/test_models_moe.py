@@ -14,9 +14,9 @@ from runtime_helpers import by_prefix, run_plan, run_reference, sgd, state_diffs
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.graph.trace import trace_graph
 from dp_jax.models import moe
 from dp_jax.models.base import run_layers
+from dp_jax.models.trace import trace_graph
 from dp_jax.models.zoo import build_model
 
 # name -> (total, active, source). The published numbers are rounded to 3 and 2 significant
