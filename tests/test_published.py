@@ -10,11 +10,11 @@ import pytest
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.profiling.calibrated import CALIBRATION, calibrated_profile
-from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE
 from dp_jax.validation.published import (
+  ANCHORS_FILE,
   fit_calibration,
-  held_out,
   load_anchors,
+  load_published,
   predict,
   results,
 )
@@ -28,21 +28,58 @@ def rows():
 
 
 def test_every_row_is_cited_and_the_split_is_stated():
-  anchors = load_anchors()
-  roles = {a.role for a in anchors}
+  table = load_published()
+  for a in table.rows:
+    assert a.source and a.hardware and a.measured > 0 and a.why, a.id
+  roles = {a.role for a in table.rows}
   assert roles == {"fit", "held_out", "not_modelled"}
-  for a in anchors:
-    assert a.source and a.hardware and a.measured > 0
-    if a.role != "held_out":
-      assert a.why, a.id  # what a fit row calibrates, or why a row is not modelled
-  held = [a for a in anchors if a.role == "held_out"]
   # the issue's anchors: DeepLearningExamples ResNet-50 on 1 and 8 A100, Megatron-LM on A100 and
-  # H100, nccl-tests on A100 and H100, DeepPool's own iteration time
-  ids = " ".join(a.id for a in anchors)
+  # H100, DeepPool's own iteration time
+  ids = " ".join(a.id for a in table.rows)
   for part in ("rn50_a100_1gpu", "rn50_a100_8gpu", "megatron_2021_gpt_1p7b_32gpu",
-               "megatron_core_2024", "h100_1node", "deeppool_readme"):
+               "megatron_core_2024", "deeppool_readme"):
     assert part in ids, part
-  assert len(held) >= 20
+  # the three relative checks, every held-out entry in a group of (model, hardware, table)
+  assert len(table.scaling) >= 20 and len(table.allreduce) >= 10 and len(table.small_batch) >= 4
+  assert {p.regime for p in table.scaling} == {"small", "large"}
+  curves = [c for c in table.allreduce if c.role == "held_out"]
+  assert any(min(b for b, _ in c.points) <= 2**20 for c in curves)  # from 1 MiB up
+
+
+def test_a_fit_benchmark_at_another_scale_counts_only_in_the_scaling_check():
+  table = load_published()
+  fit = [a for a in table.rows if a.role == "fit"]
+
+  def benchmark_of_a_fit_row(a) -> bool:  # the same model, table, precision and per-GPU batch
+    return a.role != "fit" and any(
+        a.group[0] == f.group[0] and a.group[2].startswith(f.group[2])
+        and a.precision == f.precision and a.per_device_batch == f.per_device_batch for f in fit)
+
+  for a in table.rows:
+    assert a.scaling_only == benchmark_of_a_fit_row(a), a.id
+  paired = {p.scaled.id for p in table.scaling} | {p.base.id for p in table.scaling}
+  assert all(a.id in paired for a in table.rows if a.scaling_only)
+
+
+def test_a_constant_checked_on_a_row_makes_it_a_fit_row():
+  curves = {c.id: c for c in load_published().allreduce}
+  # 0.86 was set on it and 0.96 chosen while checking it (issue 43)
+  assert curves["nccl_1048_a100_2node_4nic"].role == "fit"
+  assert "inter_node_bus_efficiency" in curves["nccl_1048_a100_2node_4nic"].why
+
+
+def test_regimes_follow_the_per_gpu_batch(tmp_path):
+  for a in load_published().rows:
+    if a.role != "not_modelled":
+      assert a.regime == ("small" if a.per_device_batch <= 8 else "large"), a.id
+  text = ANCHORS_FILE.read_text().replace(
+      "group: [vgg16, A100 server, deeppool_readme], regime: small",
+      "group: [vgg16, A100 server, deeppool_readme], regime: large")
+  bad = tmp_path / "anchors.yaml"
+  bad.write_text(text)
+  with pytest.raises(UserError, match="deeppool_readme_vgg16_dp_8gpu_b32: regime large but its "
+                     "per-GPU batch is 4"):
+    load_published(bad)
 
 
 def test_the_fit_reproduces_the_calibration_from_the_fit_rows_alone():
@@ -60,13 +97,6 @@ def test_fit_rows_are_reproduced_and_held_out_rows_are_predicted(rows):
       assert r.predicted is None
     else:
       assert r.predicted > 0
-
-
-def test_gpu_tolerance_is_the_held_out_median_error_of_the_training_rows(rows):
-  h = held_out(rows)
-  assert round(h.training_median, 3) == GPU_VALIDATED_TOLERANCE
-  assert h.rows > h.training_rows >= 20
-  assert h.median <= 0.15  # the target of the held-out median
 
 
 def test_the_script_ends_with_the_held_out_line(capsys):
@@ -87,7 +117,7 @@ def test_the_script_ends_with_the_held_out_line(capsys):
 
 def test_a_malformed_table_is_one_line_naming_the_row(tmp_path):
   bad = tmp_path / "anchors.yaml"
-  bad.write_text("schema: dp_jax.anchors/1\nrows:\n  - {id: x, role: guessed, source: s, "
+  bad.write_text("schema: dp_jax.anchors/2\nrows:\n  - {id: x, role: guessed, source: s, "
                  "hardware: h, measured: 1, unit: images/s}\n")
   with pytest.raises(UserError, match="row x: role must be one of"):
     load_anchors(bad)

@@ -40,23 +40,32 @@ from dp_jax.profiling.deeppool_import import import_deeppool_a100
 from dp_jax.profiling.sources import profile_batches
 
 ANCHORS_FILE = Path(__file__).resolve().parents[1] / "profiling" / "data" / "published_anchors.yaml"
-SCHEMA = "dp_jax.anchors/1"
+SCHEMA = "dp_jax.anchors/2"
 ROLES = ("fit", "held_out", "not_modelled")
-UNITS = ("images/s", "sequences/s", "tflops_per_device", "ms_per_iteration", "busbw_GBps")
+UNITS = ("images/s", "sequences/s", "tflops_per_device", "ms_per_iteration")
 SETUP_KEYS = ("optimizer", "gradient_precision", "overlap_allreduce", "batch_norm", "recompute")
+REGIMES = ("small", "large")
+SMALL_BATCH_MAX = 8  # per-GPU batch of the small regime (<= 8)
+
+
+def regime_of(per_device_batch: float) -> str:
+  """'small' for a per-GPU batch of SMALL_BATCH_MAX or less, else 'large'."""
+  return "small" if per_device_batch <= SMALL_BATCH_MAX else "large"
 
 
 @dataclass(frozen=True)
 class Anchor:
-  """One published measurement and the setup the model reproduces it with."""
+  """One published training measurement and the setup the model reproduces it with."""
 
   id: str
   role: str
+  why: str
+  group: tuple[str, str, str]  # (model, hardware, source table)
+  regime: str
   source: str
   hardware: str
   measured: float
   unit: str
-  why: str = ""
   cluster: str = "dgx_a100"
   device: str | None = None
   gpus: int = 1
@@ -64,60 +73,217 @@ class Anchor:
   precision: str = "mixed fp16"
   batch_per_device: int | None = None
   global_batch: int | None = None
+  accumulation: int = 1  # micro-batches per optimizer step (one all-reduce, one update)
   tensor_parallel: int = 1
   setup: Mapping[str, Any] = field(default_factory=dict)
   flops: str | None = None
-  nodes: int = 1  # all-reduce rows
-  gpus_per_node: int = 8
-  nics_per_node: int = 0
-  size_bytes: float = 0.0
+  scaling_only: bool = False  # a fit benchmark at another scale: judged by the scaling check only
 
   @property
   def kind(self) -> str:
-    return "allreduce" if self.unit == "busbw_GBps" else "training"
+    return "training"
 
   @property
   def batch(self) -> int:
-    """The global batch B of a training row."""
+    """The global batch B of one micro-batch (every GPU's samples)."""
     return self.global_batch or self.gpus * int(self.batch_per_device or 0)
+
+  @property
+  def per_device_batch(self) -> float:
+    """Samples per GPU and micro-batch (per data-parallel replica under tensor parallelism)."""
+    return self.batch * self.tensor_parallel / self.gpus
+
+
+@dataclass(frozen=True)
+class ScalingPair:
+  """(a) Two scales of one published table: the per-GPU efficiency of `scaled` over `base`."""
+
+  id: str
+  role: str
+  base: Anchor
+  scaled: Anchor
+  group: tuple[str, str, str]
+  regime: str
+
+  @property
+  def published(self) -> float:
+    """(throughput(G) / G) / (throughput(G0) / G0), as published."""
+    return _per_gpu(self.scaled, self.scaled.measured) / _per_gpu(self.base, self.base.measured)
+
+
+@dataclass(frozen=True)
+class Curve:
+  """(c) Published all-reduce bus bandwidth (GB/s) at message sizes (bytes) on one setup."""
+
+  id: str
+  role: str
+  why: str
+  group: tuple[str, str, str]
+  source: str
+  hardware: str
+  cluster: str
+  nodes: int
+  gpus_per_node: int
+  nics_per_node: int
+  points: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class SmallBatchTable:
+  """(b) One DeepPool per-layer A100 table: the model it times, its batches and reference."""
+
+  id: str
+  role: str
+  model: str
+  table: str
+  group: tuple[str, str, str]
+  batches: tuple[int, ...]
+  reference: int
+
+
+@dataclass(frozen=True)
+class Published:
+  """The whole table: absolute rows, scaling pairs, all-reduce curves, small-batch tables and
+  the small-batch shape's grid."""
+
+  rows: tuple[Anchor, ...]
+  scaling: tuple[ScalingPair, ...]
+  allreduce: tuple[Curve, ...]
+  small_batch: tuple[SmallBatchTable, ...]
+  grid: Mapping[str, tuple[float, ...]]
+
+
+def _per_gpu(anchor: Anchor, value: float) -> float:
+  """A throughput per GPU (images/s or sequences/s over the row's GPUs)."""
+  return value / anchor.gpus
 
 
 def load_anchors(path: str | Path = ANCHORS_FILE) -> list[Anchor]:
-  """The table's rows, checked (one-line errors naming the row)."""
-  data = yaml.safe_load(Path(path).read_text())
+  """The table's absolute training rows, checked (one-line errors naming the row)."""
+  return list(load_published(path).rows)
+
+
+@cache
+def _load_cached(path: str) -> Published:
+  return _load(Path(path))
+
+
+def load_published(path: str | Path = ANCHORS_FILE) -> Published:
+  """Every section of the table, checked: one-line errors naming the row."""
+  return _load_cached(str(Path(path).resolve()))
+
+
+def _load(path: Path) -> Published:
+  try:
+    data = yaml.safe_load(path.read_text())
+  except (OSError, yaml.YAMLError) as e:
+    raise UserError(f"{path}: cannot read the published-anchors table ({e})") from None
   if not isinstance(data, dict) or data.get("schema") != SCHEMA:
     raise UserError(f"{path}: not a published-anchors table (schema {SCHEMA})")
   models, setups = data.get("models") or {}, data.get("setups") or {}
-  out, seen = [], set()
+  rows, seen = [], set()
   for raw in data.get("rows") or []:
-    row = dict(raw)
-    rid = row.get("id", "?")
-    if rid in seen:
-      raise UserError(f"{path}: row {rid} appears twice")
-    seen.add(rid)
-    model = row.get("model")
-    if isinstance(model, str):
-      row["model"] = dict(models[model]) if model in models else {"name": model}
-    setup = row.get("setup") or {}
-    if isinstance(setup, str):
-      if setup not in setups:
-        raise UserError(f"{path}: row {rid} names setup '{setup}', which the table lacks")
-      setup = setups[setup]
-    unknown = sorted(set(setup) - set(SETUP_KEYS))
-    if unknown:
-      raise UserError(f"{path}: row {rid}: unknown setup key {unknown[0]}")
-    row["setup"] = dict(setup)
-    try:
-      anchor = Anchor(**row)
-    except TypeError as e:
-      raise UserError(f"{path}: row {rid}: {e}") from None
-    if anchor.role not in ROLES or anchor.unit not in UNITS:
-      raise UserError(f"{path}: row {rid}: role must be one of {', '.join(ROLES)} and unit one "
-                      f"of {', '.join(UNITS)}")
-    if not (isinstance(anchor.measured, (int, float)) and anchor.measured > 0):
-      raise UserError(f"{path}: row {rid}: measured must be a positive number")
-    out.append(anchor)
-  return out
+    anchor = _anchor(path, dict(raw), models, setups)
+    if anchor.id in seen:
+      raise UserError(f"{path}: row {anchor.id} appears twice")
+    seen.add(anchor.id)
+    rows.append(anchor)
+  by_id = {a.id: a for a in rows}
+  scaling = tuple(_pair(path, dict(raw), by_id) for raw in data.get("scaling") or [])
+  curves = tuple(_curve(path, dict(raw)) for raw in data.get("allreduce") or [])
+  sb = data.get("small_batch") or {}
+  tables = tuple(_small_batch(path, dict(raw)) for raw in sb.get("tables") or [])
+  grid = {k: tuple(float(x) for x in v) for k, v in (sb.get("grid") or {}).items()}
+  ids = [x.id for x in (*rows, *scaling, *curves, *tables)]
+  dup = sorted({i for i in ids if ids.count(i) > 1})
+  if dup:
+    raise UserError(f"{path}: id {dup[0]} appears twice")
+  return Published(tuple(rows), scaling, curves, tables, grid)
+
+
+def _common(path: Path, rid: str, row: Mapping[str, Any]) -> tuple[str, tuple[str, str, str]]:
+  """The checked role and group of any entry."""
+  role, group = row.get("role"), row.get("group")
+  if role not in ROLES:
+    raise UserError(f"{path}: row {rid}: role must be one of {', '.join(ROLES)}")
+  if not (isinstance(group, list) and len(group) == 3 and all(isinstance(g, str) for g in group)):
+    raise UserError(f"{path}: row {rid}: group must be [model, hardware, source table]")
+  return role, (group[0], group[1], group[2])
+
+
+def _anchor(path: Path, row: dict, models: Mapping, setups: Mapping) -> Anchor:
+  rid = row.get("id", "?")
+  row["role"], row["group"] = _common(path, rid, row)
+  if not row.get("why"):
+    raise UserError(f"{path}: row {rid}: every row says why it has its role (why: ...)")
+  model = row.get("model")
+  if isinstance(model, str):
+    row["model"] = dict(models[model]) if model in models else {"name": model}
+  setup = row.get("setup") or {}
+  if isinstance(setup, str):
+    if setup not in setups:
+      raise UserError(f"{path}: row {rid} names setup '{setup}', which the table lacks")
+    setup = setups[setup]
+  unknown = sorted(set(setup) - set(SETUP_KEYS))
+  if unknown:
+    raise UserError(f"{path}: row {rid}: unknown setup key {unknown[0]}")
+  row["setup"] = dict(setup)
+  try:
+    anchor = Anchor(**row)
+  except TypeError as e:
+    raise UserError(f"{path}: row {rid}: {e}") from None
+  if anchor.unit not in UNITS:
+    raise UserError(f"{path}: row {rid}: unit must be one of {', '.join(UNITS)}")
+  if not (isinstance(anchor.measured, (int, float)) and anchor.measured > 0):
+    raise UserError(f"{path}: row {rid}: measured must be a positive number")
+  if not (isinstance(anchor.accumulation, int) and anchor.accumulation >= 1):
+    raise UserError(f"{path}: row {rid}: accumulation must be an integer >= 1")
+  if anchor.role != "not_modelled" and anchor.regime != regime_of(anchor.per_device_batch):
+    raise UserError(f"{path}: row {rid}: regime {anchor.regime} but its per-GPU batch is "
+                    f"{anchor.per_device_batch:g} (small: <= {SMALL_BATCH_MAX})")
+  return anchor
+
+
+def _pair(path: Path, row: dict, rows: Mapping[str, Anchor]) -> ScalingPair:
+  rid = row.get("id", "?")
+  role, group = _common(path, rid, row)
+  base, scaled = rows.get(row.get("base")), rows.get(row.get("scaled"))
+  if base is None or scaled is None:
+    raise UserError(f"{path}: scaling pair {rid}: base and scaled must name rows of the table")
+  if (base.group != group or scaled.group != group or base.unit != scaled.unit
+          or base.precision != scaled.precision or base.gpus >= scaled.gpus
+          or base.per_device_batch != scaled.per_device_batch):
+    raise UserError(f"{path}: scaling pair {rid}: two scales of one table (same group, unit, "
+                    "precision and per-GPU batch, base on fewer GPUs)")
+  if row.get("regime") != scaled.regime:
+    raise UserError(f"{path}: scaling pair {rid}: regime must be its rows' ({scaled.regime})")
+  return ScalingPair(rid, role, base, scaled, group, scaled.regime)
+
+
+def _curve(path: Path, row: dict) -> Curve:
+  rid = row.get("id", "?")
+  row["role"], row["group"] = _common(path, rid, row)
+  points = row.get("points") or []
+  if not points or not all(isinstance(p, list) and len(p) == 2 and p[0] > 0 and p[1] > 0
+                           for p in points):
+    raise UserError(f"{path}: all-reduce row {rid}: points must be [[bytes, busbw GB/s], ...]")
+  row["points"] = tuple((float(b), float(v)) for b, v in points)
+  try:
+    return Curve(**row)
+  except TypeError as e:
+    raise UserError(f"{path}: all-reduce row {rid}: {e}") from None
+
+
+def _small_batch(path: Path, row: dict) -> SmallBatchTable:
+  rid = row.get("id", "?")
+  row["role"], row["group"] = _common(path, rid, row)
+  row["batches"] = tuple(int(b) for b in row.get("batches") or [])
+  if not row["batches"] or max(row["batches"]) >= int(row.get("reference", 0)):
+    raise UserError(f"{path}: small-batch table {rid}: batches below its reference batch")
+  try:
+    return SmallBatchTable(**row)
+  except TypeError as e:
+    raise UserError(f"{path}: small-batch table {rid}: {e}") from None
 
 
 # --- predictions ----------------------------------------------------------------------------
