@@ -294,23 +294,43 @@ PROFILE_SOURCES = ("calibrated", "analytic", "deeppool_a100")
 
 def predict(anchor: Anchor, calibration: Calibration = CALIBRATION,
             source: str = "calibrated") -> float:
-  """The model's figure for one row, in the row's unit (`source`: the profile of a training
-  row, one of PROFILE_SOURCES)."""
-  if anchor.kind == "allreduce":
-    return _busbw(anchor)
-  ms = iteration_ms(anchor, calibration, source)
-  g, b = anchor.gpus, anchor.batch
+  """The model's figure for one row, in the row's unit (`source`: the profile, one of
+  PROFILE_SOURCES)."""
+  ms = step_ms(anchor, calibration, source)
+  samples = anchor.batch * anchor.accumulation
   if anchor.unit in ("images/s", "sequences/s"):
-    return b / ms * 1e3
+    return samples / ms * 1e3
   if anchor.unit == "ms_per_iteration":
     return ms
-  return model_flops(anchor) / (ms / 1e3) / g / 1e12
+  return model_flops(anchor) / (ms / 1e3) / anchor.gpus / 1e12
+
+
+def step_ms(anchor: Anchor, calibration: Calibration = CALIBRATION,
+            source: str = "calibrated") -> float:
+  """One optimizer step of the row: its accumulation's micro-batches (forward and backward
+  each), one gradient all-reduce and one update."""
+  return accumulated_ms(evaluation(anchor, calibration, source), anchor.accumulation)
+
+
+def accumulated_ms(ev, accumulation: int) -> float:
+  """A step of `accumulation` micro-batches from one micro-batch's evaluation: every
+  micro-batch's compute (update and all-reduce excluded) and stage terms, then the all-reduce
+  exposed after the last backward and the update, once."""
+  sync = sum(st.sync_ms for st in ev.stages)
+  return accumulation * (ev.iteration_ms - ev.update_ms - sync) + sync + ev.update_ms
 
 
 def iteration_ms(anchor: Anchor, calibration: Calibration = CALIBRATION,
                  source: str = "calibrated") -> float:
-  """The planner's evaluation of the row's model, every layer on all its GPUs."""
+  """One micro-batch under the planner's evaluation, every layer on all the row's GPUs."""
+  return float(evaluation(anchor, calibration, source).iteration_ms)
 
+
+def evaluation(anchor: Anchor, calibration: Calibration = CALIBRATION,
+               source: str = "calibrated"):
+  """The planner's evaluation of one micro-batch of the row's model, every layer on all its
+  GPUs (data parallelism; with tensor parallelism m, the transformer blocks split by heads and
+  the logits by vocabulary on a (G/m, m) mesh)."""
   graph = _graph(anchor)
   g, b, m = anchor.gpus, anchor.batch, int(anchor.tensor_parallel)
   if g > b:
@@ -327,10 +347,9 @@ def iteration_ms(anchor: Anchor, calibration: Calibration = CALIBRATION,
         shardings[node.name] = (m, "heads")
       elif node.kind == "lm_head":
         shardings[node.name] = (m, "out")
-  ev = evaluate_plan(graph, profile, _cluster(anchor), {n: (0, g) for n in graph.names},
-                     global_batch=b, num_devices=g, shardings=shardings, check_memory=False,
-                     **setup)
-  return float(ev.iteration_ms)
+  return evaluate_plan(graph, profile, _cluster(anchor), {n: (0, g) for n in graph.names},
+                       global_batch=b, num_devices=g, shardings=shardings, check_memory=False,
+                       **setup)
 
 
 def row_profile(anchor: Anchor, graph, source: str = "calibrated",
