@@ -29,11 +29,12 @@ from dp_jax.hardware.cluster import allreduce_ms, load_cluster
 from dp_jax.hardware.devices import get_device
 from dp_jax.models.zoo import ModelSpec
 from dp_jax.planner import evaluate_plan
-from dp_jax.profiling.analytic import analytic_profile
+from dp_jax.profiling.analytic import analytic_profile, layer_times_ms
 from dp_jax.profiling.calibrated import (
   CALIBRATION,
   Calibration,
   calibrated_profile,
+  layer_model,
   precision_class,
 )
 from dp_jax.profiling.deeppool_import import import_deeppool_a100
@@ -386,14 +387,15 @@ def model_flops(anchor: Anchor) -> float:
   raise UserError(f"anchor {anchor.id}: unknown flops count '{anchor.flops}'")
 
 
-def _busbw(anchor: Anchor) -> float:
-  """nccl-tests' bus bandwidth of the modelled all-reduce of size_bytes (latency included)."""
-  base = _cluster_spec(anchor.cluster)
-  spec = dataclasses.replace(base, num_nodes=anchor.nodes, devices_per_node=anchor.gpus_per_node,
-                             nics_per_node=anchor.nics_per_node)
-  n = anchor.nodes * anchor.gpus_per_node
-  ms = float(allreduce_ms(spec, anchor.size_bytes, 0, n))
-  return 2 * (n - 1) / n * anchor.size_bytes / (ms * 1e6)
+def busbw_GBps(curve: Curve, size_bytes: float) -> float:
+  """nccl-tests' bus bandwidth of the modelled all-reduce of size_bytes on the curve's setup:
+  2(n-1)/n x bytes / the collective model's time (dp_jax/hardware/cluster.py, allreduce_ms)."""
+  base = _cluster_spec(curve.cluster)
+  spec = dataclasses.replace(base, num_nodes=curve.nodes, devices_per_node=curve.gpus_per_node,
+                             nics_per_node=curve.nics_per_node)
+  n = curve.nodes * curve.gpus_per_node
+  ms = float(allreduce_ms(spec, size_bytes, 0, n))
+  return 2 * (n - 1) / n * size_bytes / (ms * 1e6)
 
 
 def _cluster(anchor: Anchor):
@@ -435,28 +437,258 @@ def results(anchors: Iterable[Anchor] | None = None,
             calibration: Calibration = CALIBRATION) -> list[Result]:
   """Every row predicted (not_modelled rows: no prediction)."""
   rows = load_anchors() if anchors is None else list(anchors)
-  return [Result(a, None if a.role == "not_modelled" else predict(a, calibration)) for a in rows]
+  return [Result(a, None if a.role == "not_modelled" else _predicted(a, calibration))
+          for a in rows]
+
+
+_PREDICTED: dict[str, float] = {}  # repr(row) -> its prediction under CALIBRATION
+
+
+def _predicted(anchor: Anchor, calibration: Calibration) -> float:
+  """predict(anchor), remembered under CALIBRATION (a row is in several scaling pairs)."""
+  if calibration is not CALIBRATION:
+    return predict(anchor, calibration)
+  key = repr(anchor)
+  if key not in _PREDICTED:
+    _PREDICTED[key] = predict(anchor)
+  return _PREDICTED[key]
 
 
 @dataclass(frozen=True)
 class HeldOut:
-  """The held-out error: over every held-out row, and over the training rows alone."""
+  """The absolute held-out error (step throughput, depending on each framework's kernels): over
+  the held-out rows the scaling check alone does not judge; training_*: the same rows (kept
+  for callers that distinguished all-reduce rows, which are the all-reduce check's now)."""
 
   median: float
   worst: float
   rows: int
   training_median: float
   training_rows: int
+  group_median: float  # the median of the groups' medians
+  groups: int
 
 
 def held_out(rows: Iterable[Result]) -> HeldOut:
-  held = [r for r in rows if r.anchor.role == "held_out"]
+  held = [r for r in rows if r.anchor.role == "held_out" and not r.anchor.scaling_only]
   if not held:
     raise UserError("the anchors table has no held-out row")
   errors = [r.error for r in held]
-  training = [r.error for r in held if r.anchor.kind == "training"]
-  return HeldOut(statistics.median(errors), max(errors), len(errors),
-                 statistics.median(training), len(training))
+  by_group: dict[tuple[str, str, str], list[float]] = {}
+  for r in held:
+    by_group.setdefault(r.anchor.group, []).append(r.error)
+  medians = [statistics.median(v) for v in by_group.values()]
+  m = statistics.median(errors)
+  return HeldOut(m, max(errors), len(errors), m, len(errors), statistics.median(medians),
+                 len(medians))
+
+
+# --- the relative checks --------------------------------------------------------------------
+
+CHECKS = ("scaling", "small_batch", "allreduce")
+CHECK_TITLES = {
+    "scaling": "(a) per-GPU scaling efficiency between two scales of one published table",
+    "small_batch": "(b) step time at per-GPU batch b over the table's reference batch, "
+                   "leave-one-model-out over DeepPool's A100 per-layer tables",
+    "allreduce": "(c) all-reduce bus bandwidth against message size (nccl-tests, from 1 MiB)",
+}
+BOTH = "both"  # an all-reduce point: it prices every plan, whatever its per-GPU batch
+MIN_ALLREDUCE_BYTES = 2**20
+
+
+@dataclass(frozen=True)
+class Judged:
+  """One held-out number of a relative check: published and predicted."""
+
+  check: str
+  id: str
+  group: tuple[str, str, str]
+  regime: str  # small, large, or both
+  published: float
+  predicted: float
+
+  @property
+  def ratio(self) -> float:
+    return self.predicted / self.published
+
+  @property
+  def error(self) -> float:
+    return abs(self.ratio - 1)
+
+
+def scaling_checks(table: Published | None = None) -> list[Judged]:
+  """(a) every held-out pair: the per-GPU efficiency of its larger scale over its smaller,
+  predicted (the calibrated profile, the collective model, the row's setup) and published."""
+  table = load_published() if table is None else table
+  out = []
+  for pair in table.scaling:
+    if pair.role != "held_out":
+      continue
+    predicted = (_per_gpu(pair.scaled, _predicted(pair.scaled, CALIBRATION))
+                 / _per_gpu(pair.base, _predicted(pair.base, CALIBRATION)))
+    out.append(Judged("scaling", pair.id, pair.group, pair.regime, pair.published, predicted))
+  return out
+
+
+def allreduce_checks(table: Published | None = None, min_bytes: float = MIN_ALLREDUCE_BYTES
+                     ) -> list[Judged]:
+  """(c) every held-out all-reduce point from min_bytes up: bus bandwidth, predicted and
+  published."""
+  table = load_published() if table is None else table
+  out = []
+  for c in table.allreduce:
+    if c.role != "held_out":
+      continue
+    for size, busbw in c.points:
+      if size >= min_bytes:
+        out.append(Judged("allreduce", f"{c.id}@{_size(size)}", c.group, BOTH, busbw,
+                          busbw_GBps(c, size)))
+  return out
+
+
+def _size(nbytes: float) -> str:
+  """'1MiB', '32MiB', '8GiB'."""
+  return f"{nbytes / 2**30:g}GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:g}MiB"
+
+
+# (b): the small-batch shape fitted on the other tables, judged on the one left out
+
+SMALL_BATCH_DEVICE, SMALL_BATCH_DTYPE = "A100-SXM4-40GB", "mixed fp16"
+
+
+@dataclass(frozen=True)
+class _Table:
+  """One DeepPool table on its model: the layers it times, their calibrated roofline costs and
+  knobs, and the table's step time (forward + backward over those layers) per batch."""
+
+  spec: SmallBatchTable
+  costs: tuple  # (LayerCost, AnalyticParams) per layer
+  measured: Mapping[int, float]
+
+
+@cache
+def _small_batch_table(spec: SmallBatchTable) -> _Table:
+  graph = ModelSpec.named(spec.model).graph()
+  imported, report = import_deeppool_a100(graph)
+  layers = [n for n in graph.names if n in report.matched and n not in report.filled]
+  batches = (*spec.batches, spec.reference)
+  missing = [b for b in batches if any(b not in imported.batches(n) for n in layers)]
+  if missing:
+    raise UserError(f"small-batch table {spec.id}: DeepPool's table lacks batch {missing[0]}")
+  measured = {b: sum(imported.lookup(n, b).total_ms for n in layers) for b in batches}
+  costs = tuple(layer_model(graph, graph.node(n), SMALL_BATCH_DTYPE) for n in layers)
+  return _Table(spec, costs, measured)
+
+
+def _shape_ms(t: _Table, batch: int, tile: float, overhead_us: float) -> float:
+  """The calibrated profile's step time over the table's layers at `batch` under a shape."""
+  device = get_device(SMALL_BATCH_DEVICE)
+  total = 0.0
+  for cost, params in t.costs:
+    knobs = dataclasses.replace(params, tile=int(tile), kernel_overhead_us=float(overhead_us))
+    total += sum(layer_times_ms(cost, device, SMALL_BATCH_DTYPE, batch, knobs))
+  return total
+
+
+def _ratios(t: _Table, tile: float, overhead_us: float) -> dict[int, tuple[float, float]]:
+  """batch -> (predicted, published) step time over the reference batch's."""
+  ref = _shape_ms(t, t.spec.reference, tile, overhead_us)
+  return {b: (_shape_ms(t, b, tile, overhead_us) / ref,
+              t.measured[b] / t.measured[t.spec.reference]) for b in t.spec.batches}
+
+
+@dataclass(frozen=True)
+class Fold:
+  """One leave-one-model-out fold: the table judged, and the shape fitted on the others."""
+
+  left_out: str
+  tile: int
+  kernel_overhead_us: float
+  fit_error: float  # mean |log(predicted / published)| over the other tables' batches
+
+
+def small_batch_checks(table: Published | None = None) -> tuple[list[Judged], list[Fold]]:
+  """(b) for every held-out table: the small-batch shape (tile, per-kernel cost) that fits
+  the other tables best on the grid, and the left-out table's ratios under it."""
+  table = load_published() if table is None else table
+  tables = [_small_batch_table(t) for t in table.small_batch]
+  grid = [(tile, us) for tile in table.grid["tile"] for us in table.grid["kernel_overhead_us"]]
+  logs = {(t.spec.id, g): [abs(math.log(p / m)) for p, m in _ratios(t, *g).values()]
+          for t in tables for g in grid}
+  judged, folds = [], []
+  for t in tables:
+    if t.spec.role != "held_out":
+      continue
+    others = [o for o in tables if o is not t]
+
+    def fit_error(g, others=others) -> float:
+      errs = [e for o in others for e in logs[(o.spec.id, g)]]
+      return sum(errs) / len(errs)
+
+    best = min(grid, key=fit_error)
+    folds.append(Fold(t.spec.id, int(best[0]), float(best[1]), fit_error(best)))
+    for b, (predicted, published) in _ratios(t, *best).items():
+      judged.append(Judged("small_batch", f"{t.spec.id}@b={b}", t.spec.group, regime_of(b),
+                           published, predicted))
+  return judged, folds
+
+
+# --- the tolerance of each regime -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupError:
+  check: str
+  group: tuple[str, str, str]
+  median: float
+  points: int
+
+
+@dataclass(frozen=True)
+class RegimeTolerance:
+  """A regime's tolerance: the median of its groups' median errors over the three checks."""
+
+  regime: str
+  value: float
+  groups: tuple[GroupError, ...]
+
+  def by_check(self, check: str) -> list[GroupError]:
+    return [g for g in self.groups if g.check == check]
+
+
+def regime_tolerance(judged: Iterable[Judged], regime: str) -> RegimeTolerance:
+  """The median over groups of each group's median |error|, the group's points restricted to
+  `regime` (all-reduce points count in both)."""
+  by: dict[tuple[str, tuple[str, str, str]], list[float]] = {}
+  for j in judged:
+    if j.regime in (regime, BOTH):
+      by.setdefault((j.check, j.group), []).append(j.error)
+  if not by:
+    raise UserError(f"no held-out group judges the {regime} regime")
+  groups = tuple(GroupError(c, g, statistics.median(v), len(v)) for (c, g), v in by.items())
+  return RegimeTolerance(regime, statistics.median(g.median for g in groups), groups)
+
+
+@dataclass(frozen=True)
+class Report:
+  """Everything scripts/validate_published.py prints."""
+
+  absolute: list[Result]
+  judged: list[Judged]
+  folds: list[Fold]
+  tolerances: Mapping[str, RegimeTolerance]
+
+  def check(self, check: str) -> list[Judged]:
+    return [j for j in self.judged if j.check == check]
+
+
+def report(table: Published | None = None) -> Report:
+  """The absolute rows, the three relative checks and each regime's tolerance."""
+  table = load_published() if table is None else table
+  small, folds = small_batch_checks(table)
+  judged = scaling_checks(table) + small + allreduce_checks(table)
+  return Report(results(table.rows), judged, folds,
+                {r: regime_tolerance(judged, r) for r in REGIMES})
 
 
 # --- the fit --------------------------------------------------------------------------------
