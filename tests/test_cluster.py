@@ -128,12 +128,32 @@ def test_bus_bandwidth_is_rail_aligned():
 def test_allreduce_and_allgather():
   c = spec()
   assert allreduce_ms(c, 1e9, 0, 1) == 0.0
-  assert allreduce_ms(c, 1e9, 0, 8) == pytest.approx(2 * 7 / 8 / 216 * 1e3 + 2e-3)
-  assert allreduce_ms(c, 1e9, 0, 16) == pytest.approx(2 * 15 / 16 / 172 * 1e3 + 5e-3)
-  assert allgather_ms(c, 1e9, 0, 16) == pytest.approx(15 / 16 / 172 * 1e3 + 5e-3)
+  # rail: NCCL's own cost model picks the protocol (NVIDIA/nccl v2.18.5 src/graph/tuning.cc);
+  # 1 GB inside a node: ring Simple, 8.4 us + 14 steps x 3.4 us, at the bus bandwidth
+  assert allreduce_ms(c, 1e9, 0, 8) == pytest.approx(2 * 7 / 8 / 216 * 1e3 + 56e-3)
+  # across 2 nodes: ring Simple, (8.4 + 26 x 3.4 + 4 x 14) us x 1.4 (the ring's plateau)
+  ring = (8.4 + 26 * 3.4 + 4 * 14) * 1.4e-3
+  assert allreduce_ms(c, 1e9, 0, 16) == pytest.approx(2 * 15 / 16 / 172 * 1e3 + ring)
+  # small messages take the low-latency protocol: LL's 6.6 + 14 x 0.6 us at a quarter of the bus
+  assert allreduce_ms(c, 1024, 0, 8) == pytest.approx(15e-3 + 2 * 7 / 8 * 1024 / 54e6)
+  # what the planner adds per stage: the latency of NCCL's choice at REFERENCE_BYTES (8 MiB),
+  # the tree's LL128 across 2 nodes: 14 + 2 (7 x 1.25 + 8.5) us
+  assert collective_latency_ms(c, 0, 16) == pytest.approx(48.5e-3)
+  assert allgather_ms(c, 1e9, 0, 16) == pytest.approx(15 / 16 / 172 * 1e3 + 48.5e-3)
   flat = spec(collectives="flat")
   assert allreduce_ms(flat, 1e9, 0, 16) == pytest.approx(2 * 15 / 16 / 25 * 1e3 + 5e-3)
-  assert collective_latency_ms(c, 0, 16) == pytest.approx(5e-3)
+  # vectorised over ranges as the planner calls it
+  many = allreduce_ms(c, np.array([1024.0, 1e9]), np.array([0, 0]), np.array([8, 16]))
+  assert many == pytest.approx([allreduce_ms(c, 1024, 0, 8), allreduce_ms(c, 1e9, 0, 16)])
+
+
+def test_the_nccl_model_against_a_published_curve_shape():
+  """Mid-size all-reduces pay a latency that the peak bus bandwidth hides at GiB sizes: the
+  bus bandwidth rises with the message size and meets the measured peak."""
+  c = spec()
+  sizes = 2.0 ** np.arange(20, 34)
+  busbw = 2 * 7 / 8 * sizes / (allreduce_ms(c, sizes, 0, 8) * 1e6)
+  assert np.all(np.diff(busbw) > 0) and busbw[0] < 0.25 * 216 and busbw[-1] > 0.97 * 216
 
 
 def test_p2p_link():
@@ -157,7 +177,7 @@ def test_new_fields_are_validated(kw, needle):
 
 
 def test_latency_grows_per_doubling_of_the_nodes_spanned():
-  c = spec(num_nodes=128, inter_node_latency_per_doubling_us=10.0)
+  c = spec(num_nodes=128, inter_node_latency_per_doubling_us=10.0, collectives="flat")
   us = lambda start, count: float(collective_latency_ms(c, start, count)) * 1e3  # noqa: E731
   assert us(0, 8) == pytest.approx(2.0)  # inside a node: the intra latency, whatever the size
   assert us(0, 16) == pytest.approx(5.0)  # 2 nodes: the inter latency
@@ -165,5 +185,9 @@ def test_latency_grows_per_doubling_of_the_nodes_spanned():
   assert us(0, 64) == pytest.approx(5.0 + 10.0 * 2)  # 8 nodes: two doublings beyond 2
   assert us(0, 1024) == pytest.approx(5.0 + 10.0 * 6)
   assert float(collective_latency_ms(c, 0, 1)) == 0.0
-  flat = spec(num_nodes=128)  # no growth configured: one figure for every group
+  flat = spec(num_nodes=128, collectives="flat")  # no growth configured: one figure for all
   assert float(collective_latency_ms(flat, 0, 1024)) * 1e3 == pytest.approx(5.0)
+  # rail: NCCL's tree latency grows by 2 x 8.5 us per doubling of the nodes (LL128)
+  rail = spec(num_nodes=128)
+  lat = [float(collective_latency_ms(rail, 0, 8 * n)) * 1e3 for n in (2, 4, 8)]
+  assert np.diff(lat) == pytest.approx([17.0, 17.0])

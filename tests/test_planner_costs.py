@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
-from dp_jax.hardware.cluster import allreduce_ms
+from dp_jax.hardware.cluster import allreduce_ms, collective_latency_ms
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import pricing
 from dp_jax.planner.amplification import allowed_counts, amplification
@@ -94,10 +94,13 @@ def test_overlapped_sync_matches_a_channel_simulation(layers, lat):
 def test_stage_sync_is_the_cluster_allreduce(devices):
   g, start = len(devices), devices[0]
   volume = float(allreduce_volume_ms(CLUSTER, 3e8, start, g))
-  latency = float(allreduce_ms(CLUSTER, 0.0, start, g))
-  assert volume + latency == pytest.approx(float(allreduce_ms(CLUSTER, 3e8, start, g)))
+  latency = float(collective_latency_ms(CLUSTER, start, g))
+  # the stage's line (NCCL's protocol at 8 MiB, the bus bandwidth) is NCCL's own choice at
+  # 300 MB within 1% (its protocols' latencies differ by tens of us)
+  assert volume + latency == pytest.approx(float(allreduce_ms(CLUSTER, 3e8, start, g)),
+                                           rel=0.01)
   assert stage_sync_ms([volume], [0.0], latency, False) == pytest.approx(
-      float(allreduce_ms(CLUSTER, 3e8, start, g)) if g > 1 else 0.0)
+      float(allreduce_ms(CLUSTER, 3e8, start, g)) if g > 1 else 0.0, rel=0.01)
 
 
 @pytest.mark.parametrize("dtype,size", [("mixed fp16", 2), ("float32", 4), ("bfloat16", 2)])

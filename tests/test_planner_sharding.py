@@ -15,6 +15,7 @@ from dp_jax.hardware.cluster import (
   allgather_ms,
   allreduce_ms,
   class_bus_GBps,
+  class_latency_ms,
   group_collective_ms,
   link_class,
   strided_link_class,
@@ -64,7 +65,7 @@ def test_strided_link_class_matches_ranges_and_counts_devices_per_node():
   assert strided_link_class(cl, 1, 4, 4) == 2  # 1, 5 | 9, 13: two per node
   one = group_collective_ms(cl, 1e8, 0, 4, 8)
   bw = class_bus_GBps(cl)[1]
-  assert one == pytest.approx(float(volume_ms(1e8, 4, bw)) + cl.inter_node_latency_us / 1e3)
+  assert one == pytest.approx(float(volume_ms(1e8, 4, bw)) + float(class_latency_ms(cl, 4)[1]))
   assert group_collective_ms(cl, 1e8, 0, 1, 8) == 0.0
 
 

@@ -1,7 +1,10 @@
-"""The GPU model against published measurements: the anchors table, the calibrated profile's fit,
-the held-out error and the GPU tolerance taken from it (dp_jax/published/anchors.py)."""
+"""The GPU model against published measurements: the anchors table and its split, the calibrated
+profile's fit, the three relative checks and the GPU tolerance of each regime taken from them
+(dp_jax/published/anchors.py, scripts/validate_published.py, dp_jax/report/compare.py)."""
 
 import importlib.util
+import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -11,38 +14,87 @@ from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.layer_times.calibrated import CALIBRATION, calibrated_profile
 from dp_jax.published.anchors import (
+  ANCHORS_FILE,
+  BOTH,
+  MIN_ALLREDUCE_BYTES,
+  _ratios,
+  _small_batch_table,
+  accumulated_ms,
+  evaluation,
   fit_calibration,
-  held_out,
   load_anchors,
+  load_published,
   predict,
-  results,
+  report,
 )
-from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE
+from dp_jax.report import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def rows():
-  return results()
+def rep():
+  return report()
+
+
+@pytest.fixture(scope="module")
+def rows(rep):
+  return rep.absolute
 
 
 def test_every_row_is_cited_and_the_split_is_stated():
-  anchors = load_anchors()
-  roles = {a.role for a in anchors}
+  table = load_published()
+  for a in table.rows:
+    assert a.source and a.hardware and a.measured > 0 and a.why, a.id
+  roles = {a.role for a in table.rows}
   assert roles == {"fit", "held_out", "not_modelled"}
-  for a in anchors:
-    assert a.source and a.hardware and a.measured > 0
-    if a.role != "held_out":
-      assert a.why, a.id  # what a fit row calibrates, or why a row is not modelled
-  held = [a for a in anchors if a.role == "held_out"]
   # the issue's anchors: DeepLearningExamples ResNet-50 on 1 and 8 A100, Megatron-LM on A100 and
-  # H100, nccl-tests on A100 and H100, DeepPool's own iteration time
-  ids = " ".join(a.id for a in anchors)
+  # H100, DeepPool's own iteration time
+  ids = " ".join(a.id for a in table.rows)
   for part in ("rn50_a100_1gpu", "rn50_a100_8gpu", "megatron_2021_gpt_1p7b_32gpu",
-               "megatron_core_2024", "h100_1node", "deeppool_readme"):
+               "megatron_core_2024", "deeppool_readme"):
     assert part in ids, part
-  assert len(held) >= 20
+  # the three relative checks, every held-out entry in a group of (model, hardware, table)
+  assert len(table.scaling) >= 20 and len(table.allreduce) >= 10 and len(table.small_batch) >= 4
+  assert {p.regime for p in table.scaling} == {"small", "large"}
+  curves = [c for c in table.allreduce if c.role == "held_out"]
+  assert any(min(b for b, _ in c.points) <= 2**20 for c in curves)  # from 1 MiB up
+
+
+def test_a_fit_benchmark_at_another_scale_counts_only_in_the_scaling_check():
+  table = load_published()
+  fit = [a for a in table.rows if a.role == "fit"]
+
+  def benchmark_of_a_fit_row(a) -> bool:  # the same model, table, precision and per-GPU batch
+    return a.role != "fit" and any(
+        a.group[0] == f.group[0] and a.group[2].startswith(f.group[2])
+        and a.precision == f.precision and a.per_device_batch == f.per_device_batch for f in fit)
+
+  for a in table.rows:
+    assert a.scaling_only == benchmark_of_a_fit_row(a), a.id
+  paired = {p.scaled.id for p in table.scaling} | {p.base.id for p in table.scaling}
+  assert all(a.id in paired for a in table.rows if a.scaling_only)
+
+
+def test_a_constant_checked_on_a_row_makes_it_a_fit_row():
+  curves = {c.id: c for c in load_published().allreduce}
+  # 0.86 was set on it and 0.96 chosen while checking it (issue 43)
+  assert curves["nccl_1048_a100_2node_4nic"].role == "fit"
+  assert "inter_node_bus_efficiency" in curves["nccl_1048_a100_2node_4nic"].why
+
+
+def test_regimes_follow_the_per_gpu_batch(tmp_path):
+  for a in load_published().rows:
+    if a.role != "not_modelled":
+      assert a.regime == ("small" if a.per_device_batch <= 8 else "large"), a.id
+  text = ANCHORS_FILE.read_text().replace(
+      "group: [vgg16, A100 server, deeppool_readme], regime: small",
+      "group: [vgg16, A100 server, deeppool_readme], regime: large")
+  bad = tmp_path / "anchors.yaml"
+  bad.write_text(text)
+  with pytest.raises(UserError, match="deeppool_readme_vgg16_dp_8gpu_b32: regime large but its "
+                     "per-GPU batch is 4"):
+    load_published(bad)
 
 
 def test_the_fit_reproduces_the_calibration_from_the_fit_rows_alone():
@@ -62,14 +114,74 @@ def test_fit_rows_are_reproduced_and_held_out_rows_are_predicted(rows):
       assert r.predicted > 0
 
 
-def test_gpu_tolerance_is_the_held_out_median_error_of_the_training_rows(rows):
-  h = held_out(rows)
-  assert round(h.training_median, 3) == GPU_VALIDATED_TOLERANCE
-  assert h.rows > h.training_rows >= 20
-  assert h.median <= 0.15  # the target of the held-out median
+def test_each_regime_tolerance_is_the_committed_one_recomputed_from_the_table(rep):
+  for regime, constant in (("small", compare.GPU_TOLERANCE_SMALL_BATCH),
+                           ("large", compare.GPU_TOLERANCE_LARGE_BATCH)):
+    t = rep.tolerances[regime]
+    assert round(t.value, 3) == constant, regime
+    # the median of group medians: each group once, from its points in the regime
+    assert t.value == pytest.approx(statistics.median(g.median for g in t.groups))
+    keys = [(g.check, g.group) for g in t.groups]
+    assert len(keys) == len(set(keys))
+    for g in t.groups:
+      points = [j.error for j in rep.judged if (j.check, j.group) == (g.check, g.group)
+                and j.regime in (regime, BOTH)]
+      assert g.median == pytest.approx(statistics.median(points)) and g.points == len(points)
+  assert {g.check for g in rep.tolerances["small"].groups} == {"scaling", "small_batch",
+                                                               "allreduce"}
 
 
-def test_the_script_ends_with_the_held_out_line(capsys):
+def test_the_checks_judge_held_out_entries_only(rep):
+  table = load_published()
+  fit_curves = {c.id for c in table.allreduce if c.role == "fit"}
+  for j in rep.check("allreduce"):
+    assert j.id.split("@")[0] not in fit_curves and j.regime == BOTH
+  sizes = [b for c in table.allreduce if c.role == "held_out" for b, _ in c.points]
+  assert len(rep.check("allreduce")) == sum(b >= MIN_ALLREDUCE_BYTES for b in sizes)
+  assert {j.id for j in rep.check("scaling")} == {p.id for p in table.scaling
+                                                  if p.role == "held_out"}
+
+
+def test_scaling_is_the_per_gpu_throughput_of_two_scales_of_one_table(rep):
+  j = next(j for j in rep.check("scaling") if j.id == "dle_pyt_rn50_a100_8gpu_amp_vs_1gpu")
+  assert j.published == pytest.approx(16621 / 8 / 2470)  # 0.84, as the issue quotes it
+  rows = {a.id: a for a in load_anchors()}
+  eight, one = rows["dle_pyt_rn50_a100_8gpu_amp"], rows["dle_pyt_rn50_a100_1gpu_amp"]
+  assert j.predicted == pytest.approx(predict(eight) / 8 / predict(one))
+
+
+def test_a_step_accumulates_micro_batches_with_one_all_reduce_and_one_update():
+  a = next(a for a in load_anchors() if a.id == "dle_pyt_bert_large_p2_a100_256gpu_mn_tf32")
+  ev = evaluation(a)
+  sync = sum(st.sync_ms for st in ev.stages)
+  assert sync > 0 and ev.update_ms > 0
+  assert accumulated_ms(ev, 1) == pytest.approx(ev.iteration_ms)
+  assert accumulated_ms(ev, a.accumulation) == pytest.approx(
+      a.accumulation * ev.iteration_ms - (a.accumulation - 1) * (sync + ev.update_ms))
+  per_sample = [accumulated_ms(ev, k) / k for k in (1, 4)]
+  assert per_sample[1] < per_sample[0]  # the all-reduce and update amortised
+
+
+def test_leave_one_model_out_fits_the_shape_on_the_other_tables_only(rep):
+  table = load_published()
+  tables = {t.id: _small_batch_table(t) for t in table.small_batch}
+  grid = [(t, us) for t in table.grid["tile"] for us in table.grid["kernel_overhead_us"]]
+
+  def error(ids, shape):
+    errs = [abs(math.log(p / m)) for i in ids for p, m in _ratios(tables[i], *shape).values()]
+    return sum(errs) / len(errs)
+
+  assert len(rep.folds) == len(tables)
+  for fold in rep.folds:
+    others = [i for i in tables if i != fold.left_out]
+    best = min(grid, key=lambda g, others=others: error(others, g))
+    assert (fold.tile, fold.kernel_overhead_us) == best
+    assert fold.fit_error == pytest.approx(error(others, best))
+    judged = [j for j in rep.check("small_batch") if j.id.startswith(fold.left_out + "@")]
+    assert {int(j.id.split("=")[1]) for j in judged} == set(tables[fold.left_out].spec.batches)
+
+
+def test_the_script_ends_with_the_three_checks_and_one_tolerance_per_regime(capsys, rep):
   spec = importlib.util.spec_from_file_location("validate_published",
                                                 ROOT / "scripts" / "validate_published.py")
   module = importlib.util.module_from_spec(spec)
@@ -77,17 +189,33 @@ def test_the_script_ends_with_the_held_out_line(capsys):
   spec.loader.exec_module(module)
   code = module.main([])
   lines = capsys.readouterr().out.strip().splitlines()
-  assert lines[-1].startswith("held-out median |error| ")
-  assert "rows), worst " in lines[-1]
-  held = [ln for ln in lines if " ratio " in ln]
-  assert len(held) >= 30
-  worst = float(lines[-1].rsplit("worst ", 1)[1].rstrip("%")) / 100
-  assert code == (0 if worst <= module.TARGET_WORST else 1)
+  assert [ln[:3] for ln in lines[-5:-2]] == ["(a)", "(b)", "(c)"]
+  assert lines[-2].startswith("GPU tolerance, per-GPU batch <= 8: ")
+  assert lines[-1].startswith("GPU tolerance, per-GPU batch > 8: ")
+  for line, regime in ((lines[-2], "small"), (lines[-1], "large")):
+    printed = float(line.split(": ", 1)[1].split("%")[0]) / 100
+    assert printed == pytest.approx(rep.tolerances[regime].value, abs=5e-4)
+  assert any("framework-dependent" in ln for ln in lines)  # absolute throughput, labelled
+  assert code == 0
+
+
+def test_gpu_tolerance_names_the_regime_of_the_per_gpu_batch():
+  small, large = compare.gpu_tolerance(4), compare.gpu_tolerance(32)
+  assert (small.value, large.value) == (compare.GPU_TOLERANCE_SMALL_BATCH,
+                                        compare.GPU_TOLERANCE_LARGE_BATCH)
+  assert small.regime == "per-GPU batch <= 8" and large.regime == "per-GPU batch > 8"
+  assert compare.gpu_tolerance(8).regime == small.regime  # 8 is small
+  assert "published GPU measurements" in small.basis
+  assert compare.validated_tolerance("A100-SXM4-40GB", 64) == large.value
+  assert compare.validated_tolerance("H100-SXM5-80GB") == compare.GPU_VALIDATED_TOLERANCE
+  assert compare.validated_tolerance("cpu", 2) == compare.VALIDATED_TOLERANCE
+  with pytest.raises(UserError, match="per-GPU batch 0 must be a positive number"):
+    compare.gpu_tolerance(0)
 
 
 def test_a_malformed_table_is_one_line_naming_the_row(tmp_path):
   bad = tmp_path / "anchors.yaml"
-  bad.write_text("schema: dp_jax.anchors/1\nrows:\n  - {id: x, role: guessed, source: s, "
+  bad.write_text("schema: dp_jax.anchors/2\nrows:\n  - {id: x, role: guessed, source: s, "
                  "hardware: h, measured: 1, unit: images/s}\n")
   with pytest.raises(UserError, match="row x: role must be one of"):
     load_anchors(bad)

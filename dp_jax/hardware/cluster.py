@@ -33,15 +33,16 @@ class ClusterConfig(Checked):
 
   Links: inside a node every device has intra_node_bandwidth_GBps (line rate, per direction);
   nodes connect through nics_per_node NICs of inter_node_bandwidth_GBps each. A collective
-  reaches `bus efficiency x line rate` of bus bandwidth (what nccl-tests reports as busbw);
-  latencies are per collective (or per point-to-point move); a collective that spans n > 2
-  nodes adds inter_node_latency_per_doubling_us per doubling of n beyond 2 (NCCL's tree and
-  ring latencies grow with the nodes they cross). collectives="rail" prices collectives as NCCL
-  runs them (one ring per NIC rail); "flat" is the old single ring through one link at line
-  rate (same latencies), kept for comparison only. Host and program costs of running a plan's
-  stages (docs/cost_model.md, "Stage terms"): launching one stage's program, the extra host
-  work of one stage boundary, and the memory bandwidth the optimizer update reaches (0: the
-  device's datasheet bandwidth).
+  reaches `bus efficiency x line rate` of bus bandwidth (what nccl-tests reports as busbw) at
+  GiB sizes. The latencies are measured small-message times (and a point-to-point move's); a
+  collective that spans n > 2 nodes adds inter_node_latency_per_doubling_us per doubling of n
+  beyond 2. collectives="rail" prices collectives as NCCL runs them: one ring per NIC rail, and
+  at every size the algorithm and protocol NCCL's own cost model picks (nccl_allreduce_ms; the
+  measured latencies its floor); "flat" is the old single ring through one link at line rate
+  with the measured latencies alone, kept for comparison only.
+  Host and program costs of running a plan's stages (docs/cost_model.md, "Stage terms"):
+  launching one stage's program, the extra host work of one stage boundary, and the memory
+  bandwidth the optimizer update reaches (0: the device's datasheet bandwidth).
 
   Every physical number is required: a cluster file states each with its source. The three
   defaults are definitions, not measurements: one node; nics_per_node 0 meaning one NIC per
@@ -221,9 +222,25 @@ def _class_bus_GBps(cluster: ClusterConfig) -> np.ndarray:
 
 
 def class_latency_ms(cluster: ClusterConfig, count) -> np.ndarray:
-  """(devices_per_node + 1, *count.shape) latency of one collective per link class and size:
-  the class's latency once per collective (0 on one device), in both pricings; across nodes
-  plus inter_node_latency_per_doubling_us x log2(nodes / 2), nodes = max(2, ceil(count /
+  """(devices_per_node + 1, *count.shape) latency of one all-reduce per link class and size
+  (0 on one device). `flat`: the measured small-message latency (measured_latency_ms). `rail`:
+  the latency NCCL's own cost model gives the protocol it picks for a REFERENCE_BYTES
+  all-reduce (nccl_allreduce_candidates), never below the measured small-message latency."""
+  count = np.asarray(count, dtype=float)
+  floor = measured_latency_ms(cluster, count)
+  if cluster.collectives != "rail":
+    return floor
+  lat_us, bus = nccl_allreduce_candidates(cluster, count)
+  n = np.broadcast_to(count, lat_us.shape[1:])
+  pick = np.argmin(_candidate_ms(lat_us, bus, n, REFERENCE_BYTES), axis=0)
+  nccl = np.take_along_axis(lat_us, pick[None], axis=0)[0] / 1000.0 * (count > 1)
+  return np.maximum(nccl, floor)
+
+
+def measured_latency_ms(cluster: ClusterConfig, count) -> np.ndarray:
+  """(devices_per_node + 1, *count.shape) the measured time of a small-message all-reduce per
+  link class: the class's latency once per collective (0 on one device); across nodes plus
+  inter_node_latency_per_doubling_us x log2(nodes / 2), nodes = max(2, ceil(count /
   devices_per_node)) (the nodes a group of `count` devices spans at least)."""
   count = np.asarray(count, dtype=float)
   k = np.arange(cluster.devices_per_node + 1).reshape((-1,) + (1,) * count.ndim)
@@ -273,7 +290,11 @@ def volume_ms(nbytes, count, bus_GBps, factor: float = 2.0):
 
 
 def allreduce_ms(cluster: ClusterConfig, nbytes, start, count):
-  """All-reduce of nbytes over devices [start, start + count): 2(n-1)/n bytes/busbw + latency."""
+  """All-reduce of nbytes over devices [start, start + count). `rail`: the fastest of NCCL's
+  algorithms and protocols by NCCL's own cost model (nccl_allreduce_ms); `flat`: 2(n-1)/n
+  bytes / busbw + latency."""
+  if cluster.collectives == "rail":
+    return nccl_allreduce_ms(cluster, nbytes, start, count)
   return (volume_ms(nbytes, count, bus_bandwidth_GBps(cluster, start, count))
           + collective_latency_ms(cluster, start, count))
 
@@ -303,6 +324,138 @@ def p2p_link(cluster: ClusterConfig, first, last):
   bw = np.where(intra, cluster.intra_bus_GBps, inter_bw) * BYTES_PER_MS_PER_GBPS
   lat = np.where(intra, cluster.intra_node_latency_us, cluster.inter_node_latency_us) / 1000.0
   return bw, lat
+
+
+# --- NCCL's cost model of an all-reduce (what NCCL itself runs) --------------------------------
+#
+# NCCL picks, for every all-reduce, the algorithm (ring, tree; NVLink SHARP on Hopper NVSwitch
+# nodes) and protocol (LL, LL128, Simple) its own cost model prices fastest: time = latency +
+# bytes / bandwidth per (algorithm, protocol). The constants below are that model's, NVIDIA/nccl
+# v2.18.5-1, src/graph/tuning.cc (ncclTopoTuneModel, ncclTopoGetAlgoTime): base latencies, the
+# per-step hardware latencies of NVLink and the network, the protocols' share of the bus
+# bandwidth, the ring's plateau factor and the tree's size correction. The bus bandwidth they
+# scale is the cluster's measured one (class_bus_GBps: what nccl-tests reaches at GiB sizes).
+# Simplifications: an x86 Intel host (NCCL's network overhead 1 us, LL's cap across nodes of
+# the Intel rows); no per-channel caps (nChannels x per-channel maxima, above the measured bus
+# bandwidth on DGX/HGX nodes); the tree's bandwidth is the class's, as the ring's.
+
+REFERENCE_BYTES = 8 * 2**20  # whose protocol sets class_latency_ms: the middle of 1-64 MiB
+_LL, _LL128, _SIMPLE = 0, 1, 2
+_RING_BASE_US = (6.6, 14.0, 8.4)
+_TREE_BASE_US = (6.8, 14.0, 0.0)
+_RING_NVLINK_US = (0.6, 1.9, 3.4)  # hwLat[NVLINK][ring], per step
+_TREE_NVLINK_US = (0.6, 1.25, 4.0)
+_RING_NET_US = (2.7, 4.0, 14.0)  # hwLat[NET][ring]
+_TREE_NET_US = (5.0, 8.5, 14.0)
+_NVLS_BASE_US, _NVLS_TREE_NET_US = 23.0, 19.0
+_NET_OVERHEAD_US = 1.0  # getNetOverhead, x86 Intel (x3 under Simple)
+_LL_MAX_BUS_GBPS = (87.7, 39.0, 20.4)  # llMaxBws: one node (Ampere, Hopper); 2 nodes; more (Intel)
+_RING_PLATEAU = 1.4  # Ampere and later: ring Simple across nodes
+_TREE_CORRECTION = (  # treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B .. 256 MiB
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0,
+     1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0,
+     1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9))
+# On Hopper NVSwitch nodes NCCL all-reduces by NVLink SHARP (NVLS): the measured bus bandwidth of
+# the cluster files (476-482 GB/s) is NVLS's; a ring reaches ~370 GB/s of the ~480 (the NCCL
+# team, NVIDIA/nccl-tests issue 212).
+NVLS_DEVICES = ("H100-SXM", "H200-SXM")
+_NVLS_RING_SHARE = 370.0 / 480.0
+_TREE = ("tree",)
+
+
+def nvls_node(cluster: ClusterConfig) -> bool:
+  """Whether the nodes all-reduce by NVLink SHARP (Hopper SXM boards on NVSwitch)."""
+  return cluster.device.startswith(NVLS_DEVICES) and cluster.devices_per_node > 2
+
+
+def nccl_allreduce_candidates(cluster: ClusterConfig, count) -> tuple[np.ndarray, np.ndarray]:
+  """(latency us, bus bandwidth GB/s), each (candidates, devices_per_node + 1, *count.shape):
+  NCCL's cost model of every (algorithm, protocol) for an all-reduce over `count` devices of
+  each link class (0: one node; k >= 1: across nodes, max(2, ceil(count / devices_per_node))
+  of them). Candidates: ring LL, LL128, Simple; tree LL, LL128, Simple (across nodes); NVLS (one
+  Hopper node) or NVLS tree (across Hopper nodes); one that does not apply has infinite
+  latency. The tree's size correction is applied by _candidate_ms."""
+  count = np.asarray(count, dtype=float)
+  dpn = cluster.devices_per_node
+  shape = (dpn + 1,) + count.shape
+  k = np.arange(dpn + 1).reshape((-1,) + (1,) * count.ndim)
+  n = np.broadcast_to(np.maximum(count, 1.0), shape)
+  nodes = np.where(k == 0, 1.0, np.maximum(2.0, np.ceil(n / dpn)))
+  multi = nodes > 1
+  ppn = n / nodes
+  bus = np.broadcast_to(class_bus_GBps(cluster).reshape((-1,) + (1,) * count.ndim), shape)
+  nvls = nvls_node(cluster)
+  ring_bus = bus * (_NVLS_RING_SHARE if nvls else 1.0)
+  ll_max = np.where(~multi, _LL_MAX_BUS_GBPS[0], np.where(nodes <= 2, _LL_MAX_BUS_GBPS[1],
+                                                            _LL_MAX_BUS_GBPS[2]))
+  nsteps, ninter = 2 * (n - 1), np.where(multi, 2 * nodes, 0.0)
+  log_nodes = np.floor(np.log2(nodes))
+  inf = np.full(shape, np.inf)
+  lats, buses = [], []
+  for p in (_LL, _LL128, _SIMPLE):
+    overhead = _NET_OVERHEAD_US * (3 if p == _SIMPLE else 1)
+    intra = np.where(multi, max(_RING_NVLINK_US[p], overhead), _RING_NVLINK_US[p])
+    lat = _RING_BASE_US[p] + (nsteps - ninter) * intra + ninter * _RING_NET_US[p]
+    if p == _SIMPLE:
+      lat = np.where(multi, lat * _RING_PLATEAU, lat)
+    lats.append(lat)
+    buses.append((np.minimum(ll_max, ring_bus / 4), ring_bus * np.where(ppn < 2, 0.7, 0.92),
+                  ring_bus)[p])
+  for p in (_LL, _LL128, _SIMPLE):
+    lat = _TREE_BASE_US[p] + 2 * ((ppn - 1) * _TREE_NVLINK_US[p] + log_nodes * _TREE_NET_US[p])
+    lats.append(np.where(multi, lat, inf))
+    tree = bus * 0.92
+    buses.append((np.minimum(tree / 3.8, ll_max), tree * 120 / 128, tree)[p])
+  if nvls:
+    lats.append(np.where(multi, _NVLS_BASE_US + 2 * (nodes - 1) * _NVLS_TREE_NET_US,
+                         _NVLS_BASE_US))
+  else:
+    lats.append(inf)
+  buses.append(bus)
+  return np.stack(lats), np.stack(buses)
+
+
+def _tree_factor(nbytes: np.ndarray) -> np.ndarray:
+  """(candidates, *nbytes.shape) bandwidth factor: NCCL's tree correction by size on the tree
+  candidates, 1 on the others."""
+  log = np.floor(np.log2(np.maximum(nbytes / 64.0, 1.0))).astype(np.int64)
+  table = np.asarray(_TREE_CORRECTION)
+  inside = log < table.shape[1]
+  rows = [np.ones(nbytes.shape)] * 3 + [np.where(inside, table[p][np.minimum(log, table.shape[1]
+                                                                             - 1)], 1.0)
+                                        for p in (_LL, _LL128, _SIMPLE)]
+  return np.stack(rows + [np.ones(nbytes.shape)])
+
+
+def _candidate_ms(lat_us: np.ndarray, bus: np.ndarray, count, nbytes) -> np.ndarray:
+  """Each candidate's time (ms) for an all-reduce of nbytes: latency + 2(n-1)/n bytes / bus
+  bandwidth (the tree's scaled by its size correction); lat_us and bus (candidates, *shape),
+  count and nbytes broadcast to shape."""
+  shape = lat_us.shape[1:]
+  nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), shape)
+  count = np.broadcast_to(np.asarray(count, dtype=float), shape)
+  return lat_us / 1000.0 + volume_ms(nbytes, count, bus * _tree_factor(nbytes))
+
+
+def nccl_allreduce_ms(cluster: ClusterConfig, nbytes, start, count):
+  """All-reduce of nbytes over devices [start, start + count) as NCCL runs it: the fastest
+  candidate of its cost model (nccl_allreduce_candidates) for the range's link class, never
+  below the measured small-message latency (measured_latency_ms: NCCL's model leaves out the
+  launch, 2-5 us under the measurements of the cluster files); 0 on one device."""
+  cls = np.asarray(link_class(cluster, start, count))
+  shape = np.broadcast_shapes(np.shape(nbytes), np.shape(count), cls.shape)
+  count_a = np.broadcast_to(np.asarray(count, dtype=float), shape)
+  lat_us, bus = nccl_allreduce_candidates(cluster, count_a)  # (C, dpn + 1, *shape)
+  pick = np.broadcast_to(cls, shape)[None, None]
+  lat_us = np.take_along_axis(lat_us, np.broadcast_to(pick, (lat_us.shape[0], 1) + shape),
+                              axis=1)[:, 0]
+  bus = np.take_along_axis(bus, np.broadcast_to(pick, (bus.shape[0], 1) + shape), axis=1)[:, 0]
+  floor = np.take_along_axis(measured_latency_ms(cluster, count_a), pick[0], axis=0)[0]
+  out = np.maximum(np.min(_candidate_ms(lat_us, bus, count_a, nbytes), axis=0), floor)
+  out = out * (count_a > 1)
+  return float(out) if out.ndim == 0 else out
 
 
 # --- strided groups (a 2-D mesh's data axis: devices first, first + stride, ...) ---------------
