@@ -76,7 +76,8 @@ def make(cfg: PlanConfig) -> Planned:
   plan = plan_for(graph, profile, cluster, PlanOptions.of(cfg.planner, g, b),
                   model=model_record(graph, model and model.options),
                   cluster_record=to_record(cluster, g))
-  fair = comparisons(graph, profile, cluster, plan, cfg.comparison.for_device(cluster.device))
+  fair = comparisons(graph, profile, cluster, plan,
+                     cfg.comparison.for_device(cluster.device, b / g))
   return Planned(graph, profile, plan, fair)
 
 

@@ -114,7 +114,8 @@ def simulated(cfg: SimulateConfig) -> Simulated:
   planning_s = time.perf_counter() - t0
   sim, m = simulate_with(graph, profile, cluster, plan, background=background,
                          interference=cfg.interference, iterations=cfg.iterations,
-                         tolerance=cfg.comparison.for_device(cluster.device),
+                         tolerance=cfg.comparison.for_device(
+                             cluster.device, plan.global_batch / plan.num_devices),
                          job_graph=job_graph, job_profile=job_profile)
   return Simulated(plan, planning_s, sim, {**m, "planning_s": planning_s})
 

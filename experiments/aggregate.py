@@ -142,10 +142,11 @@ def markdown(study: Study, rows: Sequence[Row], prov: dict[str, Any],
   title, _, rest = study.doc.strip().partition("\n")
   judges = any(c.endswith("_verdict") for c in study.columns)
   recorded = any(r.get("comparison_tolerance") is not None for r in rows)
-  used = ", ".join(f"{t:.1%}" for t in sorted({fields.tolerance(r) for r in ok(rows) or rows}))
+  used = fields.tolerances_used(ok(rows) or rows)
   judged = ("" if not judges else
             f"Comparisons: a margin within +-{used} (`comparison.tolerance`, default the "
-            "validated median error of the cluster's device) is a tie, not a win "
+            "validated tolerance of the cluster's device, and on GPUs of the regime of the "
+            "per-GPU batch B / G: scripts/validate_published.py) is a tie, not a win "
             "(dp_jax/report/compare.py).\n\n" if recorded else
             f"Comparisons: verdicts use +-{used} (the validated median error of the cells' "
             "device; these cells did not record a tolerance).\n\n")

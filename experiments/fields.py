@@ -9,7 +9,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dp_jax.planner.contract import limit_label as plan_limit_label
-from dp_jax.report.compare import VALIDATED_TOLERANCE, VERDICTS, validated_tolerance, verdict
+from dp_jax.report.compare import (
+  VALIDATED_TOLERANCE,
+  VERDICTS,
+  gpu_tolerance,
+  validated_tolerance,
+  verdict,
+)
 
 Row = dict[str, Any]
 PLAN_IDENTITY = ("model", "cluster", "device", "num_devices", "global_batch",
@@ -87,6 +93,23 @@ def pivot(rows: Sequence[Row], *, row_key: str, cols: Sequence[tuple[str, Callab
   return "\n".join(lines) + "\n"
 
 
+def tolerances_used(rows: Sequence[Row]) -> str:
+  """The tolerances the rows are judged at, each with the regime it belongs to ('11.2% (per-GPU
+  batch <= 8), 6.3% (per-GPU batch > 8)'); a tolerance of no regime alone."""
+  named: dict[float, str] = {}
+  for r in rows:
+    t = tolerance(r)
+    device = r.get("device") or ((r.get("config") or {}).get("cluster") or {}).get("device")
+    per_device = per_device_batch(r)
+    label = ""
+    if device == "cpu" and t == VALIDATED_TOLERANCE:
+      label = " (this machine's CPU)"
+    elif device and device != "cpu" and per_device and gpu_tolerance(per_device).value == t:
+      label = f" ({gpu_tolerance(per_device).regime})"
+    named.setdefault(t, label)
+  return ", ".join(f"{t:.1%}{label}" for t, label in sorted(named.items()))
+
+
 def tolerance(row: Row) -> float:
   """The cell's comparison tolerance (its summary's), else the validated tolerance of its device
   (the row's, or its config's cluster's; the CPU's when it names none)."""
@@ -94,7 +117,16 @@ def tolerance(row: Row) -> float:
   if t is not None:
     return t
   device = row.get("device") or ((row.get("config") or {}).get("cluster") or {}).get("device")
-  return validated_tolerance(str(device)) if device else VALIDATED_TOLERANCE
+  per_device = per_device_batch(row)
+  return validated_tolerance(str(device), per_device) if device else VALIDATED_TOLERANCE
+
+
+def per_device_batch(row: Row) -> float | None:
+  """B / G of a cell: its summary's, else its config's (a failed cell has no summary)."""
+  config = row.get("config") or {}
+  b = number(row.get("global_batch")) or number(config.get("batch_size"))
+  g = number(row.get("num_devices")) or number((config.get("cluster") or {}).get("num_devices"))
+  return b / g if b and g else None
 
 
 def data_parallel_label(row: Row) -> str | None:

@@ -130,7 +130,7 @@ def test_readme_judges_ratios_and_embeds_figures(sweep, tmp_path):
   paths = report.write(STUDY, rows, prov, tmp_path / "out")
   md = paths["markdown"].read_text()
   assert paths["markdown"].name == "README.md"
-  assert "1.20x ahead" in md  # speedup 1.2: +20% is beyond the A100's 7.6% tolerance
+  assert "1.20x ahead" in md  # speedup 1.2: +20% is beyond the A100's 11.2% tolerance
   assert "python -m experiments.strong_scaling" in md
   for k, p in paths.items():
     if k.startswith("figure"):
@@ -180,7 +180,8 @@ def test_readme_says_what_verdicts_rest_on_and_calls_a_data_parallel_plan_that(t
   out = report.write(STUDY, rows, prov, tmp_path / "out")
   md = out["markdown"].read_text()
   assert f"Verdicts rest on: `{BASIS}`." in md
-  assert "a margin within +-7.6% (" in md and "4.3%" not in md  # the A100's, failed cell too
+  # the A100's of per-GPU batches 32 / 8 and 32 / 32 (the failed cell is not judged)
+  assert "a margin within +-11.2% (per-GPU batch <= 8) (" in md and "4.3%" not in md
   assert "| vgg16 | 1.20x ahead / 1.20x ahead (20% / 58%) | DP on 8 (0% / 75%) |" in md
   assert "1.31x" not in md  # a data-parallel plan has no burst speed-up to judge
   assert "against the fastest data parallelism on <= G: 1 ahead, 0 tie, 0 behind, 1 is DP" in md
@@ -192,4 +193,4 @@ def test_readme_says_what_verdicts_rest_on_and_calls_a_data_parallel_plan_that(t
   table = {r["job"]: r for r in read_csv(out["csv"])}
   assert table["1"]["plan_data_parallel_devices"] == "8" and table["0"]["basis"] == BASIS
   assert table["0"]["gpu_time_saving_vs_cheapest_data_parallel"] == "0.2"
-  assert table["2"]["comparison_tolerance"] == "0.076"
+  assert table["2"]["comparison_tolerance"] == "0.063"  # B / G = 32: the large-batch regime

@@ -54,12 +54,21 @@ def test_doc_blocks_are_what_the_generator_renders(facts):
 
 def test_quoted_numbers_come_from_their_sources(facts):
   """The cheap facts against the library's own numbers (not the README's)."""
-  from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE, VALIDATED_TOLERANCE
+  from dp_jax.published.anchors import report
+  from dp_jax.report.compare import (
+    GPU_TOLERANCE_LARGE_BATCH,
+    GPU_TOLERANCE_SMALL_BATCH,
+    VALIDATED_TOLERANCE,
+  )
 
-  gpu, cpu = facts.tolerances
-  assert (gpu, cpu) == (GPU_VALIDATED_TOLERANCE, VALIDATED_TOLERANCE)
-  assert f"on GPUs **{gpu:.1%}**" in README.read_text()
-  assert facts.published.rows >= 20 and 0 < facts.published.median <= facts.published.worst
+  small, large, cpu = facts.tolerances
+  assert (small, large, cpu) == (GPU_TOLERANCE_SMALL_BATCH, GPU_TOLERANCE_LARGE_BATCH,
+                                 VALIDATED_TOLERANCE)
+  assert f"on GPUs **{small:.1%}** at per-GPU batches B / G of 8 or less" in README.read_text()
+  rep = report()
+  assert facts.published.tolerances == {r: t.value for r, t in rep.tolerances.items()}
+  assert round(facts.published.tolerances["small"], 3) == small
+  assert facts.published.groups >= 5 and 0 < facts.published.absolute
   assert [v.model for v in facts.validation] == ["vgg16", "gpt2_small"]
   plans, median = facts.all_plans
   assert plans == sum(v.plans for v in facts.validation)

@@ -122,7 +122,7 @@ def run(paper: PaperConfig, clusters: tuple[PaperSetting, ...], background: Back
                     cluster_record=to_record(cluster, g))
     folder = out_dir / f"{setting.name}_g{g}"
     plan.save(folder / "plan.json")
-    tolerance = validated_tolerance(cluster.device)
+    tolerance = validated_tolerance(cluster.device, paper.batch_size / g)
     m = simulate_and_write(graph, profile, cluster, plan, folder, background=background,
                            interference=interference, iterations=iterations,
                            tolerance=tolerance, job_graph=job_graph,

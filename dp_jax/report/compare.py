@@ -89,6 +89,18 @@ def tolerance_basis(device: str, per_device_batch: float | None = None) -> str:
   return gpu_tolerance(per_device_batch if per_device_batch is not None else 1).basis
 
 
+def ties_note(device: str, per_device_batch: float, tolerance: float) -> str:
+  """How a verdict's ties are judged, in words: the tolerance and what it is (the validated
+  tolerance of the device and, on a GPU, of the regime of the per-GPU batch; else the
+  comparison.tolerance set)."""
+  if device == "cpu":
+    what = "the local validation's" if tolerance == VALIDATED_TOLERANCE else None
+  else:
+    regime = gpu_tolerance(per_device_batch)
+    what = f"the GPU tolerance of {regime.regime}" if tolerance == regime.value else None
+  return f"ties within {tolerance:.1%} ({what or 'comparison.tolerance'})"
+
+
 @dataclass(frozen=True)
 class ComparisonConfig(Checked):
   """How comparisons are judged (the comparison group, composed by plan and simulate).

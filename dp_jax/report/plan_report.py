@@ -16,7 +16,14 @@ from dp_jax.planner.baseline import (
   fastest_data_parallel,
 )
 from dp_jax.planner.evaluate import data_parallel_assignment
-from dp_jax.report.compare import compare, data_parallel_on_all, describe, devices, fields
+from dp_jax.report.compare import (
+  compare,
+  data_parallel_on_all,
+  describe,
+  devices,
+  fields,
+  ties_note,
+)
 from dp_jax.report.tables import table
 
 COLUMNS = ["layer", "kind", "devices", "first device", "per-device batch", "compute ms",
@@ -76,7 +83,8 @@ def comparisons(graph, profile, cluster, plan, tolerance: float) -> dict[str, An
   dp = data_parallel_evaluations(model)
   d, ms = fastest_data_parallel({c: e.iteration_ms for c, e in dp.items()})
   cheap_d, cheap = cheapest_within(model, dp, tolerance)
-  return {"comparison_tolerance": tolerance, "basis": plan.basis(),
+  note = ties_note(cluster.device, plan.global_batch / plan.num_devices, tolerance)
+  return {"comparison_tolerance": tolerance, "basis": f"{plan.basis()}; {note}",
           "plan_data_parallel_devices": plan.data_parallel_devices,
           "best_data_parallel_devices": d, "best_data_parallel_iteration_ms": ms,
           "cheapest_data_parallel_devices": cheap_d,

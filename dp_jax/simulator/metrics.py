@@ -20,6 +20,7 @@ from dp_jax.report.compare import (
   devices,
   fields,
   none_fields,
+  ties_note,
 )
 from dp_jax.simulator.engine import Simulation
 from dp_jax.simulator.windows import busy_ms
@@ -43,7 +44,8 @@ def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str
   cheap_d, cheap = cheapest_within(sim.model, data_parallel_evaluations(sim.model), tolerance)
   out: dict[str, Any] = {
       "model": sim.plan.model, "num_devices": g, "global_batch": b,
-      "cluster": sim.plan.cluster, "basis": sim.plan.basis(),
+      "cluster": sim.plan.cluster,
+      "basis": f"{sim.plan.basis()}; " + ties_note(sim.model.cluster.device, b / g, tolerance),
       "plan_data_parallel_devices": sim.plan.data_parallel_devices,
       "planner_iteration_ms": sim.evaluation.iteration_ms,
       "planner_gpu_ms": sim.evaluation.gpu_ms,
