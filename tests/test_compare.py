@@ -90,7 +90,8 @@ def test_simulate_metrics_carry_margins_and_verdicts():
   # the foreground against the fastest DP first, the cluster against the matched baseline
   # before DP alone, what it rests on last
   said = strict["fair_comparison"]
-  assert said.startswith("simulated: the burst foreground is") and said.endswith("A=1; ties within 0.0% (comparison.tolerance)")
+  assert said.startswith("simulated: the burst foreground is")
+  assert said.endswith("A=1; ties within 0.0% (comparison.tolerance)")
   tail = said[said.index("the cluster throughput"):]
   assert tail.index("against the matched DP") < tail.index("against data parallelism on")
 
