@@ -233,7 +233,8 @@ def test_a_cost_model_is_data_and_its_prices_are_memoised_off_it():
   compute, _ = pricing.stage_cost(model, run, (0, 4))
   assert compute > 0 and ("stage", run, (0, 4), (None,) * 3) in pricing.memo(model)
   assert pricing.stage_cost(model, run, (0, 4))[0] == compute  # the memoised value
-  doubled = dataclasses.replace(model, compute_ms=2 * model.compute_ms)
+  doubled = dataclasses.replace(model, fwd_ms=2 * model.fwd_ms, bwd_ms=2 * model.bwd_ms,
+                                update_ms=2 * model.update_ms)
   assert pricing.stage_cost(doubled, run, (0, 4))[0] == pytest.approx(2 * compute)
   gone = weakref.ref(model)
   before = len(pricing._MEMOS)

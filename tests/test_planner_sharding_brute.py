@@ -139,7 +139,10 @@ def test_a_stage_that_syncs_nothing_saves_the_latency():
   ms, assignment, shardings = planner(model)
   best, _, _ = brute_force(model)
   assert ms == pytest.approx(best, rel=TOLERANCE)
-  assert assignment == {"fc": (0, 4), "mix": (0, 4)} and shardings == {"fc": (4, "out")}
+  # fc split 4 ways (d = 1: no weight gradient to all-reduce); out or in, whichever of the
+  # cluster's all-gather and all-reduce is cheaper at this size
+  assert assignment == {"fc": (0, 4), "mix": (0, 4)} and shardings["fc"][0] == 4
+  assert set(shardings) == {"fc"}
   assert pricing.stage_cost(model, ("fc", "mix"), (0, 4), shardings)[1] == 0.0  # no all-reduce
 
 

@@ -50,8 +50,8 @@ def _two_pass(model, a, segs):
   for s in segs:
     if isinstance(s, Stage):
       st, c = s.placement
-      bwd = [pricing.timing(model, n, c)[1] for n in s.layers]
-      f += sum(pricing.timing(model, n, c)[0] for n in s.layers) - sum(bwd)
+      bwd = [pricing.layer_ms(model, n, (0, c))[1] for n in s.layers]
+      f += sum(pricing.layer_ms(model, n, (0, c))[0] for n in s.layers) - sum(bwd)
       band = [float(allreduce_volume_ms(model.cluster, model.grad_bytes[model.row[n]], st, c))
               for n in s.layers]
       w += sum(bwd) + stage_sync_ms(band, bwd, float(collective_latency_ms(model.cluster, st, c)),

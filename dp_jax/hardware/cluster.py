@@ -458,6 +458,23 @@ def nccl_allreduce_ms(cluster: ClusterConfig, nbytes, start, count):
   return float(out) if out.ndim == 0 else out
 
 
+def class_allreduce_ms(cluster: ClusterConfig, nbytes, count) -> np.ndarray:
+  """(devices_per_node + 1, *shape) allreduce_ms of nbytes over `count` devices of each link
+  class (nbytes and count broadcast to shape): the per-class form the search's tables read,
+  equal to allreduce_ms at a range of that class."""
+  count = np.asarray(count, dtype=float)
+  shape = np.broadcast_shapes(np.shape(nbytes), count.shape)
+  count = np.broadcast_to(count, shape)
+  if cluster.collectives != "rail":
+    bus = class_bus_GBps(cluster).reshape((-1,) + (1,) * len(shape))
+    return volume_ms(nbytes, count, bus) + class_latency_ms(cluster, count)
+  lat_us, bus = nccl_allreduce_candidates(cluster, count)  # (candidates, classes, *shape)
+  nb = np.broadcast_to(np.asarray(nbytes, dtype=float), lat_us.shape[1:])
+  out = np.maximum(np.min(_candidate_ms(lat_us, bus, count, nb), axis=0),
+                   measured_latency_ms(cluster, count))
+  return out * (count > 1)
+
+
 # --- strided groups (a 2-D mesh's data axis: devices first, first + stride, ...) ---------------
 
 

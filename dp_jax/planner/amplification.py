@@ -7,21 +7,37 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dp_jax.hardware.cluster import link_class
 from dp_jax.planner import pricing
-from dp_jax.planner.costs import CostModel, allreduce_volume_ms
+from dp_jax.planner.costs import CostModel, allreduce_volume_ms, batch_norm_ms
+from dp_jax.planner.layer_time import LayerTime, compose
 from dp_jax.planner.sharded import Sharding
+
+
+def prefix_times(model: CostModel) -> LayerTime:
+  """(L, C) every layer's time on devices [0, count) of each candidate count, split by samples:
+  the cost model's profile and update with each prefix's batch-norm syncs (pricing.layer_time
+  at once for every layer and count)."""
+  cols = np.arange(len(model.counts))
+  link0 = link_class(model.cluster, 0, model.counts)
+  sync = batch_norm_ms(model)[link0, :, cols].T
+  upd = np.zeros(len(model.names)) if model.update_ms is None else model.update_ms
+  return compose(model.fwd_ms, model.bwd_ms, upd[:, None], sync=sync)
 
 
 def amplification(model: CostModel) -> np.ndarray:
   """(L, C): g x (compute at B/g + own all-reduce bandwidth term) / compute on one device at B.
 
-  Latency is left out (a stage pays it once, shared by its layers) and so are activation
-  moves (they depend on the neighbours). The all-reduce is priced on devices [0, g).
+  The layer's time is its whole time on devices [0, g) (pricing.layer_time: compute, update,
+  its batch-norm syncs), as under a weight sharding (sharded_amplification). The stage's
+  latency is left out (a stage pays it once, shared by its layers) and so are activation moves
+  between layers (they depend on the neighbours). The all-reduce is priced on devices [0, g).
   Layers that take no time, or less than amplification_floor_ms on one device, are exempt (1).
   """
   g = model.counts.astype(float)
-  own = model.compute_ms + allreduce_volume_ms(model.cluster, model.grad_bytes[:, None], 0,
-                                              model.counts[None, :])
+  total = prefix_times(model).total
+  own = total + allreduce_volume_ms(model.cluster, model.grad_bytes[:, None], 0,
+                                    model.counts[None, :])
   single = model.compute_ms[:, :1]
   with np.errstate(divide="ignore", invalid="ignore"):
     amp = g[None, :] * own / single

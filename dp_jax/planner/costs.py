@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -20,14 +21,14 @@ from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import (
   ClusterConfig,
   bus_bandwidth_GBps,
-  class_bus_GBps,
-  class_latency_ms,
+  class_allreduce_ms,
   p2p_link,
   volume_ms,
 )
 from dp_jax.hardware.devices import DTYPE_BYTES, canonical_dtype
 from dp_jax.layer_times.table import MissingProfileError, ProfileTable
 from dp_jax.planner import footprint, stage_terms
+from dp_jax.planner.layer_time import compose
 from dp_jax.planner.options import PlanOptions, candidate_counts
 from dp_jax.planner.segments import Placement  # noqa: F401 (re-exported: first device, count)
 
@@ -135,8 +136,8 @@ class CostModel:
   counts: np.ndarray  # (C,) ascending, counts[0] == 1
   names: tuple[str, ...]  # graph order
   row: dict[str, int]
-  compute_ms: np.ndarray  # (L, C) forward + backward + optimizer update at B / count per device
-  bwd_ms: np.ndarray  # (L, C)
+  fwd_ms: np.ndarray  # (L, C) the profile's forward at B / count per device
+  bwd_ms: np.ndarray  # (L, C) the profile's backward
   grad_bytes: np.ndarray  # (L,) gradient bytes all-reduced per step
   out_bytes: np.ndarray  # (L,) output bytes per sample (what a move sends)
   in_bytes: np.ndarray  # (L,) input bytes per sample (the model input for the first layer)
@@ -161,6 +162,12 @@ class CostModel:
   def batch(self) -> int:
     return self.options.global_batch
 
+  @cached_property
+  def compute_ms(self) -> np.ndarray:
+    """(L, C) forward + backward + optimizer update, split by samples (layer_time.compose)."""
+    upd = np.zeros(len(self.names)) if self.update_ms is None else self.update_ms
+    return compose(self.fwd_ms, self.bwd_ms, upd[:, None]).total
+
 
 # Synchronised batch norm all-reduces, per layer and step, the sum and the sum of squares of
 # its channels in forward and two per-channel sums in backward: 2 x channels float32 each.
@@ -176,12 +183,11 @@ def batch_norm_bytes(node) -> float:
 
 
 def batch_norm_ms(model: CostModel) -> np.ndarray:
-  """(K, L, C): one statistics all-reduce per link class, layer and count (0 on one device)."""
+  """(K, L, C): one statistics all-reduce per link class, layer and count (0 on one device or
+  without batch norm): the cluster's all-reduce, as a layer's time prices it."""
   k = model.counts
-  vol = np.stack([volume_ms(model.bn_bytes[:, None], k[None, :], bw)
-                  for bw in class_bus_GBps(model.cluster)])
-  lat = class_latency_ms(model.cluster, k)[:, None, :]
-  return np.where((model.bn_bytes[None, :, None] > 0) & (k[None, None, :] > 1), vol + lat, 0.0)
+  ms = class_allreduce_ms(model.cluster, model.bn_bytes[:, None], k[None, :])
+  return np.where((model.bn_bytes[None, :, None] > 0) & (k[None, None, :] > 1), ms, 0.0)
 
 
 def element_bytes(dtype: str) -> int | None:
@@ -239,18 +245,17 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterC
                     f"num_devices={options.num_devices}; use fewer devices or a larger cluster")
   counts = candidate_counts(options)
   names = graph.names
-  comp = np.zeros((len(names), len(counts)))
-  bwd = np.zeros_like(comp)
+  fwd = np.zeros((len(names), len(counts)))
+  bwd = np.zeros_like(fwd)
   interpolated = set()
   for i, name in enumerate(names):
     for c, g in enumerate(counts):
       t = profile.lookup(name, options.global_batch // int(g))
-      comp[i, c], bwd[i, c] = t.fwd_ms + t.bwd_ms, t.bwd_ms
+      fwd[i, c], bwd[i, c] = t.fwd_ms, t.bwd_ms
       if t.interpolated:
         interpolated.add(name)
   params = np.array([footprint.layer_params(n, options.param_bytes_per_param) for n in graph.nodes])
   update = stage_terms.update_ms(params, profile, cluster, options)
-  comp += update[:, None]
   stage_ms, enter_ms, leave_ms = stage_terms.stage_terms(graph, profile, cluster, options, counts)
   # a profile timed on the stage's devices has the gradient all-reduce inside its programs
   # (dp_jax.measurement.in_context): the cluster's all-reduce is not priced again
@@ -258,7 +263,7 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterC
   scales = element_scales(graph, profile)
   model = CostModel(
       graph=graph, profile=profile, cluster=cluster, options=options, counts=counts,
-      names=names, row={n: i for i, n in enumerate(names)}, compute_ms=comp, bwd_ms=bwd,
+      names=names, row={n: i for i, n in enumerate(names)}, fwd_ms=fwd, bwd_ms=bwd,
       grad_bytes=params * grads,
       out_bytes=moved_bytes_per_sample(graph, profile),
       in_bytes=input_bytes_per_sample(graph, profile),

@@ -35,6 +35,7 @@ from dp_jax.planner.costs import (
   move_ms,
   stage_sync_ms,
 )
+from dp_jax.planner.layer_time import LayerTime, compose
 from dp_jax.planner.segments import Placement
 from dp_jax.planner.sharded import (
   Sharding,
@@ -129,42 +130,64 @@ def layer_update_ms(model: CostModel, name: str, share: float = 1.0) -> float:
   return 0.0 if model.update_ms is None else float(model.update_ms[model.row[name]]) * share
 
 
-def timing(model: CostModel, name: str, count: int) -> tuple[float, float]:
-  """(fwd + bwd + update ms, bwd ms) of a layer on `count` devices (the tables at candidate
-  counts, the profile elsewhere)."""
+def layer_time(model: CostModel, name: str, p: Placement,
+               sharding: Sharding | None = None) -> LayerTime:
+  """The layer's time on placement p under `sharding` (None: its samples split), as its parts
+  (dp_jax/planner/layer_time.py): the one layer time every pricing path reads. Samples split:
+  the cost model's tables at a candidate count (the profile elsewhere), the optimizer update of
+  the whole layer, its batch-norm statistics all-reduces over its devices. A weight sharding
+  (m, split): compute at the sharded shape, the split's activation collectives, the update of
+  its parameter share, the syncs over its data groups (dp_jax/planner/sharded.py)."""
   m = memo(model)
-  key = ("timing", name, count)
+  key = ("layer time", name if is_samples(sharding) else signature(model, name), p,
+         None if is_samples(sharding) else sharding)
   hit = m.get(key)
   if hit is None:
-    c = column(model, count)
-    if c is not None:
-      i = model.row[name]
-      hit = (model.compute_ms[i, c], model.bwd_ms[i, c])
-    else:
-      t = model.profile.lookup(name, model.batch // count)
-      hit = (t.fwd_ms + t.bwd_ms + layer_update_ms(model, name), t.bwd_ms)
-    m[key] = hit
+    hit = m[key] = (_samples_time(model, name, p) if is_samples(sharding) else
+                    _sharded_time(model, name, p, sharding))
   return hit
+
+
+def _samples_time(model: CostModel, name: str, p: Placement) -> LayerTime:
+  i, (start, count) = model.row[name], p
+  c = column(model, count)
+  if c is not None:
+    fwd, bwd = model.fwd_ms[i, c], model.bwd_ms[i, c]
+  else:
+    t = model.profile.lookup(name, model.batch // count)
+    fwd, bwd = t.fwd_ms, t.bwd_ms
+  b = model.bn_bytes[i]
+  sync = float(allreduce_ms(model.cluster, b, start, count)) if b > 0 and count > 1 else 0.0
+  return compose(float(fwd), float(bwd), layer_update_ms(model, name), sync=sync)
+
+
+def _sharded_time(model: CostModel, name: str, p: Placement, sharding: Sharding) -> LayerTime:
+  m, _ = sharding
+  d = p[1] // m
+  node = model.graph.node(name)
+  t = model.profile.lookup(name, model.batch // d)
+  whole = _whole_times(model, name, model.batch // d)
+  part = None
+  if whole is not None:  # the sharded shape's cost does not depend on the batch
+    key = ("sharded cost", signature(model, name), sharding)
+    memos = memo(model)
+    part = memos.get(key)
+    if part is None:
+      part = memos[key] = sharded_cost(model.graph, node, sharding, whole[0],
+                                       model.profile.dtype)
+  ratios = compute_ratios(model.graph, node, sharding, model.batch // d, model.profile.device,
+                          model.profile.dtype, whole, part, model.profile.source)
+  share = param_share(node, sharding)
+  sync = _data_groups(model, model.bn_bytes[model.row[name]] * share, p, m, group_collective_ms)
+  return compose(t.fwd_ms, t.bwd_ms, layer_update_ms(model, name, share), sync=sync,
+                 moves=activation_ms(model, name, p, sharding), ratios=ratios)
 
 
 def layer_ms(model: CostModel, name: str, p: Placement,
              sharding: Sharding | None = None) -> tuple[float, float]:
-  """(fwd + bwd ms, bwd ms) of a layer on placement p, with its batch-norm statistics
-  all-reduces (one forward, one backward) when they are synchronised over its devices;
-  a weight sharding (m, split) is priced by sharded_layer_ms."""
-  if not is_samples(sharding):
-    key = ("sharded", signature(model, name), p, sharding)
-    m = memo(model)
-    hit = m.get(key)
-    if hit is None:
-      hit = m[key] = sharded_layer_ms(model, name, p, sharding)
-    return hit
-  total, bwd = timing(model, name, p[1])
-  b = model.bn_bytes[model.row[name]]
-  if b <= 0 or p[1] <= 1:
-    return total, bwd
-  sync = float(allreduce_ms(model.cluster, b, p[0], p[1]))
-  return total + 2 * sync, bwd + sync
+  """(the layer's whole time in a step, its backward part) on placement p (layer_time)."""
+  t = layer_time(model, name, p, sharding)
+  return float(t.total), float(t.backward_total)
 
 
 def band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding | None = None) -> float:
@@ -238,34 +261,6 @@ def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
     fwd = 2 * groups(allreduce_ms, y)
     bwd = 0.0 if first else 2 * groups(allreduce_ms, x)
   return gather + fwd, bwd
-
-
-def sharded_layer_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
-                     ) -> tuple[float, float]:
-  """(fwd + bwd + update ms, bwd ms) of a weight-sharded layer, with its batch-norm syncs and
-  the optimizer update of its parameter share."""
-  m, _ = sharding
-  d = p[1] // m
-  node = model.graph.node(name)
-  t = model.profile.lookup(name, model.batch // d)
-  whole = _whole_times(model, name, model.batch // d)
-  part = None
-  if whole is not None:  # the sharded shape's cost does not depend on the batch
-    key = ("sharded cost", signature(model, name), sharding)
-    memos = memo(model)
-    part = memos.get(key)
-    if part is None:
-      part = memos[key] = sharded_cost(model.graph, node, sharding, whole[0],
-                                       model.profile.dtype)
-  rf, rb = compute_ratios(model.graph, node, sharding, model.batch // d, model.profile.device,
-                          model.profile.dtype, whole, part, model.profile.source)
-  af, ab = activation_ms(model, name, p, sharding)
-  fwd, bwd = t.fwd_ms * rf + af, t.bwd_ms * rb + ab
-  share = param_share(node, sharding)
-  bn = model.bn_bytes[model.row[name]] * share
-  sync = _data_groups(model, bn, p, m, group_collective_ms)
-  update = layer_update_ms(model, name, share)  # each device updates its share
-  return fwd + bwd + update + 2 * sync, bwd + sync
 
 
 def grad_bytes(model: CostModel, name: str, sharding: Sharding | None) -> float:

@@ -55,9 +55,10 @@ def background_job(graph: LayerGraph, profile: ProfileTable, cluster: ClusterCon
     raise UserError(f"background batch_per_device must be an integer >= 1, got {batch!r}")
   model = job_model(graph, profile, cluster, batch, **options)
   names = list(flat_layers(graph.decompose()))
-  timings = [profile.lookup(n, batch) for n in names]
-  fwd = [t.fwd_ms for t in timings]
-  bwd = [t.bwd_ms + pricing.layer_update_ms(model, n) for t, n in zip(timings, names, strict=True)]
+  # on one device: no synchronisation; the update runs in the backward pieces
+  times = [pricing.layer_time(model, n, (0, 1)) for n in names]
+  fwd = [float(t.forward_total) for t in times]
+  bwd = [float(t.backward_total + t.update) for t in times]
   groups = layer_groups(names, fwd, bwd, piece_ms)
   pieces = step_pieces(groups, fwd, bwd)
   ms = np.array([p[2] for p in pieces])

@@ -9,6 +9,7 @@ import numpy as np
 from dp_jax.hardware.cluster import class_bus_GBps, class_latency_ms, link_class, volume_ms
 from dp_jax.planner import pricing, stage_choice
 from dp_jax.planner.costs import CostModel, batch_norm_ms, move_from_parts, move_parts
+from dp_jax.planner.layer_time import compose
 
 # Single-input elementwise layers: XLA fuses them into their producer (DeepPool's ReLUs run in
 # place), so the search never changes device count (or devices) into one of them.
@@ -102,9 +103,10 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
   band = np.stack([volume_ms(model.grad_bytes[:, None], k[None, :], bw)
                    for bw in class_bus_GBps(cl)])
   lat = class_latency_ms(cl, k)
-  bn = batch_norm_ms(model)
-  compute_k = model.compute_ms[None] + 2 * bn
-  bwd_k = model.bwd_ms[None] + bn
+  upd = np.zeros(len(model.names)) if model.update_ms is None else model.update_ms
+  times = compose(model.fwd_ms[None], model.bwd_ms[None], upd[None, :, None],
+                  sync=batch_norm_ms(model))  # per link class, layer and count
+  compute_k, bwd_k = times.total, times.backward_total
   link0 = link_class(cl, 0, k)
   cols = np.arange(len(k))
   compute, bwd = compute_k[link0, :, cols].T, bwd_k[link0, :, cols].T
