@@ -19,7 +19,9 @@ A100 = get_device("A100-SXM4-40GB")
 
 
 def _cost(flops, act, params=0.0, source=False, matrix=True):
-  return LayerCost(flops, act, params, 1, matrix, source, (64, 64) if matrix else None)
+  """A layer of `flops` on the matrix units (matrix) or the vector units."""
+  mm, vector = (flops, 0.0) if matrix else (0.0, flops)
+  return LayerCost(mm, 0.0, vector, act, params, 1, source, (64, 64) if matrix else None)
 
 
 def test_compute_bound_time_is_flops_over_peak():

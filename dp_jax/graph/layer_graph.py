@@ -30,12 +30,21 @@ class LayerNode:
   bytes_accessed_per_sample: float = 0.0  # forward HBM bytes per sample, from XLA's cost analysis
   attrs: Mapping[str, Any] = field(default_factory=dict)  # kind-specific (see docs)
   saved_bytes_per_sample: int = 0  # activations kept for backward, per sample (XLA residuals)
+  # What of the forward FLOPs are matrix products and convolutions (the layer's jaxpr: work
+  # that runs on matrix units, whatever the layer is called); the bytes of parameters it only
+  # gathers rows of (an embedding table); its largest matrix operation's (rows per sample,
+  # columns). A graph traced by dp_jax records them (meta "work_source").
+  matmul_flops_per_sample: float = 0.0
+  conv_flops_per_sample: float = 0.0
+  gathered_param_bytes: int = 0
+  gemm: tuple[int, int] | None = None
 
   def to_json(self) -> dict[str, Any]:
     d = asdict(self)
     d["inputs"] = list(self.inputs)
     d["out_shape"] = list(self.out_shape)
     d["attrs"] = dict(self.attrs)
+    d["gemm"] = None if self.gemm is None else list(self.gemm)
     return d
 
 
@@ -43,10 +52,14 @@ _NODE_FIELDS = {
     "name": str, "kind": str, "inputs": list, "params": int, "param_bytes": int,
     "out_shape": list, "out_bytes_per_sample": int, "flops_per_sample": (int, float),
     "bytes_accessed_per_sample": (int, float), "attrs": dict, "saved_bytes_per_sample": int,
+    "matmul_flops_per_sample": (int, float), "conv_flops_per_sample": (int, float),
+    "gathered_param_bytes": int, "gemm": (list, type(None)),
 }
 _REQUIRED_NODE_FIELDS = ("name", "kind", "inputs", "param_bytes", "out_bytes_per_sample")
 _COUNT_FIELDS = ("params", "param_bytes", "out_bytes_per_sample", "flops_per_sample",
-                 "bytes_accessed_per_sample", "saved_bytes_per_sample")  # finite, >= 0
+                 "bytes_accessed_per_sample", "saved_bytes_per_sample",
+                 "matmul_flops_per_sample", "conv_flops_per_sample",
+                 "gathered_param_bytes")  # finite, >= 0
 
 
 def _node_from_json(d: Any, where: str) -> LayerNode:
@@ -81,7 +94,21 @@ def _node_from_json(d: Any, where: str) -> LayerNode:
       flops_per_sample=float(d.get("flops_per_sample", 0.0)),
       bytes_accessed_per_sample=float(d.get("bytes_accessed_per_sample", 0.0)),
       attrs=dict(d.get("attrs", {})),
-      saved_bytes_per_sample=int(d.get("saved_bytes_per_sample", 0)))
+      saved_bytes_per_sample=int(d.get("saved_bytes_per_sample", 0)),
+      matmul_flops_per_sample=float(d.get("matmul_flops_per_sample", 0.0)),
+      conv_flops_per_sample=float(d.get("conv_flops_per_sample", 0.0)),
+      gathered_param_bytes=int(d.get("gathered_param_bytes", 0)),
+      gemm=_gemm(d.get("gemm"), where, name))
+
+
+def _gemm(value: Any, where: str, name: str) -> tuple[int, int] | None:
+  if value is None:
+    return None
+  if len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                for v in value):
+    raise UserError(f"{where}: node '{name}' field 'gemm' is {value!r}; it must be [rows per "
+                    "sample, columns] of positive integers, or null")
+  return int(value[0]), int(value[1])
 
 
 @dataclass(frozen=True)

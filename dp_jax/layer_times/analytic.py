@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
@@ -31,8 +31,10 @@ from dp_jax.layer_times.table import ProfileTable
 # (2 B). Pure dtypes read the weights once in their own size.
 MIXED_PARAM_BYTES = 8
 
-# Kinds whose work runs on the matrix units (tensor cores); the rest are elementwise/reductions
-# and run on the vector units at the float32 rate at best: the roofline caps them by memory.
+# A graph without traced work (a graph file from elsewhere): the kinds whose work runs on the
+# matrix units (tensor cores); the other known kinds are elementwise / reductions, on the vector
+# units at the float32 rate at best. A traced graph says which FLOPs are which (flops_by_unit),
+# so a layer's label never sets its price there.
 MATRIX_KINDS = ("conv2d", "linear", "transformer_block", "lm_head", "patch_embed",
                 "self_attention", "mlp_block")
 
@@ -46,11 +48,13 @@ class AnalyticParams:
   small_batch_flops: float = 0.0  # matrix work (FLOPs) below which a kernel cannot fill the chip
   tile: int = 0  # output tile (tile x tile) per compute unit of a matrix kernel; 0: no wave term
   kernel_overhead_us: float | None = None  # None: the device's
+  conv_eff: float | None = None  # convolutions' fraction of the peak; None: compute_eff
+  vector_eff: float | None = None  # elementwise work's fraction of the float32 peak; None: compute_eff
 
   def __post_init__(self):
-    for k in ("compute_eff", "memory_eff"):
+    for k in ("compute_eff", "memory_eff", "conv_eff", "vector_eff"):
       v = getattr(self, k)
-      if not (0 < v <= 1):
+      if v is not None and not (0 < v <= 1):
         raise UserError(f"analytic {k} must be in (0, 1], got {v}")
     if self.small_batch_flops < 0 or (self.kernel_overhead_us or 0) < 0 or self.tile < 0:
       raise UserError("analytic small_batch_flops, tile and kernel_overhead_us must be >= 0, got "
@@ -70,21 +74,80 @@ def default_params(device: DeviceSpec) -> AnalyticParams:
   return PLAIN if device.name == "cpu" else A100_VGG16_FIT
 
 
+class UnpricedLayer(UserError):
+  """A layer whose matrix work the graph does not say and whose kind no formula knows."""
+
+
 @dataclass(frozen=True)
 class LayerCost:
-  """What the roofline needs to know about one layer, in the profiled dtype."""
+  """What the roofline needs to know about one layer, in the profiled dtype: its forward FLOPs
+  per sample split by the units that run them (matrix products and convolutions on the matrix
+  units, the rest on the vector units), the activation bytes a fused kernel reads and writes
+  per sample, the parameter bytes a step reads whole, and the bytes of the tables it only
+  gathers rows of (an embedding: the forward reads the gathered rows, which are activation
+  bytes; the backward writes the table's dense gradient, as JAX's scatter-add does)."""
 
-  flops_per_sample: float
+  matmul_flops_per_sample: float
+  conv_flops_per_sample: float
+  vector_flops_per_sample: float
   act_bytes_per_sample: float
   param_bytes: float
   kernels: int
-  matrix: bool
   reads_model_input: bool
   gemm: tuple[int, int] | None = None  # (output rows per sample, output columns)
+  gathered_bytes: float = 0.0
+
+  @property
+  def flops_per_sample(self) -> float:
+    return self.matmul_flops_per_sample + self.conv_flops_per_sample + self.vector_flops_per_sample
+
+  @property
+  def matrix(self) -> bool:
+    return self.matmul_flops_per_sample + self.conv_flops_per_sample > 0
+
+  def scaled(self, share: float, **changes) -> LayerCost:
+    """Its FLOPs times `share` (a split layer's part), with other fields changed."""
+    return replace(self, matmul_flops_per_sample=self.matmul_flops_per_sample * share,
+                   conv_flops_per_sample=self.conv_flops_per_sample * share,
+                   vector_flops_per_sample=self.vector_flops_per_sample * share, **changes)
 
 
-def layer_cost(graph: LayerGraph, node: LayerNode, dtype: str) -> LayerCost:
-  """FLOPs and bytes of one layer: XLA's cost analysis when the graph has it, else formulas.
+def traced_work(graph: LayerGraph) -> bool:
+  """Whether the graph's nodes record their matrix work (traced by dp_jax.models.trace)."""
+  return bool(graph.meta.get("work_source"))
+
+
+def flops_by_unit(graph: LayerGraph, node: LayerNode, flops: float,
+                  accept: frozenset[str] = frozenset()) -> tuple[float, float, float]:
+  """(matrix-product, convolution, elementwise) FLOPs per sample of `flops`: what the layer's
+  jaxpr runs on the matrix units (scaled to XLA's count, which excludes a convolution's
+  padding, when it counts fewer), the rest elementwise. A graph without traced work: by the
+  layer's kind where a formula knows it; else an UnpricedLayer error unless `accept` names the
+  layer (then elementwise: the vector rate)."""
+  if traced_work(graph):
+    tensor = node.matmul_flops_per_sample + node.conv_flops_per_sample
+    if tensor <= 0:
+      return 0.0, 0.0, flops
+    scale = min(1.0, flops / tensor) if flops > 0 else 1.0
+    mm, conv = node.matmul_flops_per_sample * scale, node.conv_flops_per_sample * scale
+    return mm, conv, max(0.0, flops - mm - conv)
+  if node.kind == "conv2d":
+    return 0.0, flops, 0.0
+  if node.kind in MATRIX_KINDS:
+    return flops, 0.0, 0.0
+  if node.kind in formulas.KNOWN_KINDS or node.name in accept:
+    return 0.0, 0.0, flops
+  raise UnpricedLayer(
+      f"layer '{node.name}' (kind '{node.kind}') of {graph.model}: the graph does not say how "
+      "much of its work is matrix products, and no formula knows its kind; trace the model with "
+      "dp_jax (python -m dp_jax.inspect) or accept it priced at the vector rate with "
+      f"profile.accept_vector_rate=[{node.name}]")
+
+
+def layer_cost(graph: LayerGraph, node: LayerNode, dtype: str,
+               accept: frozenset[str] = frozenset()) -> LayerCost:
+  """FLOPs and bytes of one layer: XLA's cost analysis when the graph has it, else formulas;
+  split by unit from its traced work (flops_by_unit).
 
   dp_jax.models.trace records per-sample marginals (cost at batch 2 minus batch 1), so XLA's
   bytes_accessed_per_sample excludes the weights, which are read once per step (param_bytes).
@@ -98,15 +161,20 @@ def layer_cost(graph: LayerGraph, node: LayerNode, dtype: str) -> LayerCost:
   if node.flops_per_sample > 0:
     flops = node.flops_per_sample
   else:
-    flops = formulas.forward_flops(node, in_shapes)
+    flops = formulas.forward_flops(node, in_shapes) if node.kind in formulas.KNOWN_KINDS or (
+        node.name not in accept) else 0.0
   if node.bytes_accessed_per_sample > 0:
     act = node.bytes_accessed_per_sample * scale
   else:
     act = formulas.activation_elems(node, in_shapes) * itemsize
   nparams = node.params or node.param_bytes / traced
-  params = nparams * (MIXED_PARAM_BYTES if is_mixed(dtype) else itemsize)
-  return LayerCost(flops, act, params, formulas.forward_kernels(node),
-                   node.kind in MATRIX_KINDS, not node.inputs, formulas.gemm_shape(node))
+  per_param = MIXED_PARAM_BYTES if is_mixed(dtype) else itemsize
+  gathered = node.gathered_param_bytes / traced if traced_work(graph) else 0.0
+  mm, conv, vector = flops_by_unit(graph, node, flops, accept)
+  gemm = node.gemm if traced_work(graph) and node.gemm else formulas.gemm_shape(node)
+  return LayerCost(mm, conv, vector, act, max(0.0, nparams - gathered) * per_param,
+                   formulas.forward_kernels(node), not node.inputs, gemm,
+                   gathered * per_param)
 
 
 def wave_utilization(gemm: tuple[int, int] | None, batch: int, tile: int, units: int) -> float:
@@ -124,28 +192,38 @@ def wave_utilization(gemm: tuple[int, int] | None, batch: int, tile: int, units:
 
 def layer_times_ms(cost: LayerCost, device: DeviceSpec, dtype: str, batch: int,
                    params: AnalyticParams = PLAIN) -> tuple[float, float]:
-  """(forward ms, backward ms) of one layer at per-device batch `batch` (dtype: compute dtype)."""
+  """(forward ms, backward ms) of one layer at per-device batch `batch` (dtype: compute dtype):
+  the slowest of its matrix-unit work, its elementwise work and its memory traffic, plus its
+  kernels' fixed cost."""
   if batch < 1:
     raise UserError(f"per-device batch must be >= 1, got {batch}")
   dtype = canonical_dtype(dtype)
-  peak = device.peak(dtype) if cost.matrix else device.peak("float32")
+  peak, vector_peak = device.peak(dtype), device.peak("float32")
+  conv_eff = params.compute_eff if params.conv_eff is None else params.conv_eff
+  vector_eff = params.compute_eff if params.vector_eff is None else params.vector_eff
   bw = device.mem_bandwidth * params.memory_eff
   overhead = device.kernel_overhead_us if params.kernel_overhead_us is None \
       else params.kernel_overhead_us
+  util = wave_utilization(cost.gemm, batch, params.tile, device.compute_units) \
+      if cost.matrix else 1.0
 
-  def one(work_factor: float, kernels: int) -> float:
-    flops = cost.flops_per_sample * batch * work_factor
-    if cost.matrix and params.small_batch_flops > 0:
+  def one(work_factor: float, kernels: int, table_bytes: float) -> float:
+    mm = cost.matmul_flops_per_sample * batch * work_factor
+    conv = cost.conv_flops_per_sample * batch * work_factor
+    if params.small_batch_flops > 0 and mm + conv > 0:
       # below small_batch_flops per kernel the chip is not full: time stops shrinking
-      flops = max(flops, params.small_batch_flops * kernels)
-    util = wave_utilization(cost.gemm, batch, params.tile, device.compute_units) \
-        if cost.matrix else 1.0
-    compute = flops / (peak * params.compute_eff * util)
-    memory = work_factor * (cost.param_bytes + cost.act_bytes_per_sample * batch) / bw
-    return 1e3 * max(compute, memory) + kernels * overhead / 1e3
+      floor = params.small_batch_flops * kernels
+      if mm + conv < floor:
+        mm, conv = mm * floor / (mm + conv), conv * floor / (mm + conv)
+    matrix = (mm / params.compute_eff + conv / conv_eff) / (peak * util)
+    vector = cost.vector_flops_per_sample * batch * work_factor / (vector_peak * vector_eff)
+    memory = (work_factor * (cost.param_bytes + cost.act_bytes_per_sample * batch)
+              + table_bytes) / bw
+    return 1e3 * max(matrix, vector, memory) + kernels * overhead / 1e3
 
   bwd_factor = 1.0 if cost.reads_model_input else 2.0
-  return one(1.0, cost.kernels), one(bwd_factor, 2 * cost.kernels)
+  return (one(1.0, cost.kernels, 0.0),
+          one(bwd_factor, 2 * cost.kernels, cost.gathered_bytes))
 
 
 def times_table(graph: LayerGraph, times, batches: Iterable[int]
@@ -166,12 +244,14 @@ def times_table(graph: LayerGraph, times, batches: Iterable[int]
 
 
 def analytic_profile(graph: LayerGraph, device: str | DeviceSpec, dtype: str,
-                     batches: Iterable[int], params: AnalyticParams | None = None) -> ProfileTable:
-  """Roofline timings of every layer of `graph` at each per-device batch (params: see above)."""
+                     batches: Iterable[int], params: AnalyticParams | None = None,
+                     accept: frozenset[str] = frozenset()) -> ProfileTable:
+  """Roofline timings of every layer of `graph` at each per-device batch (params: see above;
+  `accept`: layers the graph gives no matrix work for, priced at the vector rate on purpose)."""
   dev = get_device(device) if isinstance(device, str) else device
   params = default_params(dev) if params is None else params
   dev.peak(dtype)  # unknown or unsupported dtype -> UserError before any work
-  costs = {n.name: layer_cost(graph, n, dtype) for n in graph.nodes}
+  costs = {n.name: layer_cost(graph, n, dtype, accept) for n in graph.nodes}
   layers = times_table(graph, lambda node, b: layer_times_ms(costs[node.name], dev, dtype, b,
                                                               params), batches)
   return ProfileTable(model=graph.model, device=dev.name, dtype=dtype, source="analytic",

@@ -26,6 +26,7 @@ which the H100 rows of the table judge (scripts/validate_published.py). No JAX.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 
@@ -34,7 +35,6 @@ from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.hardware.devices import DTYPE_BYTES, DeviceSpec, canonical_dtype, get_device
 from dp_jax.layer_times import formulas
 from dp_jax.layer_times.analytic import (
-  MATRIX_KINDS,
   AnalyticParams,
   LayerCost,
   layer_cost,
@@ -60,10 +60,12 @@ class Calibration:
   memory_eff: float = 1.0
   fitted_on: tuple[str, ...] = field(default=())  # anchor ids
 
-  def params(self, op_class: str | None, precision: str) -> AnalyticParams:
-    """The roofline knobs of one layer (op_class None: elementwise, memory-bound)."""
-    eff = 1.0 if op_class is None else self.efficiency[f"{op_class}/{precision}"]
-    return AnalyticParams(compute_eff=eff, memory_eff=self.memory_eff, tile=self.tile,
+  def params(self, precision: str) -> AnalyticParams:
+    """The roofline knobs of a layer at `precision`: matrix products and convolutions at their
+    fitted efficiencies, elementwise work at the float32 peak (memory-bound in practice)."""
+    return AnalyticParams(compute_eff=self.efficiency[f"matrix/{precision}"],
+                          conv_eff=self.efficiency[f"conv/{precision}"], vector_eff=1.0,
+                          memory_eff=self.memory_eff, tile=self.tile,
                           kernel_overhead_us=self.kernel_overhead_us)
 
   def to_json(self) -> dict:
@@ -77,9 +79,12 @@ class Calibration:
 # BERT-Large phase 1 on 1 x A100-SXM4-80GB, 580 (FP16) and 317 (TF32) sequences/s, each step
 # one LAMB update per 32 (FP16) / 64 (TF32) accumulated micro-batches as DeepLearningExamples
 # ran it (run_pretraining.py at a07d20a1; the update once per micro-batch gave 0.4984 / 0.5457).
+# Refit on the same rows when layers came to be priced by their traced work (matrix products and
+# convolutions at these efficiencies, elementwise work at the vector rate): 0.2359 / 0.1644 /
+# 0.4933 / 0.5395 before.
 CALIBRATION = Calibration(
-    efficiency={"conv/half": 0.2359, "conv/tf32": 0.1644, "matrix/half": 0.4933,
-                "matrix/tf32": 0.5395},
+    efficiency={"conv/half": 0.2397, "conv/tf32": 0.1660, "matrix/half": 0.4914,
+                "matrix/tf32": 0.5376},
     fitted_on=("dle_pyt_rn50_a100_1gpu_amp", "dle_pyt_rn50_a100_1gpu_tf32",
                "dle_pyt_bert_large_p1_a100_1gpu_amp", "dle_pyt_bert_large_p1_a100_1gpu_tf32"))
 
@@ -94,13 +99,6 @@ def precision_class(dtype: str) -> str:
   return PRECISIONS[name]
 
 
-def op_class(node: LayerNode) -> str | None:
-  """'conv', 'matrix', or None for an elementwise / reduction layer."""
-  if node.kind == "conv2d":
-    return "conv"
-  return "matrix" if node.kind in MATRIX_KINDS else None
-
-
 def check_device(device: DeviceSpec) -> DeviceSpec:
   if device.name == "cpu":
     raise UserError("the calibrated profile is of NVIDIA GPUs (fitted on published A100 "
@@ -109,22 +107,42 @@ def check_device(device: DeviceSpec) -> DeviceSpec:
 
 
 def layer_model(graph: LayerGraph, node: LayerNode, dtype: str,
-                calibration: Calibration = CALIBRATION) -> tuple[LayerCost, AnalyticParams]:
-  """The roofline cost (fused-kernel traffic) and knobs of one layer."""
-  cost = layer_cost(graph, node, dtype)
+                calibration: Calibration = CALIBRATION,
+                accept: frozenset[str] = frozenset()) -> tuple[LayerCost, AnalyticParams]:
+  """The roofline cost and knobs of one layer. Its traffic is what fused kernels read and
+  write: its inputs and output, refined by its kind where a formula knows more (a batch norm's
+  passes, a transformer block's intermediates), never beyond XLA's unfused count of the traced
+  layer: a label can refine the price, never multiply it."""
+  cost = layer_cost(graph, node, dtype, accept)
   itemsize = DTYPE_BYTES[canonical_dtype(dtype)]
-  traffic = formulas.activation_elems(node, formulas.input_shapes(graph, node)) * itemsize
+  shapes = formulas.input_shapes(graph, node)
+  # any kernels read the inputs, write the output and write what the backward keeps
+  generic = formulas.io_elems(node, shapes) * itemsize + saved_bytes(node, itemsize)
+  if node.kind in formulas.FUSED_TRAFFIC_KINDS:
+    fused = formulas.activation_elems(node, shapes) * itemsize
+    traffic = min(fused, max(generic, cost.act_bytes_per_sample))
+  else:
+    traffic = generic
   return (replace(cost, act_bytes_per_sample=traffic),
-          calibration.params(op_class(node), precision_class(dtype)))
+          calibration.params(precision_class(dtype)))
+
+
+def saved_bytes(node: LayerNode, itemsize: int) -> float:
+  """The activations the layer keeps for its backward, per sample, in elements of `itemsize`
+  (the trace's residual bytes are in the traced dtype)."""
+  numel = math.prod(node.out_shape) if node.out_shape else 0
+  traced = node.out_bytes_per_sample / numel if numel and node.out_bytes_per_sample else 4
+  return node.saved_bytes_per_sample * itemsize / traced
 
 
 def calibrated_profile(graph: LayerGraph, device: str | DeviceSpec, dtype: str,
-                       batches: Iterable[int],
-                       calibration: Calibration = CALIBRATION) -> ProfileTable:
-  """Calibrated roofline timings of every layer of `graph` at each per-device batch."""
+                       batches: Iterable[int], calibration: Calibration = CALIBRATION,
+                       accept: frozenset[str] = frozenset()) -> ProfileTable:
+  """Calibrated roofline timings of every layer of `graph` at each per-device batch (`accept`:
+  layers the graph gives no matrix work for, priced at the vector rate on purpose)."""
   dev = check_device(get_device(device) if isinstance(device, str) else device)
   precision_class(dtype)
-  models = {n.name: layer_model(graph, n, dtype, calibration) for n in graph.nodes}
+  models = {n.name: layer_model(graph, n, dtype, calibration, accept) for n in graph.nodes}
   layers = times_table(graph, lambda node, b: layer_times_ms(
       models[node.name][0], dev, dtype, b, models[node.name][1]), batches)
   return ProfileTable(model=graph.model, device=dev.name, dtype=dtype, source=SOURCE,

@@ -253,8 +253,8 @@ def _fill_from_analytic(graph: LayerGraph, layers: dict[str, dict[int, tuple[flo
     cost = analytic.layer_cost(graph, graph.node(name), DTYPE)
     return analytic.layer_times_ms(cost, a100, DTYPE, b, analytic.A100_VGG16_FIT)
 
-  def matrix(name: str) -> bool:
-    return graph.node(name).kind in analytic.MATRIX_KINDS
+  def matrix(name: str) -> bool:  # whether its work runs on the matrix units
+    return analytic.layer_cost(graph, graph.node(name), DTYPE).matrix
 
   ratios: dict[bool, list[float]] = {True: [], False: []}
   for n, rows in layers.items():

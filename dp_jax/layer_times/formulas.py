@@ -7,6 +7,9 @@ import math
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 
+# Kinds whose fused kernels' traffic a formula states (activation_elems): a batch norm's two
+# passes over a convolution's output, a transformer block's intermediates, a gather's rows.
+FUSED_TRAFFIC_KINDS = ("conv2d", "transformer_block", "embed", "flatten")
 KNOWN_KINDS = ("conv2d", "linear", "relu", "maxpool", "avgpool", "flatten", "add", "concat",
                "transformer_block", "embed", "lm_head", "class_token")
 
@@ -66,6 +69,17 @@ def forward_flops(node: LayerNode, in_shapes: list[tuple[int, ...]]) -> float:
 def _lead(shape) -> int:
   """Rows of a linear layer per sample (tokens for sequence inputs, else 1)."""
   return _numel(shape[:-1]) if len(shape) > 1 else 1
+
+
+def io_elems(node: LayerNode, in_shapes: list[tuple[int, ...]]) -> float:
+  """Elements a forward pass must read and write whatever its kernels: its inputs and output
+  (a reshape moves nothing; a gather reads its rows, which are its output)."""
+  if node.kind == "flatten":
+    return 0.0
+  out = _numel(node.out_shape)
+  if node.kind == "embed":
+    return float(out)
+  return float(sum(_numel(s) for s in in_shapes) + out)
 
 
 def activation_elems(node: LayerNode, in_shapes: list[tuple[int, ...]]) -> float:

@@ -33,7 +33,10 @@ class ProfileConfig(Checked):
   roofline's precision (None: the source's default); batches: per-device batches to profile
   (None: every one a plan of B can use); max_batch, repeats, warmup: measure's; data_dir:
   other A100 tables (None: the shipped ones); allow_other_device: a profile of another device
-  than the cluster's is accepted (and recorded in the plan) instead of refused.
+  than the cluster's is accepted (and recorded in the plan) instead of refused;
+  accept_vector_rate: layers a roofline may price at the vector rate although the graph does
+  not say how much of their work is matrix products (a graph file without traced work, a kind no
+  formula knows): refused otherwise, so that no layer is priced by its label.
   """
 
   GROUP = "profile"
@@ -49,6 +52,7 @@ class ProfileConfig(Checked):
   cache_dir: str = ".cache/dp_jax/profiles"
   data_dir: str | None = None
   allow_other_device: bool = False
+  accept_vector_rate: tuple[str, ...] = ()
 
   def check(self) -> None:
     if self.source == "file" and not self.path:
@@ -59,10 +63,11 @@ class ProfileConfig(Checked):
     """The ProfileTable of `graph` at per-device `batches` (`device`: the cluster's)."""
     batches = list(self.batches or batches)
     if self.source == "analytic":
-      return analytic_profile(graph, self.device or device, self.dtype or "bfloat16", batches)
+      return analytic_profile(graph, self.device or device, self.dtype or "bfloat16", batches,
+                              accept=frozenset(self.accept_vector_rate))
     if self.source == "calibrated":
       return calibrated_profile(graph, self.device or device, self.dtype or DEFAULT_DTYPE,
-                                batches)
+                                batches, accept=frozenset(self.accept_vector_rate))
     if self.source == "deeppool_a100":
       table, report = import_deeppool_a100(graph, data_dir(self.data_dir))
       warn_filled(graph.model, report.filled)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -33,6 +34,7 @@ def trace_graph(model: GraphModel, model_name: str) -> LayerGraph:
     ins = {b: [outs[b][p] for p in s.inputs] if s.inputs else [x] for b, x in ((b1, x1), (b2, x2))}
     (o1, c1), (o2, c2) = _lower_layer(s.module, ins[b1], ins[b2], cache)
     saved = max(0, c2["saved"] - c1["saved"]) // (b2 - b1)
+    w1, w2 = c1["work"], c2["work"]
     outs[b1][s.name], outs[b2][s.name] = o1, o2
     params, param_bytes = _own_params(s.module, counted)
     in_shape = ins[b1][0].shape[1:]
@@ -42,13 +44,18 @@ def trace_graph(model: GraphModel, model_name: str) -> LayerGraph:
         out_bytes_per_sample=int(np.prod(o1.shape[1:], dtype=np.int64)) * o1.dtype.itemsize,
         flops_per_sample=max(0.0, c2["flops"] - c1["flops"]) / (b2 - b1),
         bytes_accessed_per_sample=max(0.0, c2["bytes"] - c1["bytes"]) / (b2 - b1),
-        attrs=node_attrs(s, in_shape), saved_bytes_per_sample=int(saved)))
+        attrs=node_attrs(s, in_shape), saved_bytes_per_sample=int(saved),
+        matmul_flops_per_sample=max(0.0, w2.matmul - w1.matmul) / (b2 - b1),
+        conv_flops_per_sample=max(0.0, w2.conv - w1.conv) / (b2 - b1),
+        gathered_param_bytes=w2.gathered_param_bytes,
+        gemm=w2.gemm_per_sample(b2)))
   return LayerGraph(
       model=model_name, input_shape=tuple(x1.shape[1:]), input_dtype=str(x1.dtype),
       nodes=tuple(nodes),
       meta={"config": dict(getattr(model, "config", {})),
             "cost_source": "xla_cost_analysis(lowered)", "cost_batches": list(COST_BATCHES),
-            "saved_source": "residuals of jax.vjp (the forward-with-residuals outputs)"})
+            "saved_source": "residuals of jax.vjp (the forward-with-residuals outputs)",
+            "work_source": WORK_SOURCE})
 
 
 def node_attrs(s: LayerSpec, in_shape: tuple[int, ...]) -> dict[str, Any]:
@@ -71,9 +78,106 @@ def _lower_layer(module: nnx.Module, ins1: list, ins2: list, cache: dict):
     pairs = []
     for ins in (ins1, ins2):
       out, cost = _lowered_cost(fn.lower(state_sds, *ins))
-      pairs.append((out, {**cost, "saved": residual_bytes(graphdef, state_sds, ins)}))
+      work = traced_work(jax.make_jaxpr(lambda st, *xs: nnx.merge(graphdef, st)(*xs))(
+          state_sds, *ins), len(jax.tree.leaves(state_sds)))
+      pairs.append((out, {**cost, "saved": residual_bytes(graphdef, state_sds, ins),
+                          "work": work}))
     cache[key] = tuple(pairs)
   return cache[key]
+
+
+# What a node's matrix work is read from: the layer's jaxpr (matrix products, convolutions and
+# the parameters it only gathers), so that a price never depends on the layer's label.
+WORK_SOURCE = "jaxpr: dot_general, conv_general_dilated, gathered parameters"
+
+
+@dataclass(frozen=True)
+class Work:
+  """A layer's forward work read from its jaxpr: FLOPs of its matrix products and of its
+  convolutions (a multiply-add counts 2, as XLA's cost analysis), the bytes of the parameters
+  it only gathers rows of (an embedding table: a step reads the gathered rows, not the table),
+  and the largest matrix operation's output (rows, columns)."""
+
+  matmul: float = 0.0
+  conv: float = 0.0
+  gathered_param_bytes: int = 0
+  largest: tuple[float, tuple[int, ...]] = (0.0, ())  # (flops, output shape)
+
+  def gemm_per_sample(self, batch: int) -> tuple[int, int] | None:
+    """(output rows per sample, output columns) of the largest matrix operation."""
+    flops, shape = self.largest
+    if not flops or not shape:
+      return None
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) // batch
+    return max(1, rows), int(shape[-1])
+
+
+def traced_work(closed, num_params: int) -> Work:
+  """The Work of a layer's ClosedJaxpr whose first `num_params` inputs are its parameters."""
+  jaxpr = closed.jaxpr
+  uses: dict[Any, set[str]] = {v: set() for v in jaxpr.invars[:num_params]}
+  totals = {"matmul": 0.0, "conv": 0.0}
+  largest = [0.0, ()]
+
+  def walk(j, scale: float, params: dict) -> None:
+    """`params`: this jaxpr's variables that are a layer parameter -> that parameter."""
+    for e in j.eqns:
+      name = e.primitive.name
+      subs = _sub_jaxprs(e)
+      for k, v in enumerate(e.invars):
+        if _is_var(v) and v in params and not subs:
+          uses[params[v]].add("gather" if name == "gather" and k == 0 else name)
+      flops = 0.0
+      if name == "dot_general":
+        (lc, _), _ = e.params["dimension_numbers"]
+        k = int(np.prod([e.invars[0].aval.shape[d] for d in lc], dtype=np.int64))
+        flops = 2.0 * _size(e.outvars[0].aval.shape) * k
+        totals["matmul"] += scale * flops
+      elif name == "conv_general_dilated":
+        rhs = e.invars[1].aval.shape
+        out_feature = e.params["dimension_numbers"].rhs_spec[0]
+        flops = 2.0 * _size(e.outvars[0].aval.shape) * _size(rhs) / rhs[out_feature]
+        totals["conv"] += scale * flops
+      if flops * scale > largest[0]:
+        largest[:] = [flops * scale, tuple(e.outvars[0].aval.shape)]
+      for sub, times in subs:
+        inner = {}
+        if len(sub.invars) == len(e.invars):  # a call: its inputs are the equation's
+          inner = {i: params[o] for o, i in zip(e.invars, sub.invars, strict=True)
+                   if _is_var(o) and o in params}
+        else:  # another calling convention: a parameter it reads counts as used by it
+          for v in e.invars:
+            if _is_var(v) and v in params:
+              uses[params[v]].add(name)
+        walk(sub, scale * times, inner)
+
+  walk(jaxpr, 1.0, {v: v for v in uses})
+  gathered = sum(_size(v.aval.shape) * np.dtype(v.aval.dtype).itemsize
+                 for v, u in uses.items() if u == {"gather"})
+  return Work(totals["matmul"], totals["conv"], int(gathered), (largest[0], largest[1]))
+
+
+def _sub_jaxprs(eqn) -> list[tuple[Any, float]]:
+  """The jaxprs an equation runs (pjit, checkpoint, custom_jvp/vjp, cond branches, scan bodies)
+  and how many times each runs (a scan's length; a cond's branches are counted once, the
+  costliest being unknown: each at 1)."""
+  times = float(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else 1.0
+  out = []
+  for value in eqn.params.values():
+    for v in value if isinstance(value, (list, tuple)) else (value,):
+      inner = getattr(v, "jaxpr", v)
+      if hasattr(inner, "eqns"):
+        out.append((inner, times))
+  return out
+
+
+def _is_var(v) -> bool:
+  """A jaxpr variable (literals, constants folded into the equation, are not hashable)."""
+  return type(v).__name__ != "Literal"
+
+
+def _size(shape) -> int:
+  return int(np.prod(shape, dtype=np.int64)) if shape else 1
 
 
 def forward_with_residuals(graphdef):

@@ -23,7 +23,6 @@ and numpy: no JAX.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -157,9 +156,8 @@ def sharded_cost(graph: LayerGraph, node: LayerNode, sharding: Sharding, whole, 
   gemm = whole.gemm
   if gemm is not None and split != "in":
     gemm = (gemm[0], max(1, gemm[1] // m))
-  return replace(whole, flops_per_sample=whole.flops_per_sample / m,
-                 act_bytes_per_sample=kept + (act - kept) / m,
-                 param_bytes=whole.param_bytes * param_share(node, sharding), gemm=gemm)
+  return whole.scaled(1.0 / m, act_bytes_per_sample=kept + (act - kept) / m,
+                      param_bytes=whole.param_bytes * param_share(node, sharding), gemm=gemm)
 
 
 def compute_ratios(graph: LayerGraph, node: LayerNode, sharding: Sharding, batch: int,
