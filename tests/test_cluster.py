@@ -38,7 +38,7 @@ def spec(**kw) -> ClusterConfig:
 @pytest.mark.parametrize("path", sorted(CONF.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_config_loads_and_has_only_the_fields(path):
   raw = yaml.safe_load(path.read_text())
-  assert set(raw) == FIELDS - {"num_devices"}  # the job's G is the app's choice
+  assert set(raw) == FIELDS - {"num_devices", "what_if"}  # the job's G; a what-if: choices
   c = build(ClusterConfig, raw)
   assert c.name == path.stem
   assert c.pod_devices == c.num_nodes * c.devices_per_node

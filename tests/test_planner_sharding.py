@@ -173,7 +173,7 @@ def test_offers_limit_the_shardings_and_place_a_layer_samples_cannot_take():
   g = mlp_graph(16384)
   # without stage terms: the search's value is evaluate()'s (the search does not price them yet)
   bare = dataclasses.replace(cluster("a100_nvlink_8"), program_launch_us=0.0,
-                             stage_boundary_us=0.0)
+                             stage_boundary_us=0.0, what_if=True)
   model = cost_model(g, bare, sharding=WEIGHTS)
   r, c = model.row["fc1"], int(np.searchsorted(model.counts, 8))
   allowed = np.ones(model.compute_ms.shape, dtype=bool)

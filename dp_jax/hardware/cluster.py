@@ -16,6 +16,7 @@ import numpy as np
 from dp_jax.base.checks import REQUIRED, Checked, ConfigError, build, option
 from dp_jax.base.errors import UserError
 from dp_jax.base.yamlfile import group_file
+from dp_jax.hardware.devices import get_device
 
 BYTES_PER_MS_PER_GBPS = 1e6  # 1 GB/s moves 1e6 bytes per millisecond
 
@@ -44,9 +45,12 @@ class ClusterConfig(Checked):
   launching one stage's program, the extra host work of one stage boundary, and the memory
   bandwidth the optimizer update reaches (0: the device's datasheet bandwidth).
 
-  Every physical number is required: a cluster file states each with its source. The three
-  defaults are definitions, not measurements: one node; nics_per_node 0 meaning one NIC per
-  device (the DGX A100 / H100 datasheets' layout); collectives `rail`.
+  Every physical number is required: a cluster file states each with its source, and each is
+  checked against the datasheet range of its device and links (check_plausible) unless
+  `what_if` says the numbers are invented on purpose (a counterfactual cluster; recorded in
+  every plan made on it). The three defaults are definitions, not measurements: one node;
+  nics_per_node 0 meaning one NIC per device (the DGX A100 / H100 datasheets' layout);
+  collectives `rail`.
   """
 
   GROUP = "cluster"
@@ -69,6 +73,7 @@ class ClusterConfig(Checked):
   stage_boundary_us: float = option(REQUIRED, **_NON_NEGATIVE)
   update_memory_GBps: float = option(REQUIRED, **_NON_NEGATIVE)
   num_devices: int | None = option(None, low=1, integer=True)
+  what_if: bool = False
 
   def required_hint(self) -> str:
     return (f" for cluster {self.name} (a cluster file states every number with its source; "
@@ -77,7 +82,8 @@ class ClusterConfig(Checked):
   def check(self) -> None:
     for key in _FLOATS:
       object.__setattr__(self, key, float(getattr(self, key)))
-    if self.device != "cpu":  # host devices' links are measured here (dp_jax/measurement)
+    # host devices' links are measured here (dp_jax/measurement); a what-if is invented
+    if self.device != "cpu" and not self.what_if:
       check_plausible(self)
     g = self.num_devices
     if g is not None and g > self.pod_devices:
@@ -130,45 +136,87 @@ _FLOATS = ("memory_gb_per_device", "intra_node_bandwidth_GBps", "intra_node_late
            "program_launch_us", "stage_boundary_us", "update_memory_GBps")
 
 
-# The largest values a real cluster has (per device, per direction), to catch a unit mix-up:
-# NVLink 5 (NVIDIA B200 datasheet: 1.8 TB/s total per GPU) is 900 GB/s per direction, also the
-# most an NVLink fabric between nodes carries; the fastest NIC (NVIDIA ConnectX-8 SuperNIC:
-# 800 Gb/s) is 100 GB/s; the largest accelerator memory (AMD MI355X / NVIDIA B300: 288 GB) is
-# far below 4096 GB (a host "device" may hold more); a collective's latency is microseconds,
-# not the 0.1 s a unit slip (ms or ns) would give.
-PLAUSIBLE_MAX = {
-    "intra_node_bandwidth_GBps": (900, "GB/s per device per direction (NVLink 5 carries 900; "
-                                  "halve a bidirectional total, divide Gb/s by 8)"),
-    "inter_node_bandwidth_GBps": (900, "GB/s per NIC per direction (an 800 Gb/s NIC is 100 "
-                                  "GB/s; divide Gb/s by 8: 400 Gb/s is 50 GB/s)"),
-    "memory_gb_per_device": (4096, "GB (1e9 bytes) per device, not MB"),
-    "intra_node_latency_us": (1e5, "microseconds per collective (10 us is typical inside a "
-                              "node), not nanoseconds"),
-    "inter_node_latency_us": (1e5, "microseconds per collective (20 us is typical across "
-                              "InfiniBand), not nanoseconds"),
-}
-FASTEST_NIC_GBPS = 100  # ConnectX-8: 800 Gb/s
+# What a cluster's numbers can be, to catch a unit slip: per GPU and per direction, NVLink
+# carries at most its datasheet's rate (DeviceSpec.nvlink_GBps: A100 300, H100/H200 450 GB/s;
+# the datasheets give the bidirectional total, twice that) and at least a PCIe Gen3 x16 link
+# (about 16 GB/s: no multi-GPU node is slower); a NIC carries at most 100 GB/s (NVIDIA
+# ConnectX-8 SuperNIC, 800 Gb/s; NDR InfiniBand 400 Gb/s is 50 GB/s, HDR 200 Gb/s 25 GB/s) and
+# at least 0.125 GB/s (1 Gb/s Ethernet); a collective's latency is microseconds: NCCL's
+# smallest all-reduce inside a node is about 10 us, across nodes about 20 us (NVIDIA/nccl-tests
+# issue 150), never below 0.5 us nor above 10,000 us (a value in seconds, milliseconds or
+# nanoseconds lands outside); a device holds at most its datasheet's memory.
+PCIE_GEN3_X16_GBPS = 16.0
+FASTEST_NIC_GBPS = 100.0
+SLOWEST_NIC_GBPS = 0.125
+LATENCY_US = (0.5, 1e4)
 
 
 def check_plausible(spec: ClusterConfig) -> None:
-  """Refuse values no real cluster has (a unit mix-up), with a hint about the unit.
-
-  Between nodes more than a NIC carries (100 GB/s) is an NVLink-class fabric; it is accepted up
-  to the NVLink inside the node (an NVLink-class what-if, e.g. the network study's 300 GB/s on
-  DGX A100), not beyond: a link out of a node faster than any NIC and than the node's own links
-  is a unit slip.
-  """
-  for key, (limit, unit) in PLAUSIBLE_MAX.items():
+  """Refuse numbers outside the datasheet range of the named device and its links, naming the
+  likely slip. A link between nodes faster than any NIC is an NVLink-class fabric that spans
+  nodes (a what-if, e.g. the network study's 300 GB/s on DGX A100): accepted only at the node's
+  own NVLink rate."""
+  try:
+    device = get_device(spec.device)
+  except UserError as e:
+    raise ConfigError("device", f"='{spec.device}' is unknown: {e}") from None
+  nvlink = device.nvlink_GBps
+  intra, inter = spec.intra_node_bandwidth_GBps, spec.inter_node_bandwidth_GBps
+  if nvlink is not None and spec.devices_per_node > 1:
+    if intra > nvlink:
+      raise ConfigError("intra_node_bandwidth_GBps", f"={intra:g} is above the {device.name}'s "
+                        f"NVLink, {nvlink:g} GB/s per direction (its datasheet's {2 * nvlink:g} "
+                        f"GB/s is both directions together{_slip(intra, nvlink)})")
+    if intra < PCIE_GEN3_X16_GBPS:
+      raise ConfigError("intra_node_bandwidth_GBps", f"={intra:g} is below a PCIe Gen3 x16 link "
+                        f"({PCIE_GEN3_X16_GBPS:g} GB/s per direction), slower than any "
+                        "multi-GPU node; the unit is GB/s (1e9 bytes) per device per direction")
+  if inter > FASTEST_NIC_GBPS and inter != intra:
+    raise ConfigError("inter_node_bandwidth_GBps", f"={inter:g} is above {FASTEST_NIC_GBPS:g} "
+                      "GB/s per NIC (the fastest NIC, 800 Gb/s) and is not the node's own NVLink "
+                      f"({intra:g} GB/s, an NVLink fabric spanning nodes){_slip(inter, None)}")
+  if inter < SLOWEST_NIC_GBPS:
+    raise ConfigError("inter_node_bandwidth_GBps", f"={inter:g} is below 1 Gb/s Ethernet "
+                      f"({SLOWEST_NIC_GBPS:g} GB/s); the unit is GB/s per NIC per direction")
+  for key in ("intra_node_latency_us", "inter_node_latency_us"):
     value = getattr(spec, key)
-    if value > limit:
-      raise ConfigError(key, f"={value:g} is above {limit:g}, more than any real cluster; "
-                        f"the unit is {unit}")
-  inter, intra = spec.inter_node_bandwidth_GBps, spec.intra_node_bandwidth_GBps
-  if inter > FASTEST_NIC_GBPS and inter > intra:
-    raise ConfigError("inter_node_bandwidth_GBps", f"={inter:g} is above {FASTEST_NIC_GBPS} "
-                      f"GB/s (the fastest NIC, 800 Gb/s) and above the node's own links "
-                      f"({intra:g} GB/s); the unit is "
-                      f"{PLAUSIBLE_MAX['inter_node_bandwidth_GBps'][1]}")
+    if not LATENCY_US[0] <= value <= LATENCY_US[1]:
+      raise ConfigError(key, f"={value:g} is outside {LATENCY_US[0]:g}-{LATENCY_US[1]:g} us, "
+                        f"where every collective's latency lies{_latency_slip(value)}")
+  if spec.memory_gb_per_device > device.memory_gb:
+    raise ConfigError("memory_gb_per_device", f"={spec.memory_gb_per_device:g} is more than the "
+                      f"{device.memory_gb:g} GB a {device.name} has (the unit is GB, 1e9 bytes, "
+                      "per device; MB typed as GB? or another device)")
+  if spec.update_memory_GBps * 1e9 > device.mem_bandwidth:
+    raise ConfigError("update_memory_GBps", f"={spec.update_memory_GBps:g} is above the "
+                      f"{device.name}'s memory bandwidth ({device.mem_bandwidth / 1e9:g} GB/s); "
+                      "0 takes the datasheet's")
+  if spec.num_nodes > 2 and spec.inter_node_latency_per_doubling_us <= 0:
+    raise ConfigError("inter_node_latency_per_doubling_us", "=0 for a pod of more than two "
+                      "nodes: a collective's latency grows with the nodes it spans (10.75 us per "
+                      "doubling measured on DGX A100, NVIDIA/nccl issue 652); 0 favours plans "
+                      "that keep layers on fewer devices")
+  if device.name != "cpu" and spec.program_launch_us <= 0:
+    raise ConfigError("program_launch_us", "=0: launching a program costs microseconds (5 us, "
+                      "the per-kernel floor of DeepPool's A100 tables); 0 favours plans with "
+                      "more stages")
+
+
+def _slip(value: float, line: float | None) -> str:
+  """The likely unit slip of a bandwidth above its line rate."""
+  if line is not None and abs(value - 2 * line) < 1e-6 * line:
+    return f": halve a bidirectional total ({line:g})"
+  if value / 8 <= FASTEST_NIC_GBPS:
+    return (f"; Gb/s typed as GB/s? {value:g} Gb/s is {value / 8:g} GB/s (NDR 400 Gb/s is 50 "
+            "GB/s per NIC)")
+  return "; the unit is GB/s (1e9 bytes) per device per direction"
+
+
+def _latency_slip(value: float) -> str:
+  if value < LATENCY_US[0]:
+    return (f"; the unit is microseconds: a value in seconds or milliseconds? ({value:g} s is "
+            f"{value * 1e6:g} us, {value:g} ms is {value * 1e3:g} us)")
+  return f"; in nanoseconds? {value:g} ns is {value / 1e3:g} us; the unit is microseconds"
 
 
 def cluster_file(name: str) -> dict:

@@ -28,6 +28,7 @@ class DeviceSpec:
   kernel_overhead_us: float
   compute_units: int = 1  # SMs of a GPU, cores of a CPU: how many tiles of work run at once
   notes: str = ""
+  nvlink_GBps: float | None = None  # NVLink bandwidth per direction per GPU (None: none)
   meta: Mapping[str, object] = field(default_factory=dict)
 
   def __post_init__(self):
@@ -63,31 +64,40 @@ DEVICES: dict[str, DeviceSpec] = {
     # "NVIDIA Tesla V100 GPU Accelerator" datasheet (V100 SXM2): single precision 15.7, tensor
     # performance 125 TFLOPS; HBM2 32 GB at 900 GB/s. 80 SMs: "NVIDIA Tesla V100 GPU
     # Architecture" whitepaper (Tesla V100 column). No TF32 or BF16 on Volta.
+    # NVLink 2: 300 GB/s total per GPU (the same datasheet), 150 per direction.
     "V100-SXM2-32GB": DeviceSpec(
         "V100-SXM2-32GB", {"float32": 15.7 * _T, "float16": 125 * _T}, 900 * _G, 32,
-        GPU_KERNEL_OVERHEAD_US, 80, "float16 is the tensor-core rate; no tf32/bfloat16 on Volta"),
+        GPU_KERNEL_OVERHEAD_US, 80, "float16 is the tensor-core rate; no tf32/bfloat16 on Volta",
+        nvlink_GBps=150),
     # "NVIDIA A100 Tensor Core GPU" datasheet (A100 40GB SXM): FP32 19.5, TF32 156, BF16 312,
     # FP16 312 TFLOPS (dense; the datasheet's starred numbers double these with sparsity);
     # HBM2 40 GB at 1,555 GB/s. 108 SMs: "NVIDIA A100 Tensor Core GPU Architecture" whitepaper.
+    # NVLink 3: 600 GB/s total per GPU (datasheet), 300 per direction.
     "A100-SXM4-40GB": DeviceSpec(
         "A100-SXM4-40GB", {"float32": 19.5 * _T, "tf32": 156 * _T, "bfloat16": 312 * _T,
-                           "float16": 312 * _T}, 1555 * _G, 40, GPU_KERNEL_OVERHEAD_US, 108),
+                           "float16": 312 * _T}, 1555 * _G, 40, GPU_KERNEL_OVERHEAD_US, 108,
+        nvlink_GBps=300),
     # Same datasheet, A100 80GB SXM: same FLOP/s and SMs; HBM2e 80 GB at 2,039 GB/s.
     "A100-SXM4-80GB": DeviceSpec(
         "A100-SXM4-80GB", {"float32": 19.5 * _T, "tf32": 156 * _T, "bfloat16": 312 * _T,
-                           "float16": 312 * _T}, 2039 * _G, 80, GPU_KERNEL_OVERHEAD_US, 108),
+                           "float16": 312 * _T}, 2039 * _G, 80, GPU_KERNEL_OVERHEAD_US, 108,
+        nvlink_GBps=300),
     # "NVIDIA H100 Tensor Core GPU" datasheet (H100 SXM): FP32 67 TFLOPS; TF32 989, BF16 1,979,
     # FP16 1,979 TFLOPS with sparsity, so 494.5 / 989.5 / 989.5 dense; HBM3 80 GB at 3.35 TB/s.
-    # 132 SMs (H100 SXM5): "NVIDIA H100 Tensor Core GPU Architecture" whitepaper.
+    # 132 SMs (H100 SXM5): "NVIDIA H100 Tensor Core GPU Architecture" whitepaper. NVLink 4:
+    # 900 GB/s total per GPU (datasheet), 450 per direction.
     "H100-SXM5-80GB": DeviceSpec(
         "H100-SXM5-80GB", {"float32": 67 * _T, "tf32": 494.5 * _T, "bfloat16": 989.5 * _T,
-                           "float16": 989.5 * _T}, 3350 * _G, 80, GPU_KERNEL_OVERHEAD_US, 132),
+                           "float16": 989.5 * _T}, 3350 * _G, 80, GPU_KERNEL_OVERHEAD_US, 132,
+        nvlink_GBps=450),
     # "NVIDIA H200 Tensor Core GPU" datasheet (H200 SXM): the H100's compute (FP32 67; TF32 989,
     # BF16/FP16 1,979 TFLOPS with sparsity, half that dense); HBM3e 141 GB at 4.8 TB/s. Same
-    # GH100 chip as the H100 SXM5, so 132 SMs.
+    # GH100 chip as the H100 SXM5, so 132 SMs. NVLink 4: 900 GB/s total (datasheet), 450 per
+    # direction.
     "H200-SXM-141GB": DeviceSpec(
         "H200-SXM-141GB", {"float32": 67 * _T, "tf32": 494.5 * _T, "bfloat16": 989.5 * _T,
-                           "float16": 989.5 * _T}, 4800 * _G, 141, GPU_KERNEL_OVERHEAD_US, 132),
+                           "float16": 989.5 * _T}, 4800 * _G, 141, GPU_KERNEL_OVERHEAD_US, 132,
+        nvlink_GBps=450),
     # This machine's CPU (2 vCPUs of an AMD EPYC, family 25 model 1, AVX2+FMA, 24 GB RAM, KVM),
     # measured 2026-11-29 with `python scripts/bench_device.py --repeats 30` (jax 0.12 CPU):
     # median of 30 jitted 2048x2048 matmuls: float32 135.9, bfloat16 116.9, float16 112.6 GFLOP/s

@@ -10,11 +10,12 @@ from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.layer_times.table import ProfileTable
 
 # A synthetic cluster's links: collectives at line rate, no latency growth with the nodes
-# spanned, no program or boundary terms, the update at the device's datasheet bandwidth. A real
-# cluster states each of these with its source (conf/cluster/).
+# spanned, no program or boundary terms, the update at the device's datasheet bandwidth; its
+# numbers are invented (what_if: not checked against a datasheet). A real cluster states each of
+# these with its source (conf/cluster/).
 IDEAL_LINKS = dict(intra_node_bus_efficiency=1.0, inter_node_bus_efficiency=1.0,
                    inter_node_latency_per_doubling_us=0.0, program_launch_us=0.0,
-                   stage_boundary_us=0.0, update_memory_GBps=0.0)
+                   stage_boundary_us=0.0, update_memory_GBps=0.0, what_if=True)
 
 
 def cluster(*args, **kw) -> ClusterConfig:
