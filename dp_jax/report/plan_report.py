@@ -16,7 +16,14 @@ from dp_jax.planner.baseline import (
   fastest_data_parallel,
 )
 from dp_jax.planner.evaluate import data_parallel_assignment
-from dp_jax.report.compare import compare, data_parallel_on_all, describe, devices, fields
+from dp_jax.report.compare import (
+  compare,
+  data_parallel_on_all,
+  describe,
+  devices,
+  fields,
+  gpu_time_change,
+)
 from dp_jax.report.tables import table
 
 COLUMNS = ["layer", "kind", "devices", "first device", "per-device batch", "compute ms",
@@ -155,17 +162,12 @@ def gpu_time_line(plan, c: dict[str, Any]) -> str:
               f"devices, {c['cheapest_data_parallel_gpu_ms']:.3f} GPU-ms)")
   if own is not None:  # the plan is data parallelism: its GPU time is data parallelism's
     tail = ("" if own == d else f"; {cheapest}: the plan uses "
-            f"{_saved(c['gpu_time_saving_vs_cheapest_data_parallel'])}")
+            f"{gpu_time_change(c['gpu_time_saving_vs_cheapest_data_parallel'])}")
     return f"{head} (the plan is data parallelism on {own}){tail} — {c['basis']}"
-  return (f"{head}; vs {cheapest}: {_saved(c['gpu_time_saving_vs_cheapest_data_parallel'])}; "
+  return (f"{head}; vs {cheapest}: "
+          f"{gpu_time_change(c['gpu_time_saving_vs_cheapest_data_parallel'])}; "
           f"vs {all_g} ({p['data_parallel_gpu_ms']:.3f} GPU-ms): "
-          f"{_saved(1 - p['gpu_ms'] / p['data_parallel_gpu_ms'])} — {c['basis']}")
-
-
-def _saved(fraction: float) -> str:
-  if abs(fraction) < 0.0005:
-    return "the same"
-  return f"{fraction:.1%} less" if fraction > 0 else f"{-fraction:.1%} more"
+          f"{gpu_time_change(1 - p['gpu_ms'] / p['data_parallel_gpu_ms'])} — {c['basis']}")
 
 
 def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) -> None:
