@@ -104,35 +104,38 @@ def finish(rows: list[Row]) -> list[Row]:
   return [{**r, **judge(r, COMPARED)} for r in out]
 
 
-def batch_series(row: Row) -> list[str]:
-  """The curves a cell belongs to: B=16 / B=32 (fixed batch) and B=G (batch grows with G)."""
-  b, g = row["global_batch"], row["num_devices"]
-  return ([f"B={b}"] if b in (16, 32) else []) + (["B=G"] if b == g else [])
-
-
-def style(label: str) -> dict:
-  """Colour by batch series, dashed for data parallelism."""
-  colors = {"B=16": "tab:blue", "B=32": "tab:orange", "B=G": "tab:green"}
-  return {"color": colors[label.split()[-1]], "ls": "--" if label.startswith("DP") else "-"}
-
-
 def figures(rows: list[Row], out: Path) -> list[Path]:
-  """Iteration time and GPU-time against G, burst (solid) vs data parallel (dashed), per A."""
+  """Iteration time and GPU time against G, burst (solid) vs data parallelism (dashed), one
+  colour per scaling regime (a fixed B, or B = G), per A."""
+  regimes = plots.scaling_regimes(rows)
+  names = dict.fromkeys(n for r in rows for n in regimes(r) if n != plots.WEAK)
+  palette = {n: ("tab:blue", "tab:orange", "tab:brown")[k % 3] for k, n in enumerate(names)}
+  palette[plots.WEAK] = "tab:green"
+
+  def style(label: str) -> dict:
+    """Colour by regime, dashed for data parallelism."""
+    kind, _, regime = label.partition(", ")
+    return {"color": palette.get(regime, "black"), "ls": "--" if kind == "DP" else "-",
+            "marker": "s" if regime == plots.WEAK else "o"}
+
   paths = []
   for a in sorted({r["amplification_limit"] for r in rows}):
     sub = [r for r in rows if r["amplification_limit"] == a]
     for y, dp_y, what in (("iteration_ms", "data_parallel_iteration_ms", "iteration time (ms)"),
                           ("gpu_ms", "data_parallel_gpu_ms", "GPU time per iteration (GPU-ms)")):
       def points(r, y=y, dp_y=dp_y):
-        """Burst and data-parallel values of the cell, once per batch series it is in."""
-        return [(f"{s} {b}", r[k]) for b in batch_series(r)
+        """Burst and data-parallel values of the cell, once per scaling regime it is in."""
+        return [(f"{s}, {regime}", r[k]) for regime in regimes(r)
                 for s, k in (("burst", y), ("DP", dp_y))]
 
       paths.append(plots.grid(
           sub, out / f"strong_scaling_{y}_A{limit_label(a)}.png", panel_row="cluster",
           panel_col="model", x="num_devices", points=points, xlabel="devices G", ylabel=what,
-          title=f"predicted strong scaling: {what}, burst (A={limit_label(a)}, solid) vs data "
-                "parallelism (DP, dashed)", style=style))
+          title=f"predicted scaling: {what}, burst (A={limit_label(a)}, solid) vs data "
+                "parallelism (DP, dashed); strong scaling at a fixed B and weak scaling at B = G "
+                "drawn as separate lines", style=style,
+          caption="a line ends where the sweep has no cell: G > B leaves a device without a "
+                  "sample; a cell that fails the memory model is listed in the README"))
   return paths
 
 
