@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dp_jax.base.checks import REQUIRED, Checked, option
+from dp_jax.base.checks import REQUIRED, Checked, ConfigError, option
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import ClusterConfig, to_record
@@ -40,7 +40,9 @@ class PlanConfig(Checked):
   """python -m dp_jax.plan: plan a model (or a graph file) on a cluster.
 
   graph: a graph JSON to plan instead of the model; out: the plan JSON (default
-  <output dir>/plan.json); chart: also draw devices_per_layer.png.
+  <output dir>/plan.json); chart: also draw devices_per_layer.png; chart_pdf: and
+  devices_per_layer.pdf beside it (vector, for a paper; matplotlib's PDF backend adds about a
+  fifth of the app's start-up, so it is off unless asked).
   """
 
   model: ModelConfig = REQUIRED
@@ -53,7 +55,13 @@ class PlanConfig(Checked):
   graph: str | None = None
   out: str | None = None
   chart: bool = True
+  chart_pdf: bool = False
   seed: int = 0
+
+  def check(self) -> None:
+    if self.chart_pdf and not self.chart:
+      raise ConfigError("chart_pdf", "=true needs chart=true (the PDF is the chart's, written "
+                        "beside devices_per_layer.png)")
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,8 @@ def plan_task(cfg: PlanConfig, run: Run) -> dict[str, Any]:
   run.log_table("plan_layers", COLUMNS, rows)
   print(f"plan: {out}")
   if cfg.chart:
-    chart = plot_devices_per_layer(plan, out_dir / "devices_per_layer.png", fair)
+    chart = plot_devices_per_layer(plan, out_dir / "devices_per_layer.png", fair,
+                                   pdf=cfg.chart_pdf)
     run.log_image("devices_per_layer", chart)
     print(f"chart: {chart}")
   return plan_summary(plan, fair, out)

@@ -80,20 +80,21 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
                  color="tab:blue", label="burst plan (A)")
       for r in sub:
         ax.annotate(limit_label(r["amplification_limit"]), (r["iteration_ms"], r["gpu_ms"]),
-                    fontsize=6, xytext=(3, 3), textcoords="offset points")
+                    fontsize=plots.FONT, xytext=(3, 3), textcoords="offset points")
       if sub:
         ax.scatter([sub[0]["data_parallel_iteration_ms"]], [sub[0]["data_parallel_gpu_ms"]],
                    marker="x", color="tab:red", label="data parallel")
-      ax.set_title(f"{m} | G={g} B={b}", fontsize=8)
+      ax.set_title(f"{m} | G={g} B={b}", fontsize=plots.LABEL)
       plots.log_axes(ax)
-      ax.tick_params(labelsize=7, which="both")
+      ax.tick_params(labelsize=plots.FONT, which="both")
       ax.grid(alpha=0.3)
-      ax.set_xlabel("iteration time (ms)", fontsize=8)
-      ax.set_ylabel("GPU time per iteration (GPU-ms)", fontsize=8)
+      ax.set_xlabel("iteration time (ms), log scale", fontsize=plots.LABEL)
+      ax.set_ylabel(plots.wrap("GPU time per iteration (GPU-ms), log scale", 2.4, plots.LABEL),
+                    fontsize=plots.LABEL)
   handles, labels = plots.legend_entries(axes.flat)
-  fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=7)
+  fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=plots.FONT)
   fig.suptitle("predicted: foreground iteration time vs GPU time as the amplification limit A "
-               "varies (log-log)", fontsize=10)
+               "varies (log-log)", fontsize=plots.TITLE)
   return [plots.save(fig, out / "amplification_front.png")]
 
 

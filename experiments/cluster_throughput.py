@@ -51,7 +51,9 @@ FRONTIER_SHAPES = ((8, 32), (32, 32), (128, 128), (1024, 1024))  # columns of th
 
 
 def figures(rows: list[Row], out: Path) -> list[Path]:
-  """Ratios to the baselines against G, the samples/s they come from, and the frontiers."""
+  """The fair comparison first (cluster throughput against the matched baseline, with the
+  foreground against the fastest data parallelism), the other baselines in a secondary figure,
+  the samples/s they come from, and the frontiers."""
   def rates(r: Row) -> list[tuple[str, float | None]]:
     """Samples/s of the burst cell and of the data-parallel baselines."""
     return [("burst foreground", r["samples_per_s"]),
@@ -61,19 +63,40 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
             ("fastest DP + BG", r["best_data_parallel_cluster_samples_per_s"]),
             ("DP alone on all G", r["data_parallel_samples_per_s"])]
 
+  def no_matched(r: Row) -> list[tuple[str, str]]:
+    """A missing matched baseline, with why (the plan is DP: its own baseline, drawn)."""
+    return [("matched DP + BG", why) for _, why in simulated.ratio_gaps(r)
+            if r.get("matched_data_parallel_cluster_samples_per_s") is None]
+
   headline_rows = [r for r in rows if _limit(r) == HEADLINE_LIMIT] or rows
   a = limit_label(_limit(headline_rows[0]))
   tol = tolerance(headline_rows[0])
-  return [plots.grid(headline_rows, out / "cluster_throughput_ratios.png", panel_row="cluster",
-                     panel_col="model", x="num_devices", points=simulated.ratio_points,
-                     xlabel="devices G", ylabel=simulated.RATIO_AXIS,
-                     style=simulated.ratio_style, reference=1.0, band=tol,
-                     title=f"simulated: burst (A={a}) + background against data parallelism "
-                           "(B=32 up to G=32, then B=G); shaded: tie band"),
-          plots.grid(headline_rows, out / "cluster_throughput_samples.png", panel_row="cluster",
-                     panel_col="model", x="num_devices", points=rates, xlabel="devices G",
-                     ylabel="samples/s", title=f"simulated samples/s: burst (A={a}) foreground, "
-                                               "background, cluster; data-parallel baselines"),
+  shapes = "B=32 up to G=32, then B=G"
+  common = dict(panel_row="cluster", panel_col="model", x="num_devices", xlabel="devices G",
+                absent="no cell: it failed (README.md, Failed cells)",
+                segments=plots.scaling_regimes(headline_rows),
+                segment_style=plots.regime_styles(headline_rows))
+  return [plots.grid(headline_rows, out / "cluster_throughput_ratios.png",
+                     points=simulated.fair_points, ylabel=simulated.RATIO_AXIS,
+                     style=simulated.ratio_style, reference=1.0, band=tol, logy=False,
+                     sharey=True, gaps=simulated.ratio_gaps, **common,
+                     title=f"simulated, the fair comparison: burst (A={a}) + background against "
+                           f"the matched data parallelism + background ({shapes})",
+                     caption="matched: the best DP + background over every d <= G whose "
+                             "foreground is within the tolerance of the burst foreground; "
+                             "the other baselines: cluster_throughput_ratios_secondary"),
+          plots.grid(headline_rows, out / "cluster_throughput_ratios_secondary.png",
+                     points=simulated.secondary_points, ylabel=simulated.RATIO_AXIS,
+                     style=simulated.ratio_style, reference=1.0, band=tol, sharey=True,
+                     gaps=simulated.plan_is_data_parallel, **common,
+                     title=f"simulated, secondary baselines (not the fair comparison: "
+                           f"cluster_throughput_ratios): burst (A={a}) + background against "
+                           f"data parallelism on its fastest d + background and alone on all G "
+                           f"({shapes})"),
+          plots.grid(headline_rows, out / "cluster_throughput_samples.png", points=rates,
+                     ylabel="samples/s", gaps=no_matched, **common,
+                     title=f"simulated samples/s: burst (A={a}) foreground, background, "
+                           f"cluster; data-parallel baselines ({shapes})"),
           *[frontier_figure(rows, c, out / f"cluster_throughput_frontier_{c}.png")
             for c in dict.fromkeys(r["cluster"] for r in rows)
             if any(r.get("data_parallel_frontier") for r in rows)]]  # needs metrics.json
@@ -103,15 +126,15 @@ def frontier_figure(rows: list[Row], cluster: str, path: Path) -> Path:
       cell = sorted((r for r in sub if r["model"] == model
                      and (r["num_devices"], r["global_batch"]) == (g, b)), key=_limit)
       _frontier_panel(ax, cell)
-      ax.set_title(f"{model}, G={g}, B={b}", fontsize=8)
+      ax.set_title(f"{model}, G={g}, B={b}", fontsize=plots.LABEL)
       if i == len(models) - 1:
-        ax.set_xlabel("foreground time per iteration (ms)", fontsize=8)
+        ax.set_xlabel("foreground time per iteration (ms), log scale", fontsize=plots.LABEL)
       if j == 0:
-        ax.set_ylabel("cluster samples/s", fontsize=8)
+        ax.set_ylabel("cluster samples/s", fontsize=plots.LABEL)
   handles, labels = plots.legend_entries(ax for row in axes for ax in row)
-  fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8)
+  fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=plots.FONT)
   fig.suptitle(f"simulated, {cluster}: cluster throughput vs foreground time "
-               "(up and left is better)", fontsize=10)
+               "(up and left is better)", fontsize=plots.TITLE)
   return plots.save(fig, path)
 
 
@@ -128,18 +151,22 @@ def _frontier_panel(ax, cell: list[Row]) -> None:
                label=f"DP foreground within {tol:.1%} of burst A={limit_label(HEADLINE_LIMIT)}")
   if front:
     xs = [p["iteration_ms"] for p in front]
+    ds = sorted(p["devices"] for p in front)  # d labelled: the ends and every fourfold step
+    labelled = {d for k, d in enumerate(ds) if k % 2 == 0 or d == ds[-1]}
     ax.plot(xs, [p["cluster_samples_per_s"] for p in front], "o-", ms=3, color="tab:gray",
             label="DP on d <= G + background on G - d")
     for p in front:
-      ax.annotate(f"d={p['devices']}", (p["iteration_ms"], p["cluster_samples_per_s"]),
-                  fontsize=5, xytext=(2, -7), textcoords="offset points", color="tab:gray")
+      if p["devices"] in labelled:
+        ax.annotate(f"d={p['devices']}", (p["iteration_ms"], p["cluster_samples_per_s"]),
+                    fontsize=plots.FONT, xytext=(2, -9), textcoords="offset points",
+                    color="tab:gray")
   burst = [(r["iteration_ms"], r["cluster_samples_per_s"], _limit(r)) for r in cell
            if r.get("iteration_ms") and r.get("cluster_samples_per_s")]
   if burst:
     ax.plot([x for x, _, _ in burst], [y for _, y, _ in burst], "s-", ms=4, color="tab:red",
             label="burst + background, over A")
     for x, y, a in burst:
-      ax.annotate(f"A={limit_label(a)}", (x, y), fontsize=6, xytext=(3, 3),
+      ax.annotate(f"A={limit_label(a)}", (x, y), fontsize=plots.FONT, xytext=(3, 3),
                   textcoords="offset points", color="tab:red")
   if head is not None and head.get("matched_data_parallel_devices") is not None:
     ax.plot([head["matched_data_parallel_iteration_ms"]],
@@ -152,10 +179,10 @@ def _frontier_panel(ax, cell: list[Row]) -> None:
   ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
   ax.yaxis.set_major_locator(MaxNLocator(5))
   ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-  ax.tick_params(labelsize=7, which="both")
+  ax.tick_params(labelsize=plots.FONT, which="both")
   ax.grid(alpha=0.3, which="both")
   if head is not None:
-    ax.text(0.98, 0.04, f"vs matched: {simulated.matched_label(head)}", fontsize=6,
+    ax.text(0.98, 0.04, f"vs matched: {simulated.matched_label(head)}", fontsize=plots.FONT,
             ha="right", transform=ax.transAxes)
 
 

@@ -12,6 +12,7 @@ from dp_jax.planner.contract import limit_label as plan_limit_label
 from dp_jax.report.compare import (
   VALIDATED_TOLERANCE,
   VERDICTS,
+  gpu_time_change,
   gpu_tolerance,
   validated_tolerance,
   verdict,
@@ -68,10 +69,10 @@ def times(x: Any) -> str:
   return "-" if v is None else f"{v:.2f}x"
 
 
-def percent(x: Any) -> str:
-  """0.123 -> '12%' ('-' when missing)."""
-  v = number(x)
-  return "-" if v is None else f"{v:.0%}"
+def gpu_change(x: Any) -> str:
+  """A GPU-time saving fraction as a ratio: 0.52 -> '2.08x less', -11.5 -> '12.5x more' ('-'
+  when missing; dp_jax.report.compare.gpu_time_change)."""
+  return gpu_time_change(number(x), "")
 
 
 def limit_label(a: Any) -> str:
@@ -186,13 +187,14 @@ def basis_line(rows: Sequence[Row]) -> str:
   return "Verdicts rest on: " + ", ".join(f"`{b}`" for b in bases) + "."
 
 
-def median_percent(rows: Sequence[Row], name: str) -> str:
-  """'median 42% over 12 cells' of a fraction column ('not recorded' when no row has it)."""
+def median_gpu_change(rows: Sequence[Row], name: str) -> str:
+  """'median 1.72x less over 12 cells' of a GPU-time saving column (1 - ours / baseline) as a
+  ratio ('not recorded' when no row has it)."""
   values = [v for v in (number(r.get(name)) for r in rows) if v is not None]
   if not values:
     return "not recorded"
   cells = f"{len(values)} cell" + ("s" if len(values) > 1 else "")
-  return f"median {statistics.median(values):.0%} over {cells}"
+  return f"median {gpu_change(statistics.median(values))} over {cells}"
 
 
 def memory_need(error: Any) -> tuple[float, float] | None:

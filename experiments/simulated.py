@@ -10,6 +10,7 @@ from experiments.aggregate import Row
 from experiments.fields import (
   PLAN_BASIS,
   PLAN_IDENTITY,
+  data_parallel_label,
   judge,
   judged,
   number,
@@ -81,22 +82,52 @@ def data_parallel_frontier(row: Row) -> list[dict] | None:
   return json.loads(path.read_text()).get("data_parallel_frontier")
 
 
-def ratio_points(r: Row) -> list[tuple[str, float | None]]:
-  """The ratios a simulated cell is judged by, the fair baseline first."""
-  return [("cluster / (matched DP + BG)", r.get("cluster_throughput_vs_matched_data_parallel")),
-          ("foreground / fastest DP on <= G", r["speedup_vs_best_data_parallel"]),
-          ("cluster / (fastest DP + BG)", r["cluster_throughput_vs_best_data_parallel"]),
-          ("foreground / DP on all G", r["speedup_vs_data_parallel"]),
-          ("cluster / DP alone on all G", r["cluster_throughput_vs_data_parallel"])]
+MATCHED = "cluster / (matched DP + BG)"
+FOREGROUND_FAIR = "foreground / fastest DP on <= G"
+
+
+def fair_points(r: Row) -> list[tuple[str, float | None]]:
+  """The fair comparison of a simulated cell: the cluster throughput against the matched
+  baseline, and what it costs the foreground against the fastest data parallelism on <= G;
+  nothing for a plan that is data parallelism (no burst plan to judge; ratio_gaps says so)."""
+  dp = data_parallel_label(r) is not None
+  return [(MATCHED, None if dp else r.get("cluster_throughput_vs_matched_data_parallel")),
+          (FOREGROUND_FAIR, None if dp else r.get("speedup_vs_best_data_parallel"))]
+
+
+def secondary_points(r: Row) -> list[tuple[str, float | None]]:
+  """The other baselines (secondary: each gives the burst job devices or time the fair one does
+  not): data parallelism on its fastest d plus background, and data parallelism on all G."""
+  dp = data_parallel_label(r) is not None
+  return [(name, None if dp else r.get(key)) for name, key in (
+      ("cluster / (fastest DP + BG)", "cluster_throughput_vs_best_data_parallel"),
+      ("foreground / DP on all G", "speedup_vs_data_parallel"),
+      ("cluster / DP alone on all G", "cluster_throughput_vs_data_parallel"))]
+
+
+def plan_is_data_parallel(r: Row) -> list[tuple[str, str]]:
+  """A cell with no point on the secondary figure: its plan is data parallelism."""
+  return [("cluster / DP alone on all G", why) for _, why in ratio_gaps(r)
+          if data_parallel_label(r) is not None]
+
+
+def ratio_gaps(r: Row) -> list[tuple[str, str]]:
+  """Why a cell has no point on the fair figure: its plan is data parallelism, or no data
+  parallelism on d <= G is within the tolerance of its foreground (no matched baseline)."""
+  if data_parallel_label(r) is not None:
+    return [(MATCHED, "the plan is data parallelism (no burst plan to judge)")]
+  if number(r.get("cluster_throughput_vs_matched_data_parallel")) is None:
+    return [(MATCHED, "no DP on d <= G within the tolerance of the burst foreground "
+                      "(no matched baseline)")]
+  return []
 
 
 def ratio_style(label: str) -> dict:
   """One fixed colour per ratio, the same in every figure; the fair baseline drawn boldest."""
-  colors = {"cluster / (matched DP + BG)": "tab:red",
-            "foreground / fastest DP on <= G": "tab:purple",
+  colors = {MATCHED: "tab:red", FOREGROUND_FAIR: "tab:purple",
             "cluster / (fastest DP + BG)": "tab:green", "foreground / DP on all G": "tab:blue",
             "cluster / DP alone on all G": "tab:orange"}
-  return {"color": colors[label], "lw": 2.2 if "matched" in label else 1.0}
+  return {"color": colors[label], "lw": 2.2 if label == MATCHED else 1.4}
 
 
 RATIO_AXIS = "burst / baseline (x; above 1: burst better)"

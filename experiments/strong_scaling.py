@@ -39,12 +39,12 @@ from experiments.fields import (
   PLAN_BASIS,
   PLAN_IDENTITY,
   data_parallel_label,
+  gpu_change,
   judge,
   judged,
   limit_label,
-  median_percent,
+  median_gpu_change,
   number,
-  percent,
   pick,
   pivot,
   plan_identity,
@@ -65,6 +65,7 @@ DERIVED = ("samples_per_s", "data_parallel_samples_per_s", "idle_fraction")
 COMPARED = ("speedup_vs_best_data_parallel", "speedup")
 VERDICTS = ("comparison_tolerance", *verdict_columns(COMPARED))
 HEADLINE_SHAPES = ((8, 32), (32, 32), (1024, 1024))
+ALL_SHAPES_UP_TO = 4  # a sweep of this many (G, B) or fewer shows every one in its tables
 
 
 def derive(row: Row) -> Row:
@@ -103,35 +104,38 @@ def finish(rows: list[Row]) -> list[Row]:
   return [{**r, **judge(r, COMPARED)} for r in out]
 
 
-def batch_series(row: Row) -> list[str]:
-  """The curves a cell belongs to: B=16 / B=32 (fixed batch) and B=G (batch grows with G)."""
-  b, g = row["global_batch"], row["num_devices"]
-  return ([f"B={b}"] if b in (16, 32) else []) + (["B=G"] if b == g else [])
-
-
-def style(label: str) -> dict:
-  """Colour by batch series, dashed for data parallelism."""
-  colors = {"B=16": "tab:blue", "B=32": "tab:orange", "B=G": "tab:green"}
-  return {"color": colors[label.split()[-1]], "ls": "--" if label.startswith("DP") else "-"}
-
-
 def figures(rows: list[Row], out: Path) -> list[Path]:
-  """Iteration time and GPU-time against G, burst (solid) vs data parallel (dashed), per A."""
+  """Iteration time and GPU time against G, burst (solid) vs data parallelism (dashed), one
+  colour per scaling regime (a fixed B, or B = G), per A."""
+  regimes = plots.scaling_regimes(rows)
+  names = dict.fromkeys(n for r in rows for n in regimes(r) if n != plots.WEAK)
+  palette = {n: ("tab:blue", "tab:orange", "tab:brown")[k % 3] for k, n in enumerate(names)}
+  palette[plots.WEAK] = "tab:green"
+
+  def style(label: str) -> dict:
+    """Colour by regime, dashed for data parallelism."""
+    kind, _, regime = label.partition(", ")
+    return {"color": palette.get(regime, "black"), "ls": "--" if kind == "DP" else "-",
+            "marker": "s" if regime == plots.WEAK else "o"}
+
   paths = []
   for a in sorted({r["amplification_limit"] for r in rows}):
     sub = [r for r in rows if r["amplification_limit"] == a]
     for y, dp_y, what in (("iteration_ms", "data_parallel_iteration_ms", "iteration time (ms)"),
                           ("gpu_ms", "data_parallel_gpu_ms", "GPU time per iteration (GPU-ms)")):
       def points(r, y=y, dp_y=dp_y):
-        """Burst and data-parallel values of the cell, once per batch series it is in."""
-        return [(f"{s} {b}", r[k]) for b in batch_series(r)
+        """Burst and data-parallel values of the cell, once per scaling regime it is in."""
+        return [(f"{s}, {regime}", r[k]) for regime in regimes(r)
                 for s, k in (("burst", y), ("DP", dp_y))]
 
       paths.append(plots.grid(
           sub, out / f"strong_scaling_{y}_A{limit_label(a)}.png", panel_row="cluster",
           panel_col="model", x="num_devices", points=points, xlabel="devices G", ylabel=what,
-          title=f"predicted strong scaling: {what}, burst (A={limit_label(a)}, solid) vs data "
-                "parallelism (DP, dashed)", style=style))
+          title=f"predicted scaling: {what}, burst (A={limit_label(a)}, solid) vs data "
+                "parallelism (DP, dashed); strong scaling at a fixed B and weak scaling at B = G "
+                "drawn as separate lines", style=style,
+          caption="a line ends where the sweep has no cell: G > B leaves a device without a "
+                  "sample; a cell that fails the memory model is listed in the README"))
   return paths
 
 
@@ -173,32 +177,46 @@ def best_table(rows: list[Row], a: float) -> str:
               cols=[(c, lambda r, c=c: r["cluster"] == c) for c in clusters], value=best_pair))
 
 
-SAVING_CAPTION = ("GPU time saved against the cheapest data parallelism within the tolerance of "
-                  "the fastest one's time (the fair baseline, first) / against data parallelism "
-                  "on all G")
+SAVING_CAPTION = ("GPU time as a ratio, Nx less or Nx more: against the cheapest data parallelism "
+                  "within the tolerance of the fastest one's time (the fair baseline, first) / "
+                  "against data parallelism on all G")
 
 
 def comparison_cell(r: Row) -> str:
-  """'1.22x ahead / 1.22x ahead (61% / 70%)': speed-up over the fastest data parallelism on <= G
-  / over all G, then the GPU time saved against the cheapest DP within tolerance / DP on all G;
-  'DP on d (...)' when the plan is data parallelism."""
-  saving = (f"({percent(r.get('gpu_time_saving_vs_cheapest_data_parallel'))} / "
-            f"{percent(r.get('gpu_time_saving'))})")
+  """'1.22x ahead / 1.22x ahead (2.56x less / 3.33x less)': speed-up over the fastest data
+  parallelism on <= G / over all G, then the plan's GPU time against the cheapest DP within
+  tolerance / DP on all G; 'DP on d (...)' when the plan is data parallelism."""
+  saving = (f"({gpu_change(r.get('gpu_time_saving_vs_cheapest_data_parallel'))} / "
+            f"{gpu_change(r.get('gpu_time_saving'))})")
   speed = (data_parallel_label(r) or
            f"{judged(r, 'speedup_vs_best_data_parallel')} / {judged(r, 'speedup')}")
   return f"{speed} {saving}"
 
 
+def table_shapes(rows: list[Row]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+  """(shown, others): the (G, B) columns of the tables and the ones only the CSV holds. Every
+  shape the sweep ran when it ran a few (a quick sweep's G is never hidden), else the
+  HEADLINE_SHAPES it has; never a column without a cell."""
+  have = sorted({(r["num_devices"], r["global_batch"]) for r in rows})
+  shown = have if len(have) <= ALL_SHAPES_UP_TO else [s for s in HEADLINE_SHAPES if s in have]
+  shown = shown or have
+  return shown, [s for s in have if s not in shown]
+
+
 def headline(rows: list[Row]) -> str:
-  """Speed-up and GPU-time saving over data parallelism at a few (G, B), per cluster and A."""
+  """Speed-up and GPU time against data parallelism at a few (G, B) (every one a small sweep
+  ran; the others named), per cluster and A."""
   clusters = list(dict.fromkeys(r["cluster"] for r in rows))
+  shapes, others = table_shapes(rows)
+  rest = ("" if not others else " Also in strong_scaling.csv, not in this table: "
+          + ", ".join(f"G={g} B={b}" for g, b in others) + ".")
   parts = [best_table(rows, a) for a in sorted({r["amplification_limit"] for r in rows})
            if math.isinf(a)]
   for a in sorted({r["amplification_limit"] for r in rows}):
     sub = [r for r in rows if r["amplification_limit"] == a]
     cols = [(f"{c} G={g} B={b}", lambda r, c=c, g=g, b=b: (r["cluster"], r["num_devices"],
                                                          r["global_batch"]) == (c, g, b))
-            for c in clusters for g, b in HEADLINE_SHAPES]
+            for c in clusters for g, b in shapes]
     parts.append(f"### Amplification limit {limit_label(a)}: burst speed-up over the fastest "
                  "data parallelism on <= G devices / over data parallelism on all G "
                  f"({SAVING_CAPTION}; DP on d: the plan is data parallelism) (predicted)\n\n"
@@ -206,11 +224,12 @@ def headline(rows: list[Row]) -> str:
                          value=comparison_cell)
                  + f"\nOver every cell at A={limit_label(a)}, against the fastest data "
                    f"parallelism on <= G: {tally(sub, 'speedup_vs_best_data_parallel')}; against "
-                   f"data parallelism on all G: {tally(sub, 'speedup')}. GPU time saved against "
-                   "the cheapest data parallelism within the tolerance of the fastest (the fair "
-                   f"baseline): {median_percent(sub, 'gpu_time_saving_vs_cheapest_data_parallel')}"
-                   f"; against data parallelism on all G: "
-                   f"{median_percent(sub, 'gpu_time_saving')}.\n")
+                   f"data parallelism on all G: {tally(sub, 'speedup')}. GPU time against the "
+                   "cheapest data parallelism within the tolerance of the fastest (the fair "
+                   "baseline): "
+                   f"{median_gpu_change(sub, 'gpu_time_saving_vs_cheapest_data_parallel')}; "
+                   "against data parallelism on all G: "
+                   f"{median_gpu_change(sub, 'gpu_time_saving')}.{rest}\n")
   return "\n".join(parts)
 
 

@@ -170,15 +170,15 @@ def steps_figure(rows: list[Row], out: Path) -> Path:
           ax.axvline(m["b_simple_median"], color="tab:green", ls="--", lw=1,
                      label=f"measured B_simple={m['b_simple_median']:.0f}")
       plots.log_axes(ax, x=2, y=10)
-      ax.set_title(f"{model}: {what} to the target", fontsize=9)
-      ax.set_xlabel("global batch B", fontsize=8)
-      ax.set_ylabel(what, fontsize=8)
-      ax.tick_params(labelsize=7, which="both")
+      ax.set_title(f"{model}: {what} to the target", fontsize=plots.LABEL)
+      ax.set_xlabel("global batch B (samples), log scale", fontsize=plots.LABEL)
+      ax.set_ylabel(f"{what} to the target (count), log scale", fontsize=plots.LABEL)
+      ax.tick_params(labelsize=plots.FONT, which="both")
       ax.grid(alpha=0.3)
-    ax_s.legend(fontsize=7)
+    ax_s.legend(fontsize=plots.FONT)
   target = next((r["target"] for r in rows), None)
   fig.suptitle(f"measured: digits, steps to test accuracy {target}, with McCandlish's fit",
-               fontsize=10)
+               fontsize=plots.TITLE)
   return plots.save(fig, out / "time_to_accuracy_steps.png")
 
 
@@ -206,14 +206,14 @@ def devices_figure(rows: list[Row], out: Path) -> Path:
                 label=f"{strategy}, best B per G")
     plots.log_axes(ax, x=2, y=10)
     ax.set_title(f"{model} steps x {model} step time" if step_model == model else
-                 f"hypothetical: {model} steps x {step_model} step time", fontsize=9)
-    ax.set_xlabel("devices G", fontsize=8)
-    ax.set_ylabel("time to the target (s)", fontsize=8)
-    ax.tick_params(labelsize=7, which="both")
+                 f"hypothetical: {model} steps x {step_model} step time", fontsize=plots.LABEL)
+    ax.set_xlabel("devices G, log scale", fontsize=plots.LABEL)
+    ax.set_ylabel("time to the target (s), log scale", fontsize=plots.LABEL)
+    ax.tick_params(labelsize=plots.FONT, which="both")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.suptitle("time to accuracy = measured steps x predicted ms per step (dgx_a100); thin "
-               "lines: one per B", fontsize=10)
+    ax.legend(fontsize=plots.FONT)
+  fig.suptitle("measured steps x predicted ms per step (dgx_a100): time to accuracy; thin "
+               "lines: one per B", fontsize=plots.TITLE)
   return plots.save(fig, out / "time_to_accuracy_vs_devices.png")
 
 

@@ -73,9 +73,13 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
   ax.fill_between([lo, hi], [lo * 0.8, hi * 0.8], [lo * 1.2, hi * 1.2], color="grey",
                   alpha=0.15, label="+-20%")
   ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
-         xlabel="measured step time (ms)", ylabel="predicted step time (ms)",
-         title="predicted vs measured step time, local devices")
-  ax.legend(fontsize=7)
+         xlabel="measured step time (ms), log scale",
+         ylabel="predicted step time (ms), log scale")
+  ax.set_title("predicted vs measured step time, local devices", fontsize=plots.TITLE)
+  ax.xaxis.label.set_size(plots.LABEL)
+  ax.yaxis.label.set_size(plots.LABEL)
+  ax.tick_params(labelsize=plots.FONT, which="both")
+  ax.legend(fontsize=plots.FONT)
   return [plots.save(fig, out / "scatter.png")]
 
 

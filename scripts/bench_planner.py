@@ -10,9 +10,9 @@ B = G and B = 32 (where G < 32), B = G = 960 with all 28 divisors of 960 as cand
 counts, and B = G = 16,384 (samples only; the cluster's node count raised to hold it).
 Then the joint search at G = B = 1024 against its target (JOINT_LIMIT s for every model; the
 slowest model named), and the plan app's process wall time (ResNet-50, G = B = 1024, graph
-JSON given, W&B off, no chart) beside `python -c "import jax"`, each the median of --repeats
-runs. `gap`: the (joint, else samples) plan's gap to the search's lower bound (plan JSON
-`optimality`).
+JSON given, W&B off, no chart) against `python -c "import jax"`, the median ratio of --repeats
+pairs run in turn (scripts/bench_app_start.py: the default plan app's start-up). `gap`: the
+(joint, else samples) plan's gap to the search's lower bound (plan JSON `optimality`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_app_start import app_ratio, line
 
 from dp_jax.base.errors import UserError
 from dp_jax.hardware.cluster import named_cluster
@@ -91,30 +90,17 @@ def timed_plan(graph, profile, cluster, g, b, counts, sharding):
   return (time.perf_counter() - start, time.process_time() - cpu), plan
 
 
-def wall(cmd: list[str], cwd: Path, repeats: int) -> float:
-  """Median wall seconds of a process (stdout discarded; a failure raises)."""
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    subprocess.run(cmd, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.PIPE)
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def app_wall_time(graph, repeats: int) -> None:
-  """The plan app on a known graph against `python -c "import jax"`."""
+  """The plan app on a known graph against `python -c "import jax"`, run in turn, the ratio
+  taken pair by pair (bench_app_start.py)."""
   with tempfile.TemporaryDirectory() as tmp:
     path = graph.save(Path(tmp) / "graph.json")
-    app = wall([sys.executable, "-m", "dp_jax.plan", f"graph={path}", "cluster=dgx_a100",
-                "cluster.num_devices=1024", "batch_size=1024", "logger=disabled", "chart=false",
-                f"hydra.run.dir={tmp}/run", f"out={tmp}/plan.json"], Path(tmp), repeats)
-    jax = wall([sys.executable, "-c", "import jax"], Path(tmp), repeats)
-  verdict = "ok" if app <= APP_LIMIT * jax else f"over {APP_LIMIT}x"
-  print(f"plan app (resnet50, G = B = 1024, graph JSON, logger=disabled chart=false): "
-        f"{app:.2f} s wall; python -c 'import jax': {jax:.2f} s; ratio {app / jax:.2f} "
-        f"({verdict}, limit {APP_LIMIT}x); median of {repeats}")
+    r = app_ratio(f"graph={path} cluster=dgx_a100 cluster.num_devices=1024 batch_size=1024 "
+                  f"logger=disabled chart=false out={tmp}/plan.json", repeats, Path(tmp))
+  verdict = "ok" if statistics.median(r["wall"]) <= APP_LIMIT else f"over {APP_LIMIT}x"
+  print(f"plan app (resnet50, G = B = 1024, graph JSON, logger=disabled chart=false) / python -c "
+        f"'import jax': wall {line(r['wall'])}, cpu {line(r['cpu'])} ({verdict}, limit "
+        f"{APP_LIMIT}x); median of {repeats} pairs [range]")
 
 
 def joint_summary(seconds: dict[str, float | None]) -> None:

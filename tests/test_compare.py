@@ -16,6 +16,7 @@ from dp_jax.report.compare import (
   ComparisonConfig,
   compare,
   describe,
+  gpu_time_change,
   validated_tolerance,
   verdict,
 )
@@ -47,6 +48,20 @@ def test_verdict_edges_and_words():
   assert describe(1.01, 0.05) == "1.01x (+1%, tie within 5.0%)"
   assert describe(1.23, 0.05) == "1.23x (+23%, ahead)"
   assert describe(None, 0.05) == "-"
+
+
+@pytest.mark.parametrize("ours, baseline", [(125.4, 10.0), (10.0, 21.0), (99.7, 100.0)])
+def test_a_gpu_time_change_is_a_ratio_never_a_percentage_beyond_minus_100(ours, baseline):
+  text = gpu_time_change(1 - ours / baseline)  # the fraction saved, as the summaries store it
+  assert "%" not in text
+  factor = max(ours, baseline) / min(ours, baseline)
+  if factor < 1.005:
+    assert text == "the same GPU time"
+  else:
+    number, direction = text.split("x ")[0], "more" if ours > baseline else "less"
+    assert abs(float(number) - factor) < 0.06 and text.endswith(f"{direction} GPU time")
+  assert gpu_time_change(1 - 125.4 / 10.0) == "12.5x more GPU time"
+  assert gpu_time_change(0.52, "") == "2.08x less" and gpu_time_change(None) == "-"
 
 
 def test_bad_tolerance_is_one_line_naming_the_option():

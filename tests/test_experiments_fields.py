@@ -6,11 +6,11 @@ from dp_jax.report.compare import GPU_VALIDATED_TOLERANCE, VALIDATED_TOLERANCE
 from experiments.fields import (
   basis_line,
   data_parallel_label,
+  gpu_change,
   limit_label,
-  median_percent,
+  median_gpu_change,
   memory_need,
   number,
-  percent,
   pivot,
   plan_identity,
   ratio,
@@ -34,7 +34,8 @@ def test_numbers_and_labels():
   assert number("2.5") == 2.5 and number(None) is None and number(math.inf) is None
   assert ratio(3, 2) == 1.5 and ratio(1, 0) is None and ratio(None, 2) is None
   assert times(1.234) == "1.23x" and times(None) == "-"
-  assert percent(0.123) == "12%" and percent("x") == "-"
+  assert gpu_change(0.123) == "1.14x less" and gpu_change("x") == "-"
+  assert gpu_change(-11.54) == "12.5x more"  # not "-1154%"
   assert limit_label(2.0) == "2" and limit_label(1.5) == "1.5" and limit_label(math.inf) == "inf"
 
 
@@ -68,8 +69,9 @@ def test_basis_saving_and_memory_need_are_read_from_the_rows():
   assert basis_line(rows) == ("Verdicts rest on: `bf16 gradients; calibrated A100 profile; A=2`, "
                               "`x; A=inf`.")
   assert "not recorded" in basis_line([{}])
-  assert median_percent([{"s": 0.1}, {"s": 0.3}, {"s": None}], "s") == "median 20% over 2 cells"
-  assert median_percent([{}], "s") == "not recorded"
+  assert (median_gpu_change([{"s": 0.1}, {"s": 0.3}, {"s": None}], "s")
+          == "median 1.25x less over 2 cells")  # saved 20%: 0.8 of the baseline's GPU time
+  assert median_gpu_change([{}], "s") == "not recorded"
   assert memory_need("no plan fits in 40 GB per device: device 0 needs 40.37 GB; largest layer "
                      "there is 'h.0'") == (40.37, 40.0)
   assert memory_need("layer 'h.0' does not fit in 80 GB per device on dgx_h100 at any device "

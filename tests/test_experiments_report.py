@@ -182,12 +182,13 @@ def test_readme_says_what_verdicts_rest_on_and_calls_a_data_parallel_plan_that(t
   assert f"Verdicts rest on: `{BASIS}`." in md
   # the A100's of per-GPU batches 32 / 8 and 32 / 32 (the failed cell is not judged)
   assert "a margin within +-11.2% (per-GPU batch <= 8) (" in md and "4.3%" not in md
-  assert "| vgg16 | 1.20x ahead / 1.20x ahead (20% / 58%) | DP on 8 (0% / 75%) |" in md
+  assert ("| vgg16 | 1.20x ahead / 1.20x ahead (1.25x less / 2.40x less) | DP on 8 (the same / "
+          "4.00x less) |") in md  # GPU time as ratios: saved 20% is 0.8 of the baseline's
   assert "1.31x" not in md  # a data-parallel plan has no burst speed-up to judge
   assert "against the fastest data parallelism on <= G: 1 ahead, 0 tie, 0 behind, 1 is DP" in md
-  assert ("GPU time saved against the cheapest data parallelism within the tolerance of the "
-          "fastest (the fair baseline): median 10% over 2 cells; against data parallelism on all "
-          "G: median 67% over 2 cells.") in md
+  assert ("GPU time against the cheapest data parallelism within the tolerance of the "
+          "fastest (the fair baseline): median 1.11x less over 2 cells; against data parallelism "
+          "on all G: median 3.00x less over 2 cells.") in md
   assert ("- gpt2_small G=1 B=32 on dgx_a100: needs 40.37 GB per device in the memory model, "
           "over the 40 GB a device has\n") in md
   table = {r["job"]: r for r in read_csv(out["csv"])}

@@ -16,7 +16,9 @@ from dp_jax.layer_times.deeppool_import import import_deeppool_a100
 from dp_jax.models import zoo
 
 EXAMPLES = REPO / "examples"
-VIT, MIXER = (EXAMPLES / "conf" / "model" / f"{n}.yaml" for n in ("tiny_vit", "tiny_mixer"))
+VIT, MIXER, LM = (EXAMPLES / "conf" / "model" / f"{n}.yaml"
+                   for n in ("tiny_vit", "tiny_mixer", "tiny_lm"))
+NAMES = ["tiny_vit", "tiny_mixer", "tiny_lm"]
 USER_ENV = {"PYTHONPATH": f"{REPO}:{EXAMPLES}"}  # the user's package on the path, as they would
 
 
@@ -106,30 +108,39 @@ def test_a_zoo_name_on_another_target_is_refused():
 
 
 def test_examples_inspect_plan_simulate_and_train_through_the_cli(tmp_path):
-  both = f"model={VIT},{MIXER}"
+  # the image models and the language model (examples/my_models/lm.py: its own layer_specs
+  # with fork/join blocks, token input_spec and label_spec), one sweep per app
+  both = f"model={VIT},{MIXER},{LM}"
   step = {n: tmp_path / n for n in ("inspect", "plan", "simulate", "train")}
   for folder in step.values():
     folder.mkdir()
   result = run_app("inspect", "-m", both, "logger=disabled", cwd=step["inspect"], env=USER_ENV)
   assert result.returncode == 0, result.stderr
-  graphs = [json.loads((step["inspect"] / "sweep" / i / "graph.json").read_text()) for i in "01"]
-  assert [g["model"] for g in graphs] == ["tiny_vit", "tiny_mixer"]
+  graphs = [json.loads((step["inspect"] / "sweep" / i / "graph.json").read_text())
+            for i in "012"]
+  assert [g["model"] for g in graphs] == NAMES
   assert [n["name"] for n in graphs[1]["nodes"]] == [f"layers.{i}" for i in range(6)]
+  lm = {n["name"]: n for n in graphs[2]["nodes"]}  # the LM's own specs: a fork/join per block
+  assert lm["blocks.0.join"]["inputs"] == ["embed", "blocks.0.attn", "blocks.0.mlp"]
+  assert lm["blocks.1.attn"]["inputs"] == ["blocks.0.join"] and list(lm)[-1] == "head"
+  assert lm["embed"]["attrs"]["vocab_size"] == 64 and lm["head"]["out_shape"] == [16, 64]
 
   result = run_app("plan", "-m", both, "cluster=local_cpu", "cluster.num_devices=2",
                    "batch_size=8", "profile=analytic", "planner.amplification_limit=inf",
                    cwd=step["plan"], env=USER_ENV)
   assert result.returncode == 0, result.stderr
   plans = step["plan"] / "sweep"
-  for i, name in enumerate(["tiny_vit", "tiny_mixer"]):
+  for i, name in enumerate(NAMES):
     plan = json.loads((plans / str(i) / "plan.json").read_text())
-    assert plan["model"] == name and plan["made_for"]["options"]["patch"] == 8
+    options = plan["made_for"]["options"]
+    assert plan["model"] == name and options.get("patch", 8) == 8
+  assert options["seq_len"] == 16 and options["vocab_size"] == 64  # the LM's plan
 
   result = run_app("simulate", "-m", both, "cluster=local_cpu", "cluster.num_devices=2",
                    "batch_size=8", "profile=analytic", "background=none", "logger=disabled",
                    cwd=step["simulate"], env=USER_ENV)
   assert result.returncode == 0, result.stderr
-  for i in "01":
+  for i in "012":
     metrics = json.loads((step["simulate"] / "sweep" / i / "metrics.json").read_text())
     assert metrics["num_devices"] == 2 and metrics["alone_iteration_ms"] > 0
 
@@ -138,7 +149,7 @@ def test_examples_inspect_plan_simulate_and_train_through_the_cli(tmp_path):
                    "runtime.num_devices=2", "steps=3", "runtime.progress=false",
                    cwd=step["train"], env=USER_ENV)
   assert result.returncode == 0, result.stderr
-  for i, name in enumerate(["tiny_vit", "tiny_mixer"]):
+  for i, name in enumerate(NAMES):
     train, plan_file = step["train"] / "sweep" / str(i), plans / str(i) / "plan.json"
     status = json.loads((train / "status.json").read_text())
     assert status["final_step"] == 3 and status["model"] == name
@@ -152,7 +163,28 @@ def test_examples_inspect_plan_simulate_and_train_through_the_cli(tmp_path):
     assert logged[plan_name][1] is False and used[plan_name] == (logged[plan_name][0], True)
     assert any(n.startswith("checkpoint-") and not use for n, (_, use) in used.items())
   table = (step["train"] / "sweep" / "sweep_summary.csv").read_text()
-  assert "iteration ms (measured)" in table and "tiny_mixer" in table
+  assert "iteration ms (measured)" in table and "tiny_mixer" in table and "tiny_lm" in table
+
+
+def test_the_documented_npz_format_feeds_the_example_language_model(tmp_path, monkeypatch):
+  # docs/extending.md, "Data": x (N, seq_len) int32 token ids, y (N, seq_len) the next tokens
+  import numpy as np
+  from flax import nnx
+
+  from dp_jax.runtime.data import make_source
+
+  monkeypatch.syspath_prepend(str(EXAMPLES))
+  from my_models.lm import ParallelLM
+
+  model = nnx.eval_shape(lambda: ParallelLM(rngs=nnx.Rngs(0)))  # tiny_lm.yaml: its defaults
+  tokens = np.random.default_rng(0).integers(0, 64, (10, 17)).astype(np.int32)
+  np.savez(tmp_path / "t.npz", x=tokens[:, :-1], y=tokens[:, 1:])
+  src = make_source("npz", model, path=str(tmp_path / "t.npz"))
+  assert (src.x_shape, src.y_shape, src.num_labels, src.num_samples) == ((16,), (16,), 64, 10)
+  assert src.tokens and (src.read_y(np.array([3])) == tokens[3:4, 1:]).all()
+  np.savez(tmp_path / "bad.npz", x=tokens[:, :-1], y=tokens[:, 1:] + 1)  # a label of 64
+  with pytest.raises(UserError, match=r"y values must lie in \[0, 64\).*vocab_size"):
+    make_source("npz", model, path=str(tmp_path / "bad.npz"))
 
 
 def artifacts(folder):

@@ -38,6 +38,7 @@ def test_plans_a_graph_and_profile_file(tmp_path):
   assert [lp.name for lp in plan.layers] == ["a", "b", "c", "d"]
   assert plan.predicted["iteration_ms"] <= plan.predicted["data_parallel_iteration_ms"] + 1e-9
   assert (tmp_path / "run" / "devices_per_layer.png").stat().st_size > 0
+  assert not (tmp_path / "run" / "devices_per_layer.pdf").exists()  # chart_pdf=true asks for it
   assert (tmp_path / "run" / "plan_layers.csv").read_text().startswith("layer,kind,devices")
 
 
@@ -57,6 +58,7 @@ def test_vgg16_on_the_a100_tables(tmp_path):
     (["cluster.num_devices=8", "batch_size=4", "planner.amplification_limit=inf"], ["8"]),
     (["planner.amplification_limit=0.5"], ["amplification"]),
     (["cluster.num_devices=64"], ["at most 8 devices"]),
+    (["chart=false", "chart_pdf=true"], ["chart_pdf", "needs chart=true"]),
 ])
 def test_bad_plan_input_is_one_line(tmp_path, overrides, fragments):
   gpath, ppath = write_graph_and_profile(tmp_path)
@@ -137,7 +139,7 @@ def test_a_plan_that_is_data_parallelism_on_fewer_devices_is_called_that(tmp_pat
   result = run_app("plan", "model=vgg16", "cluster=dgx_a100", "cluster.num_devices=32",
                    "cluster.inter_node_bandwidth_GBps=0.5", "batch_size=32",
                    "profile=deeppool_a100", "planner.amplification_limit=inf", "logger=disabled",
-                   cwd=tmp_path)
+                   "chart_pdf=true", cwd=tmp_path)
   assert result.returncode == 0, result.stderr
   out = " ".join(result.stdout.split())
   named = out.index("predicted: the plan is data parallelism on 8 devices (")

@@ -73,7 +73,7 @@ def test_gpu_time_is_saved_against_the_cheapest_data_parallelism_as_fast_as_the_
   line = gpu_time_line(plan, c)
   assert "(the plan is data parallelism on 2)" in line
   assert "the cheapest data parallelism within 150.0% of the fastest one's time (on 1" in line
-  assert "the plan uses 4.0% more" in line and line.endswith(
+  assert "the plan uses 1.04x more GPU time" in line and line.endswith(
       "A=2; ties within 150.0% (comparison.tolerance)")
   assert fair_comparison(plan, c).startswith("predicted: the plan is data parallelism on 2")
 
@@ -103,7 +103,8 @@ def test_the_main_jobs_a100_lines_state_the_foreground_deficit_beside_the_throug
   sentence = line[line.index("with a background job"):]
   assert "2.10x the work of data parallelism alone" in sentence
   assert "foreground runs 0.76x (behind) the fastest data parallelism's speed" in sentence
-  assert "7% more GPU time than the cheapest data parallelism within 7.6%" in line
+  assert "1.07x more GPU time than the cheapest data parallelism within 7.6%" in line
+  assert "1.92x less than data parallelism on all 32" in line  # saved 48%: 0.52 of its time
   (line,) = story(facts, [row(plan_data_parallel_devices=32, plan_ms=7.0)], {})
   assert "the plan for vgg16 B=32 is data parallelism on 32 GPUs" in line
   assert "burst" not in line and "x the work" not in line

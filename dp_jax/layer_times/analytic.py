@@ -49,7 +49,7 @@ class AnalyticParams:
   tile: int = 0  # output tile (tile x tile) per compute unit of a matrix kernel; 0: no wave term
   kernel_overhead_us: float | None = None  # None: the device's
   conv_eff: float | None = None  # convolutions' fraction of the peak; None: compute_eff
-  vector_eff: float | None = None  # elementwise work's fraction of the float32 peak; None: compute_eff
+  vector_eff: float | None = None  # elementwise work: fraction of the fp32 peak; None: compute_eff
 
   def __post_init__(self):
     for k in ("compute_eff", "memory_eff", "conv_eff", "vector_eff"):

@@ -14,7 +14,7 @@ from dp_jax.main_job.paper_setting import COLUMNS as PAPER_COLUMNS
 from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.multiplex.policy import busy_in_every_layer
 from dp_jax.planner.contract import limit_label
-from dp_jax.report.compare import describe, validated_tolerance, verdict
+from dp_jax.report.compare import describe, gpu_time_change, validated_tolerance, verdict
 from dp_jax.report.tables import table
 
 Measured = dict[str, tuple[Any, str]]  # quantity -> (value, kind)
@@ -172,15 +172,16 @@ def print_summary(facts: MainJobFacts, paper: list[dict[str, Any]], fair: list[s
           r["cluster"], r["G"], "burst" if dp is None else f"DP on {dp}", f"{r['plan_ms']:.2f}",
           f"{r['fastest_dp_ms']:.2f} (on {r['fastest_dp_devices']})",
           "-" if dp is not None else _short(r["speedup_vs_fastest_dp"], r["tolerance"]),
-          f"{r['saved_vs_cheapest_dp']:.0%} (DP on {r['cheapest_dp_devices']})",
-          f"{r['saved_vs_dp_all']:.0%}", _fmt(r["background_samples_per_s"]),
+          f"{gpu_time_change(r['saved_vs_cheapest_dp'], '')} (DP on "
+          f"{r['cheapest_dp_devices']})",
+          gpu_time_change(r["saved_vs_dp_all"], ""), _fmt(r["background_samples_per_s"]),
           _times(r["cluster_vs_dp_all"]), "-" if r["cluster_vs_matched"] is None else
           f"{r['cluster_vs_matched']:.2f}x (DP on {r['matched_dp_devices']})"])
     console.print(table(
         f"{facts.paper_model}, B={facts.paper_batch}, on the calibrated A100 profile: the plan "
         "vs data parallelism (DP)",
         ["cluster", "G", "plan", "plan ms P", "fastest DP ms P", "vs fastest DP P",
-         "GPU time saved vs cheapest DP P", "vs DP on all G P", "background samples/s S",
+         "GPU time vs cheapest DP P", "vs DP on all G P", "background samples/s S",
          "cluster / DP on all G S", "cluster / matched DP S"], rows, left=("plan",),
         caption="P: predicted by the cost model; S: simulated. Fastest DP: on the d <= G that "
                 "runs fastest; cheapest DP: the least GPU time within the tolerance of the "
@@ -254,21 +255,23 @@ def _paper_line(facts: MainJobFacts, r: dict[str, Any]) -> str:
   return (f"{where}: {what} takes {r['plan_ms']:.1f} ms per iteration as a burst plan, "
           f"{describe(r['speedup_vs_fastest_dp'], t)} against the fastest data parallelism "
           f"(on {r['fastest_dp_devices']} GPUs, {r['fastest_dp_ms']:.1f} ms), using "
-          f"{_less(r['saved_vs_cheapest_dp'])} GPU time than the cheapest data parallelism "
+          f"{_than(r['saved_vs_cheapest_dp'])} the cheapest data parallelism "
           f"within {t:.1%} of that speed (on {r['cheapest_dp_devices']} GPUs) and "
-          f"{_less(r['saved_vs_dp_all'])} than data parallelism on all {r['G']}; with a "
+          f"{_than(r['saved_vs_dp_all'], '')} data parallelism on all {r['G']}; with a "
           f"background job in its idle GPUs the cluster does {cluster}, while its foreground "
           f"runs {_short(r['speedup_vs_fastest_dp'], t)} the fastest data parallelism's speed "
           "(simulated).")
 
 
+def _than(saving: float, noun: str = "GPU time") -> str:
+  """'1.07x more GPU time than' / '2.08x less than' / 'the same GPU time as'."""
+  change = gpu_time_change(saving, noun)
+  return f"{change} as" if change.startswith("the same") else f"{change} than"
+
+
 def _short(ratio: float | None, tolerance: float) -> str:
   """'0.76x (behind)': a ratio and its verdict."""
   return "-" if ratio is None else f"{ratio:.2f}x ({verdict(ratio, tolerance)})"
-
-
-def _less(fraction: float) -> str:
-  return f"{fraction:.0%} less" if fraction >= 0 else f"{-fraction:.0%} more"
 
 
 def _measured_lines(v: dict[str, Any]) -> list[str]:

@@ -168,6 +168,22 @@ def describe(ratio: float | None, tolerance: float, verdict_text: str | None = N
   return f"{ratio:.2f}x ({ratio - 1:+.0%}, {v}{within})"
 
 
+def gpu_time_change(saving: float | None, noun: str = "GPU time") -> str:
+  """A change of GPU time as a ratio, from the fraction saved (1 - ours / baseline; below 0:
+  ours uses more): 0.52 -> '2.08x less GPU time', -11.5 -> '12.5x more GPU time', within
+  0.5% -> 'the same GPU time'; '-' when missing. Never a percentage: one beyond -100% reads as
+  nothing ('saved -1154%')."""
+  if saving is None or not math.isfinite(saving) or saving >= 1:
+    return "-"
+  used = 1.0 - saving  # ours / baseline
+  factor = used if used >= 1 else 1 / used
+  tail = f" {noun}" if noun else ""
+  if factor < 1.005:
+    return f"the same{tail}"
+  text = f"{factor:.2f}x" if factor < 10 else f"{factor:.1f}x"
+  return f"{text} {'more' if used > 1 else 'less'}{tail}"
+
+
 def devices(n: int) -> str:
   """'1 device', '8 devices'."""
   return f"{n} device" if n == 1 else f"{n} devices"

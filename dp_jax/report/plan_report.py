@@ -22,6 +22,7 @@ from dp_jax.report.compare import (
   describe,
   devices,
   fields,
+  gpu_time_change,
   ties_note,
 )
 from dp_jax.report.tables import table
@@ -163,17 +164,12 @@ def gpu_time_line(plan, c: dict[str, Any]) -> str:
               f"devices, {c['cheapest_data_parallel_gpu_ms']:.3f} GPU-ms)")
   if own is not None:  # the plan is data parallelism: its GPU time is data parallelism's
     tail = ("" if own == d else f"; {cheapest}: the plan uses "
-            f"{_saved(c['gpu_time_saving_vs_cheapest_data_parallel'])}")
+            f"{gpu_time_change(c['gpu_time_saving_vs_cheapest_data_parallel'])}")
     return f"{head} (the plan is data parallelism on {own}){tail} — {c['basis']}"
-  return (f"{head}; vs {cheapest}: {_saved(c['gpu_time_saving_vs_cheapest_data_parallel'])}; "
+  return (f"{head}; vs {cheapest}: "
+          f"{gpu_time_change(c['gpu_time_saving_vs_cheapest_data_parallel'])}; "
           f"vs {all_g} ({p['data_parallel_gpu_ms']:.3f} GPU-ms): "
-          f"{_saved(1 - p['gpu_ms'] / p['data_parallel_gpu_ms'])} — {c['basis']}")
-
-
-def _saved(fraction: float) -> str:
-  if abs(fraction) < 0.0005:
-    return "the same"
-  return f"{fraction:.1%} less" if fraction > 0 else f"{-fraction:.1%} more"
+          f"{gpu_time_change(1 - p['gpu_ms'] / p['data_parallel_gpu_ms'])} — {c['basis']}")
 
 
 def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) -> None:
@@ -221,28 +217,53 @@ def chart_title(plan, fair: dict[str, Any] | None = None) -> str:
       + f"; {all_g}: {p['data_parallel_iteration_ms']:.2f} ms")
 
 
-def plot_devices_per_layer(plan, path: Path, fair: dict[str, Any] | None = None) -> Path:
-  """Bar chart of each layer's device count (PNG, and PDF beside it)."""
-  import matplotlib  # matplotlib: only to draw (chart=false plans without it)
+CHART_WIDTH_IN = 6.5  # a paper's text width: the chart prints at its saved size
+CHART_DPI = 150
+CHART_FONT = 8  # pt at the saved size: ticks and the G mark; labels and the title 9
 
-  matplotlib.use("Agg")
-  # pyplot once the file-only backend is chosen (matplotlib: only to draw)
-  import matplotlib.pyplot as plt
+
+def devices_per_layer_figure(plan, fair: dict[str, Any] | None = None):
+  """The devices-per-layer chart as a matplotlib Figure (not saved): one step per layer in
+  topological order, integer device ticks, G dashed, a few layer-index ticks (the names are in
+  the per-layer table), the title wrapped to the width. Its layout is fixed in inches, so the
+  saved file is exactly CHART_WIDTH_IN wide and no text is laid out twice."""
+  import textwrap
+
+  # matplotlib: only to draw (chart=false plans without it); a Figure without pyplot
+  from matplotlib.figure import Figure
+  from matplotlib.ticker import MaxNLocator
 
   counts = [len(lp.devices) for lp in plan.layers]
-  fig, ax = plt.subplots(figsize=(max(6, 0.12 * len(counts) + 2), 3.5))
-  ax.bar(range(len(counts)), counts, color="tab:blue", width=0.8)
-  ax.axhline(plan.num_devices, color="tab:red", lw=1, ls="--", label=f"G = {plan.num_devices}")
-  ax.set_xlabel("layer (topological order)")
-  ax.set_ylabel("devices of the layer")
-  step = max(1, len(counts) // 40)
-  ax.set_xticks(range(0, len(counts), step))
-  ax.set_xticklabels([plan.layers[i].name for i in range(0, len(counts), step)], rotation=90,
-                     fontsize=6)
-  ax.set_title(chart_title(plan, fair), fontsize=9)
-  ax.legend(fontsize=8)
+  n, g = len(counts), plan.num_devices
+  chars = int(CHART_WIDTH_IN * 72 / (0.6 * 9))  # a glyph is about 0.55 em wide on average
+  title = "\n".join(textwrap.fill(line, chars) for line in chart_title(plan, fair).split("\n"))
+  top, plot, bottom, left, right = 0.12 + 0.165 * (title.count("\n") + 1), 1.9, 0.5, 0.6, 0.2
+  height = top + plot + bottom
+  fig = Figure(figsize=(CHART_WIDTH_IN, height), dpi=CHART_DPI)
+  ax = fig.add_axes((left / CHART_WIDTH_IN, bottom / height,
+                     (CHART_WIDTH_IN - left - right) / CHART_WIDTH_IN, plot / height))
+  ax.stairs(counts, [i - 0.5 for i in range(n + 1)], fill=True, color="tab:blue", lw=0)
+  ax.axhline(g, color="tab:red", lw=1, ls="--")
+  ax.annotate(f"G = {g}", (n - 0.5, g), xytext=(0, 2), textcoords="offset points",
+              color="tab:red", fontsize=CHART_FONT, ha="right", va="bottom")
+  ax.set_xlim(-0.5, n - 0.5)
+  ax.set_ylim(0, g * 1.18 + 0.2)
+  for axis, bins in ((ax.xaxis, 10), (ax.yaxis, 6)):
+    axis.set_major_locator(MaxNLocator(nbins=bins, integer=True, min_n_ticks=2))
+  ax.tick_params(labelsize=CHART_FONT)
+  ax.set_xlabel("layer index, topological order (names: the per-layer table)", fontsize=9)
+  ax.set_ylabel("devices of the layer", fontsize=9)
+  fig.suptitle(title, fontsize=9, y=1 - 0.06 / height, va="top")
+  return fig
+
+
+def plot_devices_per_layer(plan, path: Path, fair: dict[str, Any] | None = None, *,
+                           pdf: bool = True) -> Path:
+  """The devices-per-layer chart (devices_per_layer_figure) as PNG, and as PDF beside it when
+  `pdf` (matplotlib's PDF backend costs about as much start-up as the rest of the chart)."""
+  fig = devices_per_layer_figure(plan, fair)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120, bbox_inches="tight")
-  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight", metadata={"CreationDate": None})
-  plt.close(fig)
+  fig.savefig(path)
+  if pdf:
+    fig.savefig(path.with_suffix(".pdf"), metadata={"CreationDate": None})
   return path

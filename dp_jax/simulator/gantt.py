@@ -36,12 +36,22 @@ def plot_gantt(events: Iterable[Event], num_devices: int, path: str | Path, *, t
                max_rows: int = MAX_ROWS) -> Path:
   """Draw `events` (device spans) to a PNG and a PDF beside it; more than max_rows devices:
   representatives. The title should say whether the events are simulated or measured."""
-  import matplotlib  # matplotlib: only to draw (the simulator's numbers need none)
+  fig = gantt_figure(events, num_devices, title=title, classes=classes, marks=marks,
+                     max_rows=max_rows)
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight", metadata={"CreationDate": None})
+  return path
 
-  matplotlib.use("Agg")
-  # pyplot once the file-only backend is chosen (matplotlib: only to draw)
-  import matplotlib.pyplot as plt
+
+def gantt_figure(events: Iterable[Event], num_devices: int, *, title: str,
+                 classes: DeviceClasses | None = None, marks: Sequence[tuple[str, float]] = (),
+                 max_rows: int = MAX_ROWS):
+  """The Gantt chart of plot_gantt as a matplotlib Figure (not saved; text >= 8 pt)."""
+  # matplotlib: only to draw (the simulator's numbers need none); a Figure without pyplot
   from matplotlib.collections import PolyCollection
+  from matplotlib.figure import Figure
   from matplotlib.patches import Patch
 
   devices, labels = rows_for(num_devices, classes, max_rows)
@@ -57,7 +67,8 @@ def plot_gantt(events: Iterable[Event], num_devices: int, path: str | Path, *, t
         widths.append(ev.end_ms - ev.start_ms)
         ys.append(row_of[d] + (0.3 if comm else -0.12))
   height = 1.8 + 0.24 * len(devices)
-  fig, ax = plt.subplots(figsize=(13, height), layout="constrained")
+  fig = Figure(figsize=(13, height), layout="constrained")
+  ax = fig.subplots()
   right = 0.0
   for kind, (lefts, widths, ys) in bars.items():
     if lefts:
@@ -72,9 +83,10 @@ def plot_gantt(events: Iterable[Event], num_devices: int, path: str | Path, *, t
   ax.set_xlim(0, right * 1.03 if right > 0 else 1.0)
   for (text, x), style in zip(marks, ("--", ":", "-."), strict=False):
     ax.axvline(x, color="black", linestyle=style, linewidth=1, label=text)
-  ax.set_yticks(range(len(devices)), labels, fontsize=7 if len(devices) > 16 else 9)
+  ax.set_yticks(range(len(devices)), labels, fontsize=8 if len(devices) > 16 else 9)
   ax.set_ylim(len(devices) - 0.4, -0.6)
-  ax.set_ylabel("device" if len(devices) == num_devices else "devices (one row per group)")
+  ax.set_ylabel("device (index)" if len(devices) == num_devices
+                else "devices (one row per group)")
   ax.set_xlabel("time in the iteration (ms)")
   handles = [Patch(color=COLORS[k], label=LEGEND[k]) for k in COLORS if bars[k][0]]
   handles += [h for h in ax.get_legend_handles_labels()[0] if not isinstance(h, Patch)]
@@ -83,9 +95,5 @@ def plot_gantt(events: Iterable[Event], num_devices: int, path: str | Path, *, t
     title += (f"\nshowing {len(devices)} of {num_devices} devices: one row per group of "
               "devices with identical work")
   ax.set_title(title, fontsize=10)
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110, bbox_inches="tight")
-  fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight", metadata={"CreationDate": None})
-  plt.close(fig)
-  return path
+  ax.tick_params(axis="x", labelsize=9)
+  return fig
