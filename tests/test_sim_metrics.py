@@ -79,3 +79,52 @@ def test_a_burst_plan_slower_than_small_data_parallelism_is_not_reported_ahead()
   assert front[d]["cluster_samples_per_s"] > m["cluster_samples_per_s"]
   assert m["cluster_throughput_vs_matched_data_parallel"] < 1
   assert m["cluster_throughput_vs_best_data_parallel"] > 1  # what the old baseline claimed
+
+
+def test_every_data_parallel_baseline_fits_in_memory():
+  """The issue: the frontier offered DP on 1-8 devices that needed 670 GB. Only data
+  parallelism that fits is a baseline: the frontier, the fastest and the matched one."""
+  from dp_jax.planner import make_plan, memory
+  from dp_jax.planner.baseline import cost_model_for, data_parallel_evaluations
+  from dp_jax.planner.evaluate import data_parallel_assignment
+
+  g, p = graph("inception"), profile("inception", 32)
+  roomy = make_plan(g, p, cluster(), num_devices=32, global_batch=32)
+  model = cost_model_for(g, p, cluster(), roomy)
+  need = {int(c): float(memory.device_bytes(model, data_parallel_assignment(model, int(c))).max())
+          / memory.GB for c in model.counts}
+  budget = (need[4] + need[2]) / 2  # DP on 1 and 2 devices do not fit, on 4 and more they do
+  tight = cluster().replace(memory_gb_per_device=budget)
+  plan_ = make_plan(g, p, tight, num_devices=32, global_batch=32)
+  job = background_job(g, p, tight, 1)  # a batch that fits beside the foreground
+  m = metrics(simulate(g, p, tight, plan_, job=job, cap=0.1))
+  fitting = {d for d, gb in need.items() if gb <= budget}
+  assert fitting and min(fitting) == 4 and {1, 2} & fitting == set()
+  assert {q["devices"] for q in m["data_parallel_frontier"]} == fitting
+  assert m["best_data_parallel_devices"] in fitting
+  assert m["matched_data_parallel_devices"] in fitting | {None}
+  tight_model = cost_model_for(g, p, tight, plan_)
+  assert set(data_parallel_evaluations(tight_model)) == fitting
+
+
+
+def test_where_no_data_parallelism_fits_there_is_no_baseline_and_a_line_says_why():
+  import math
+
+  from dp_jax.planner.baseline import (
+    data_parallel_evaluations,
+    data_parallel_misfit,
+    fastest_data_parallel,
+  )
+  from dp_jax.planner.costs import build_cost_model
+  from dp_jax.planner.options import PlanOptions
+
+  g, p = graph("resnet"), profile("resnet", 32)
+  tiny = cluster().replace(memory_gb_per_device=0.001)
+  model = build_cost_model(g, p, tiny, PlanOptions(num_devices=8, global_batch=32,
+                                                    amplification_limit=math.inf))
+  assert data_parallel_evaluations(model) == {}
+  assert fastest_data_parallel({}) == (None, None)
+  note = data_parallel_misfit(model)
+  assert note.startswith("no data parallelism on d <= 8 devices fits: on 8 it needs ")
+  assert note.endswith("GB per device, over the 0.001 GB a device has")

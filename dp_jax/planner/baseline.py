@@ -25,11 +25,14 @@ def data_parallel(model: CostModel) -> tuple[int, Evaluation]:
 
 
 def cheapest_within(model: CostModel, evaluations: Mapping[int, Evaluation],
-                    tolerance: float) -> tuple[int, Evaluation]:
+                    tolerance: float) -> tuple[int | None, Evaluation | None]:
   """(d, evaluation) of the data parallelism with the least GPU time among the device counts
   d <= G whose iteration is within `tolerance` of the fastest one's and that fit in memory
   (fewest devices on a tie): the cheapest data parallelism as fast as the fastest, the fair
-  baseline of GPU time saved. The fastest itself when none of them fits."""
+  baseline of GPU time saved. The fastest itself when none of them fits; (None, None) without
+  evaluations (no data parallelism fits)."""
+  if not evaluations:
+    return None, None
   fastest = min(e.iteration_ms for e in evaluations.values())
   band = [(d, e) for d, e in sorted(evaluations.items())
           if e.iteration_ms <= fastest * (1 + tolerance) * (1 + 1e-9)
@@ -75,16 +78,37 @@ def cost_model_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterCon
 
 
 def data_parallel_evaluations(model: CostModel) -> dict[int, Evaluation]:
-  """Data parallelism's evaluation on each device count d <= G the planner considers."""
-  return {int(c): evaluate(model, data_parallel_assignment(model, int(c))) for c in model.counts}
+  """Data parallelism's evaluation on each device count d <= G the planner considers where it
+  fits in the devices' memory: the only data parallelism a baseline may be (fastest, cheapest,
+  matched); empty when it fits on no count (data_parallel_misfit says what it needs)."""
+  out = {}
+  for c in model.counts:
+    assignment = data_parallel_assignment(model, int(c))
+    if memory.fits(model, assignment):
+      out[int(c)] = evaluate(model, assignment)
+  return out
 
 
 def data_parallel_ms(model: CostModel) -> dict[int, float]:
-  """Data parallelism's iteration ms on each device count d <= G the planner considers."""
+  """Data parallelism's iteration ms on each device count d <= G where it fits."""
   return {c: e.iteration_ms for c, e in data_parallel_evaluations(model).items()}
 
 
-def fastest_data_parallel(data_parallel_ms: dict[int, float]) -> tuple[int, float]:
-  """(d, ms) of data parallelism's fastest device count d <= G (fewest devices on a tie)."""
+def data_parallel_misfit(model: CostModel) -> str:
+  """Why no data parallelism on d <= G is a baseline: what it needs per device at its least
+  (on G devices) against what a device holds."""
+  need = float(memory.device_bytes(model, data_parallel_assignment(
+      model, data_parallel_count(model.options))).max()) / memory.GB
+  return (f"no data parallelism on d <= {model.options.num_devices} devices fits: on "
+          f"{data_parallel_count(model.options)} it needs {need:.2f} GB per device, over the "
+          f"{model.cluster.memory_gb_per_device:g} GB a device has")
+
+
+def fastest_data_parallel(data_parallel_ms: dict[int, float]) -> tuple[int | None,
+                                                                       float | None]:
+  """(d, ms) of data parallelism's fastest device count d <= G (fewest devices on a tie);
+  (None, None) when none fits."""
+  if not data_parallel_ms:
+    return None, None
   d, ms = min(data_parallel_ms.items(), key=lambda kv: (kv[1], kv[0]))
   return int(d), float(ms)

@@ -13,6 +13,7 @@ from dp_jax.planner.baseline import (
   cheapest_within,
   cost_model_for,
   data_parallel_evaluations,
+  data_parallel_misfit,
   fastest_data_parallel,
 )
 from dp_jax.planner.evaluate import data_parallel_assignment
@@ -23,6 +24,7 @@ from dp_jax.report.compare import (
   devices,
   fields,
   gpu_time_change,
+  none_fields,
   ties_note,
 )
 from dp_jax.report.tables import table
@@ -42,7 +44,8 @@ def plan_summary(plan, fair: dict[str, Any], path: Path) -> dict[str, Any]:
           "data_parallel_iteration_ms": p["data_parallel_iteration_ms"],
           "data_parallel_gpu_ms": p["data_parallel_gpu_ms"],
           **fair, "fair_comparison": fair_comparison(plan, fair),
-          "gpu_time_saving": 1 - p["gpu_ms"] / p["data_parallel_gpu_ms"],
+          "gpu_time_saving": (1 - p["gpu_ms"] / p["data_parallel_gpu_ms"]
+                              if fair.get("data_parallel_fits", True) else None),
           "weight_sharded_layers": sum(lp.sharding.split != "samples" for lp in plan.layers),
           "memory_peak_gb": p.get("memory_peak_gb"),
           "lower_bound_ms": optimality.get("lower_bound_ms"),
@@ -78,25 +81,33 @@ def comparisons(graph, profile, cluster, plan, tolerance: float) -> dict[str, An
   """Predicted: the burst plan against the fastest data parallelism on d <= G devices (the fair
   baseline) and against data parallelism on all G, each with its margin and verdict; its GPU
   time against the cheapest data parallelism within the tolerance of the fastest one's time;
-  whether the plan is itself data parallelism, and what the verdicts rest on."""
+  whether the plan is itself data parallelism, and what the verdicts rest on. Only data
+  parallelism that fits in the devices' memory is a baseline: where none fits the comparisons
+  are missing and `data_parallel_note` says what it would need."""
   p = plan.predicted
   model = cost_model_for(graph, profile, cluster, plan)
   dp = data_parallel_evaluations(model)
   d, ms = fastest_data_parallel({c: e.iteration_ms for c, e in dp.items()})
   cheap_d, cheap = cheapest_within(model, dp, tolerance)
+  on_all = int(p.get("data_parallel_devices") or plan.num_devices)
   note = ties_note(cluster.device, plan.global_batch / plan.num_devices, tolerance)
   return {"comparison_tolerance": tolerance, "basis": f"{plan.basis()}; {note}",
           "plan_data_parallel_devices": plan.data_parallel_devices,
+          "data_parallel_fits": on_all in dp,
+          "data_parallel_note": None if dp else data_parallel_misfit(model),
           "best_data_parallel_devices": d, "best_data_parallel_iteration_ms": ms,
           "cheapest_data_parallel_devices": cheap_d,
-          "cheapest_data_parallel_iteration_ms": cheap.iteration_ms,
-          "cheapest_data_parallel_gpu_ms": cheap.gpu_ms,
-          "gpu_time_saving_vs_cheapest_data_parallel": 1 - p["gpu_ms"] / cheap.gpu_ms,
+          "cheapest_data_parallel_iteration_ms": None if cheap is None else cheap.iteration_ms,
+          "cheapest_data_parallel_gpu_ms": None if cheap is None else cheap.gpu_ms,
+          "gpu_time_saving_vs_cheapest_data_parallel":
+              None if cheap is None else 1 - p["gpu_ms"] / cheap.gpu_ms,
           **dominating_data_parallel(model, dp, p["iteration_ms"], p["gpu_ms"], tolerance),
-          **fields("speedup_vs_best_data_parallel",
-                   compare(p["iteration_ms"], ms, tolerance, lower_is_better=True)),
-          **fields("speedup", compare(p["iteration_ms"], p["data_parallel_iteration_ms"],
-                                      tolerance, lower_is_better=True))}
+          **(none_fields("speedup_vs_best_data_parallel") if ms is None else fields(
+              "speedup_vs_best_data_parallel",
+              compare(p["iteration_ms"], ms, tolerance, lower_is_better=True))),
+          **(fields("speedup", compare(p["iteration_ms"], p["data_parallel_iteration_ms"],
+                                       tolerance, lower_is_better=True))
+             if on_all in dp else none_fields("speedup"))}
 
 
 def dominating_data_parallel(model, data_parallel: dict[int, Any], iteration_ms: float,
@@ -132,10 +143,16 @@ def dominated_note(plan, c: dict[str, Any]) -> str | None:
 
 def fair_comparison(plan, c: dict[str, Any]) -> str:
   """The predicted comparisons in words (fastest data parallelism on <= G first), or that the
-  plan is data parallelism; what they rest on last."""
+  plan is data parallelism, or that no data parallelism fits; what they rest on last."""
   p, g, t = plan.predicted, plan.num_devices, c["comparison_tolerance"]
   all_g = data_parallel_on_all(g, int(p.get("data_parallel_devices") or g), plan.global_batch)
   d, best = c.get("plan_data_parallel_devices"), c["best_data_parallel_devices"]
+  if best is None:
+    return (f"predicted: burst {p['iteration_ms']:.3f} ms/iter; {c['data_parallel_note']}, so "
+            f"there is no data-parallel baseline — {c['basis']}")
+  vs_all = (f"vs {all_g} ({p['data_parallel_iteration_ms']:.3f} ms): "
+            f"{describe(c['speedup'], t)}" if c.get("data_parallel_fits", True) else
+            f"{all_g} does not fit in memory")
   if d is not None:
     text = (f"predicted: the plan is data parallelism on {devices(d)} "
             f"({p['iteration_ms']:.3f} ms/iter)")
@@ -144,13 +161,12 @@ def fair_comparison(plan, c: dict[str, Any]) -> str:
                f"{c['best_data_parallel_iteration_ms']:.3f} ms: the plan against it "
                f"{describe(c['speedup_vs_best_data_parallel'], t)}")
     if d != int(p.get("data_parallel_devices") or g):
-      text += f"; {all_g}: {p['data_parallel_iteration_ms']:.3f} ms"
+      text += (f"; {all_g}: {p['data_parallel_iteration_ms']:.3f} ms"
+               if c.get("data_parallel_fits", True) else f"; {vs_all}")
     return f"{text} — {c['basis']}"
   return (f"predicted: burst {p['iteration_ms']:.3f} ms/iter vs fastest data parallelism on "
           f"<= {g} devices ({best} devices, {c['best_data_parallel_iteration_ms']:.3f} ms): "
-          f"{describe(c['speedup_vs_best_data_parallel'], t)}; vs {all_g} "
-          f"({p['data_parallel_iteration_ms']:.3f} ms): {describe(c['speedup'], t)} — "
-          f"{c['basis']}")
+          f"{describe(c['speedup_vs_best_data_parallel'], t)}; {vs_all} — {c['basis']}")
 
 
 def gpu_time_line(plan, c: dict[str, Any]) -> str:
@@ -160,16 +176,20 @@ def gpu_time_line(plan, c: dict[str, Any]) -> str:
   all_g = data_parallel_on_all(g, int(p.get("data_parallel_devices") or g), plan.global_batch)
   d, own = c["cheapest_data_parallel_devices"], c.get("plan_data_parallel_devices")
   head = f"predicted GPU time: {p['gpu_ms']:.3f} GPU-ms per iteration"
+  if d is None:
+    return f"{head} (no data parallelism fits to compare with) — {c['basis']}"
   cheapest = (f"the cheapest data parallelism within {t:.1%} of the fastest one's time (on {d} "
               f"devices, {c['cheapest_data_parallel_gpu_ms']:.3f} GPU-ms)")
   if own is not None:  # the plan is data parallelism: its GPU time is data parallelism's
     tail = ("" if own == d else f"; {cheapest}: the plan uses "
             f"{gpu_time_change(c['gpu_time_saving_vs_cheapest_data_parallel'])}")
     return f"{head} (the plan is data parallelism on {own}){tail} — {c['basis']}"
+  vs_all = (f"vs {all_g} ({p['data_parallel_gpu_ms']:.3f} GPU-ms): "
+            f"{gpu_time_change(1 - p['gpu_ms'] / p['data_parallel_gpu_ms'])}"
+            if c.get("data_parallel_fits", True) else f"{all_g} does not fit")
   return (f"{head}; vs {cheapest}: "
-          f"{gpu_time_change(c['gpu_time_saving_vs_cheapest_data_parallel'])}; "
-          f"vs {all_g} ({p['data_parallel_gpu_ms']:.3f} GPU-ms): "
-          f"{gpu_time_change(1 - p['gpu_ms'] / p['data_parallel_gpu_ms'])} — {c['basis']}")
+          f"{gpu_time_change(c['gpu_time_saving_vs_cheapest_data_parallel'])}; {vs_all} — "
+          f"{c['basis']}")
 
 
 def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) -> None:
@@ -210,7 +230,7 @@ def chart_title(plan, fair: dict[str, Any] | None = None) -> str:
                    f"{p['iteration_ms']:.2f} ms/iteration")
   all_g = data_parallel_on_all(g, int(p.get("data_parallel_devices") or g), plan.global_batch)
   return (head + f"burst {p['iteration_ms']:.2f} ms/iteration" + (
-      "" if fair is None else
+      "" if fair is None or fair.get("best_data_parallel_devices") is None else
       f"; fastest DP on <= {g} ({fair['best_data_parallel_devices']} devices) "
       f"{fair['best_data_parallel_iteration_ms']:.2f} ms: "
       f"{describe(fair['speedup_vs_best_data_parallel'], fair['comparison_tolerance'])}")

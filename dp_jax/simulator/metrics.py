@@ -6,9 +6,11 @@ from typing import Any
 
 import numpy as np
 
+from dp_jax.planner import memory
 from dp_jax.planner.baseline import (
   cheapest_within,
   data_parallel_evaluations,
+  data_parallel_misfit,
   fastest_data_parallel,
 )
 from dp_jax.planner.memory import GB
@@ -40,6 +42,7 @@ def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str
   busy = gpu_ms(sim)
   dp_count, dp = sim.data_parallel
   dp_sps = b / dp.iteration_ms * 1e3
+  dp_fits = dp_count in sim.data_parallel_ms  # a baseline only where it fits in memory
   best_d, best_ms = fastest_data_parallel(sim.data_parallel_ms)
   cheap_d, cheap = cheapest_within(sim.model, data_parallel_evaluations(sim.model), tolerance)
   out: dict[str, Any] = {
@@ -55,19 +58,26 @@ def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str
       "alone_idle_fraction": 1.0 - busy / (g * alone),
       "alone_samples_per_s": b / alone * 1e3,
       "data_parallel_devices": dp_count,
+      "data_parallel_fits": dp_fits,
+      "data_parallel_note": None if sim.data_parallel_ms else data_parallel_misfit(sim.model),
       "data_parallel_iteration_ms": dp.iteration_ms,
       "data_parallel_samples_per_s": dp_sps,
       "best_data_parallel_devices": best_d, "best_data_parallel_iteration_ms": best_ms,
-      "cheapest_data_parallel_devices": cheap_d, "cheapest_data_parallel_gpu_ms": cheap.gpu_ms,
+      "cheapest_data_parallel_devices": cheap_d,
+      "cheapest_data_parallel_gpu_ms": None if cheap is None else cheap.gpu_ms,
       # GPU time saved, both sides priced by the planner's evaluation (gpu_ms above is the
       # timeline's union over streams, which data parallelism's evaluations do not have)
-      "gpu_time_saving_vs_cheapest_data_parallel": 1 - sim.evaluation.gpu_ms / cheap.gpu_ms,
-      "gpu_time_saving_vs_data_parallel": 1 - sim.evaluation.gpu_ms / dp.gpu_ms,
+      "gpu_time_saving_vs_cheapest_data_parallel":
+          None if cheap is None else 1 - sim.evaluation.gpu_ms / cheap.gpu_ms,
+      "gpu_time_saving_vs_data_parallel":
+          1 - sim.evaluation.gpu_ms / dp.gpu_ms if dp_fits else None,
       "comparison_tolerance": tolerance,
-      **fields("speedup_vs_data_parallel_alone",
-               compare(alone, dp.iteration_ms, tolerance, lower_is_better=True)),
-      **fields("speedup_vs_best_data_parallel_alone",
-               compare(alone, best_ms, tolerance, lower_is_better=True)),
+      **(fields("speedup_vs_data_parallel_alone",
+                compare(alone, dp.iteration_ms, tolerance, lower_is_better=True))
+         if dp_fits else none_fields("speedup_vs_data_parallel_alone")),
+      **(fields("speedup_vs_best_data_parallel_alone",
+                compare(alone, best_ms, tolerance, lower_is_better=True))
+         if best_ms is not None else none_fields("speedup_vs_best_data_parallel_alone")),
       "foreground_memory_peak_gb": float(np.max(sim.foreground_bytes)) / GB,
   }
   f, job = sim.fill, sim.job
@@ -91,18 +101,19 @@ def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str
     out.update(best_data_parallel_plus_background(sim))
   fg_sps = b / iteration * 1e3
   if f is not None and job is not None:
-    per_device = job.batch / job.step_ms * 1e3
-    frontier = data_parallel_frontier(sim.data_parallel_ms, g, b, per_device)
+    frontier = data_parallel_frontier(sim.data_parallel_ms, g, b, background_per_device(sim))
     out["data_parallel_frontier"] = frontier
     out.update(matched_data_parallel(frontier, iteration, fg_sps + bg_sps, tolerance))
   cluster = fg_sps + bg_sps
   out.update(iteration_ms=iteration, idle_fraction=idle, samples_per_s=fg_sps,
-             background_samples_per_s=bg_sps, cluster_samples_per_s=cluster,
-             **fields("speedup_vs_data_parallel",
-                      compare(iteration, dp.iteration_ms, tolerance, lower_is_better=True)),
-             **fields("cluster_throughput_vs_data_parallel",
-                      compare(cluster, dp_sps, tolerance, lower_is_better=False)))
-  if "best_data_parallel_cluster_samples_per_s" in out:
+             background_samples_per_s=bg_sps, cluster_samples_per_s=cluster)
+  out.update(**(fields("speedup_vs_data_parallel",
+                       compare(iteration, dp.iteration_ms, tolerance, lower_is_better=True))
+                if dp_fits else none_fields("speedup_vs_data_parallel")),
+             **(fields("cluster_throughput_vs_data_parallel",
+                       compare(cluster, dp_sps, tolerance, lower_is_better=False))
+                if dp_fits else none_fields("cluster_throughput_vs_data_parallel")))
+  if out.get("best_data_parallel_cluster_samples_per_s") is not None:
     out.update(fields("cluster_throughput_vs_best_data_parallel", compare(
         cluster, out["best_data_parallel_cluster_samples_per_s"], tolerance,
         lower_is_better=False)))
@@ -118,20 +129,24 @@ def fair_comparison(m: dict[str, Any]) -> str:
   t, g = m["comparison_tolerance"], m["num_devices"]
   all_g = data_parallel_on_all(g, m["data_parallel_devices"], m["global_batch"])
   d = m.get("plan_data_parallel_devices")
+  if m.get("best_data_parallel_devices") is None:
+    return (f"simulated: {m['data_parallel_note']}, so there is no data-parallel baseline — "
+            f"{m['basis']}")
   if d is not None:
     fg = f"the plan is data parallelism on {devices(d)} ({m['alone_iteration_ms']:.3f} ms)"
     if d != m["best_data_parallel_devices"]:
       fg += (f", {describe(m['speedup_vs_best_data_parallel_alone'], t)} against the fastest, "
              f"on {m['best_data_parallel_devices']}")
   else:
+    vs_all = (f"{describe(m['speedup_vs_data_parallel_alone'], t)} against {all_g}"
+              if m.get("data_parallel_fits", True) else f"{all_g} does not fit in memory")
     fg = (f"the burst foreground is {describe(m['speedup_vs_best_data_parallel_alone'], t)} "
           f"against the fastest data parallelism on <= {g} (DP on "
-          f"{m['best_data_parallel_devices']}) and "
-          f"{describe(m['speedup_vs_data_parallel_alone'], t)} against {all_g}")
+          f"{m['best_data_parallel_devices']}) and {vs_all}")
   if m.get("background", "none") == "none":
     return f"simulated: {fg} — {m['basis']}"
   alone = (f"{describe(m['cluster_throughput_vs_data_parallel'], t)} against {all_g} "
-           "alone")
+           "alone" if m.get("data_parallel_fits", True) else f"{all_g} does not fit")
   if m.get("matched_data_parallel_devices") is None:
     cluster = (f"{alone} (no data parallelism on <= {g} devices is within {t:.1%} of the "
                "foreground, so there is no matched baseline)")
@@ -183,11 +198,19 @@ def matched_data_parallel(frontier: list[dict[str, float]], iteration_ms: float,
                                         "cluster throughput of those)"}
 
 
+def background_per_device(sim: Simulation) -> float:
+  """The background job's samples/s on a device of its own (0 when it does not fit there)."""
+  job = sim.job
+  if job.memory_bytes > memory.capacity_bytes(sim.model):
+    return 0.0
+  return job.batch / job.step_ms * 1e3
+
+
 def best_data_parallel_plus_background(sim: Simulation) -> dict[str, Any]:
-  """A stronger baseline: data parallelism on its fastest device count d <= G, and the
-  background job alone at full speed on the G - d devices it leaves free."""
+  """A stronger baseline: data parallelism on its fastest device count d <= G that fits, and
+  the background job alone at full speed on the G - d devices it leaves free."""
   g, b = sim.plan.num_devices, sim.plan.global_batch
   d, ms = fastest_data_parallel(sim.data_parallel_ms)
-  per_device = sim.job.batch / sim.job.step_ms * 1e3
+  sps = None if d is None else b / ms * 1e3 + (g - d) * background_per_device(sim)
   return {"best_data_parallel_devices": d, "best_data_parallel_iteration_ms": ms,
-          "best_data_parallel_cluster_samples_per_s": b / ms * 1e3 + (g - d) * per_device}
+          "best_data_parallel_cluster_samples_per_s": sps}
