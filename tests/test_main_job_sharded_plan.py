@@ -23,8 +23,6 @@ from dp_jax.planner import PlanOptions
 from dp_jax.planner.contract import as_plan
 
 
-@pytest.mark.xfail(strict=True, reason="the main job times and predicts plan.assignment(), "
-                   "which drops the plan's weight shardings")
 def test_the_local_part_times_and_predicts_the_sharded_plan_it_prints(tmp_path, monkeypatch):
   """VGG-16 at 32x32 on two A100s (analytic profile): the planner splits the classifier's
   weights. The local part is run with its measurement faked (the setup given, the timing
@@ -59,6 +57,7 @@ def test_the_local_part_times_and_predicts_the_sharded_plan_it_prints(tmp_path, 
   assert {n: burst.layer(n).sharding for n in split} == split  # timed with its shardings
   assert [(lp.devices, lp.sharding) for lp in burst.layers] == [
       (lp.devices, lp.sharding) for lp in plan.layers]
+  assert burst.stages == plan.stages and timed[1].data_parallel_devices == 2
   # predicted as the planner priced it (the measurement's options are the plan's)
   assert measured["burst_predicted_ms"][0] == pytest.approx(plan.predicted["iteration_ms"],
                                                             rel=1e-9)
