@@ -134,3 +134,11 @@ def test_a_layer_on_devices_out_of_range_order_is_refused_once_checked():
   as_plan(d)  # a placement: parsed
   with pytest.raises(UserError, match="plan layer 'b' uses non-contiguous devices \\[0, 2\\]"):
     check_plan(d, chain(), available_devices=3)
+
+
+def test_a_layout_on_more_devices_than_samples_keeps_its_options():
+  d = layout_plan(chain(), lambda n: [0, 1], global_batch=2, num_devices=4)
+  d["options"] = {"batch_norm": "local"}
+  p = check_plan(d, chain(), available_devices=4)
+  assert batch_norm_mode(p) == "local"
+  assert as_plan(p.to_json()).options == p.options  # written and read back (pinned processes)

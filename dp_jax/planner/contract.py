@@ -212,7 +212,7 @@ class Plan:
     if self.stages:
       head["stages"] = [s.to_json() for s in self.stages]
     if self.options is not None:
-      head["options"] = options_json(self.plan_options)
+      head["options"] = options_json(self.options, self.num_devices, self.global_batch)
     return {**head, **dict(self.extra)}
 
   @classmethod
@@ -425,10 +425,12 @@ def planner_config(options: PlannerConfig) -> PlannerConfig:
   return PlannerConfig(**fields_of(options, PlannerConfig))
 
 
-def options_json(options: PlanOptions) -> dict[str, Any]:
-  """A plan's "options" entry: every PlanOptions field (no limit: null; lists for tuples)."""
-  return {f.name: _json_value(getattr(options, f.name))
-          for f in dataclasses.fields(options) if f.init}
+def options_json(options: PlannerConfig, num_devices: int, global_batch: int) -> dict[str, Any]:
+  """A plan's "options" entry: every PlanOptions field, the planner group's then G and the
+  batch (no limit: null; lists for tuples)."""
+  return {**{f.name: _json_value(getattr(options, f.name))
+             for f in dataclasses.fields(PlannerConfig) if f.init},
+          "num_devices": num_devices, "global_batch": global_batch}
 
 
 def _json_value(v: Any) -> Any:

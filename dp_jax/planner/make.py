@@ -321,7 +321,6 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   return Plan(model=model.graph.model, global_batch=opts.global_batch, num_devices=g,
               cluster=model.cluster.name, amplification_limit=float(opts.amplification_limit),
               layers=tuple(layers), predicted=predicted, planner_seconds=seconds,
-              options=planner_config(opts),
-              stages=stages, extra=more)
+              options=planner_config(opts), stages=stages, extra=more)
 
 

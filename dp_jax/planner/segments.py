@@ -9,7 +9,8 @@ order, grouped so that branches sharing a device are in one group (they run one 
 another), plus the fork -> join moves of identity branches. Stages are numbered in walk order
 (a block's branches in branch order). Given a plan's stages (each a set of layers), a run
 also ends where the next item is in another of them: the walk then follows the plan's stages
-where each is a run it can make (`walk_stages` says whether they are). Pure Python: no JAX.
+where each is a run it can make (check_plan checks that each is: walk_stages lists the walk's).
+Pure Python: no JAX.
 """
 
 from __future__ import annotations
