@@ -45,7 +45,7 @@ from dp_jax.models.zoo import ModelConfig
 from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.orchestrator.jobs import TrainSpec, train_pinned
 from dp_jax.planner import PlanOptions, plan_for, plan_with, plan_with_idle_device
-from dp_jax.planner.contract import limit_label, model_record
+from dp_jax.planner.contract import check_plan, limit_label, model_record
 from dp_jax.planner.options import PlannerConfig
 from dp_jax.report.compare import validated_tolerance
 from dp_jax.report.plan_report import (
@@ -191,6 +191,7 @@ def local_part(inputs: PipelineInputs, out_dir: Path, run: Run, header: local.An
           f"with an idle device instead, at limit {limit_label(limit)}.")
   plan_options = (replace(setup.options, amplification_limit=limit) if planned_dp else
                   setup.options)
+  plan = check_plan(plan, graph, available_devices=g, global_batch=b)  # once: timed, trained
   plan.save(out_dir / "plan.json")
   rows = layer_rows(plan)
   fair = comparisons(graph, profile, cluster, plan, validated_tolerance(cluster.device))
@@ -198,20 +199,22 @@ def local_part(inputs: PipelineInputs, out_dir: Path, run: Run, header: local.An
   run.log_table("plan_layers", COLUMNS, rows)
   plots["devices_per_layer"] = str(plot_devices_per_layer(plan, out_dir / "devices_per_layer.png",
                                                           fair))
-  assignments = {"burst": plan.assignment(), "data_parallel": plan_with(
-      graph, profile, cluster, replace(plan_options, name="data_parallel")).assignment()}
+  # the plans as they are (devices, weight shardings, stages), predicted and timed alike
+  plans = {"burst": plan, "data_parallel": check_plan(plan_with(
+      graph, profile, cluster, replace(plan_options, name="data_parallel")), graph,
+      available_devices=g, global_batch=b)}
   measured.update(main_job.plan_quantities(graph, plan, g, b,
                                            limit=plan_options.amplification_limit,
                                            planned_data_parallel=planned_dp))
   predicted = {name: local.predicted_step(graph, profile, cluster, plan_options,
-                                           a)["predicted_ms"] for name, a in assignments.items()}
+                                           p)["predicted_ms"] for name, p in plans.items()}
   header("measure", f"burst and data parallelism, {options.warmup} warm-up steps, then "
                     f"{options.steps} rounds of {options.runs_per_turn} steps in a row (last "
                     "timed)")
-  timings = local.time_assignments(model, list(assignments.values()), setup.devices, options,
-                                   global_batch=b, group=len(assignments), seed=cfg.seed)
+  timings = local.time_plans(model, list(plans.values()), setup.devices, options,
+                             group=len(plans), seed=cfg.seed)
   measured.update(main_job.timed_quantities(predicted, {
-      name: t.ms(options.statistic) for name, t in zip(assignments, timings, strict=True)}))
+      name: t.ms(options.statistic) for name, t in zip(plans, timings, strict=True)}))
   if inputs.training is None:
     return
   bg = cfg.background

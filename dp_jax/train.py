@@ -119,7 +119,8 @@ def job_devices(requested: int | None):
 
 def resolve_plan(job: TrainJob, graph: LayerGraph, g: int) -> Plan:
   """The plan of plan=burst | data_parallel | <file> for the model's `graph` on `g` devices,
-  checked once (planner.contract.check_plan: layers, devices, batch) and in graph order."""
+  checked once (planner.contract.check_plan: layers, devices, batch, stages) and in graph
+  order: what the job trains, and writes as plan.json."""
   cfg = job.cfg
   record = model_record(graph, cfg.model.options)
   b = job.global_batch

@@ -5,9 +5,10 @@ dp_jax.measurement.local, shared with the main job): calibrate the local cluster
 all-reduce, dispatch, update; dp_jax.measurement.local_links), measure every layer in context and
 what a stage boundary costs (dp_jax.measurement.in_context, dp_jax.measurement.boundary; or each
 layer alone under its stage's load, dp_jax.measurement.loaded), take a set of plans - data
-parallelism, the planner's burst plans at each validate.amplification_limits and
-validate.plans random valid plans (seeded) - predict each one's step time with the planner's
-own evaluation on the calibrated cluster and the profile (dp_jax.planner.evaluate, its stage
+parallelism, the planner's burst plans at each validate.amplification_limits (with their
+weight shardings under planner.sharding=[samples,weights]) and validate.plans random valid
+plans (seeded; samples split only) - predict each one's step time with the planner's own
+evaluation on the calibrated cluster and the profile (dp_jax.planner.evaluate, its stage
 terms from dp_jax.planner.stage_terms), run each with the runtime (dp_jax.measurement.plan_timing:
 interleaved between plans, each timed step right after a step of the same plan, as in
 training; the profile times its programs the same way), and write validation.csv,
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dp_jax.base.checks import REQUIRED, Checked, ConfigError, option
+from dp_jax.base.checks import REQUIRED, Checked, option
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import ClusterConfig
@@ -31,6 +32,7 @@ from dp_jax.measurement import local
 from dp_jax.measurement.local import LocalConfig
 from dp_jax.models.zoo import ModelConfig
 from dp_jax.planner import PlanOptions, candidate_counts, plan_with
+from dp_jax.planner.contract import Plan, check_plan
 from dp_jax.planner.options import PlannerConfig
 from dp_jax.planner.random_plans import random_assignments
 from dp_jax.report import agreement
@@ -71,26 +73,33 @@ class ValidateConfig(Checked):
   batch_size: int = option(32, low=1, integer=True)
   seed: int = 0
 
-  def check(self) -> None:
-    if "weights" in self.planner.sharding:
-      raise ConfigError("planner.sharding", "=[samples,weights] is not validated here: validate "
-                        "times plans as layer -> devices (samples split only); use [samples]")
-
 
 def plan_set(graph: LayerGraph, profile, cluster: ClusterConfig, options: PlanOptions,
-             plans: PlanSet, seed: int = 0) -> list[tuple[str, str, dict]]:
-  """(name, kind, assignment): data parallelism, burst at each limit, random plans; distinct."""
-  out = [("data_parallel", "data_parallel", plan_with(
-      graph, profile, cluster, replace(options, name="data_parallel")).assignment())]
+             plans: PlanSet, seed: int = 0) -> list[tuple[str, str, Plan]]:
+  """(name, kind, checked plan): data parallelism, burst at each limit (with its weight
+  shardings, if planner.sharding allows them), random plans (samples split); distinct."""
+  g, b = options.num_devices, options.global_batch
+
+  def checked(plan: Plan) -> Plan:
+    return check_plan(plan, graph, available_devices=g, global_batch=b)
+
+  def same(p: Plan, q: Plan) -> bool:
+    return [(lp.devices, lp.sharding) for lp in p.layers] == [
+        (lp.devices, lp.sharding) for lp in q.layers]
+
+  out = [("data_parallel", "data_parallel", checked(plan_with(
+      graph, profile, cluster, replace(options, name="data_parallel"))))]
   for a in plans.amplification_limits:
-    assignment = plan_with(graph, profile, cluster, replace(
-        options, name="burst", mode="fastest", amplification_limit=a)).assignment()
-    if all(assignment != x for _, _, x in out):
-      out.append((f"burst_A{a:g}", "burst", assignment))
-  rand = random_assignments(graph, candidate_counts(options), options.num_devices, plans.plans,
-                            seed, exclude=[x for _, _, x in out],
+    plan = checked(plan_with(graph, profile, cluster, replace(
+        options, name="burst", mode="fastest", amplification_limit=a)))
+    if not any(same(plan, x) for _, _, x in out):
+      out.append((f"burst_A{a:g}", "burst", plan))
+  rand = random_assignments(graph, candidate_counts(options), g, plans.plans, seed,
+                            exclude=[x.assignment() for _, _, x in out
+                                     if all(lp.split == "samples" for lp in x.layers)],
                             max_segments=plans.max_segments)
-  return out + [(f"random_{i}", "random", a) for i, a in enumerate(rand)]
+  randoms = local.layout_plans(graph, rand, global_batch=b, num_devices=g)
+  return out + [(f"random_{i}", "random", p) for i, p in enumerate(randoms)]
 
 
 def scatter_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -132,17 +141,18 @@ def validate_task(cfg: ValidateConfig, run: Run) -> dict[str, Any]:
   profile.save(out_dir / "profile.json")
   plans = plan_set(graph, profile, cluster, setup.options, cfg.validate, cfg.seed)
   rows = []
-  for name, kind, a in plans:
+  for name, kind, plan in plans:
+    a = plan.assignment()
     rows.append({"plan": name, "kind": kind,
-                 **local.predicted_step(graph, profile, cluster, setup.options, a),
+                 **local.predicted_step(graph, profile, cluster, setup.options, plan),
                  "devices_used": len({d for s, c in a.values() for d in range(s, s + c)}),
                  "device_counts": "/".join(str(c) for c in sorted({c for _, c in a.values()},
-                                                                  reverse=True))})
+                                                                  reverse=True)),
+                 "weight_sharded_layers": sum(lp.split != "samples" for lp in plan.layers)})
   print(f"{len(plans)} plans on {g} devices; running each for {lo.warmup} steps, then "
         f"{lo.steps} rounds of {lo.runs_per_turn} steps in a row (the last timed)")
-  timings = local.time_assignments(model, [a for _, _, a in plans], setup.devices, lo,
-                                   global_batch=b, group=cfg.validate.group, seed=cfg.seed,
-                                   progress=print)
+  timings = local.time_plans(model, [p for _, _, p in plans], setup.devices, lo,
+                             group=cfg.validate.group, seed=cfg.seed, progress=print)
   stat = lo.statistic
   for r, t in zip(rows, timings, strict=True):
     r.update(measured_ms=t.ms(stat), measured_min_ms=min(t.step_ms),

@@ -57,7 +57,7 @@ def main() -> None:
 
   from dp_jax.measurement.plan_timing import stepper, timed, turns
   from dp_jax.models.zoo import build_model
-  from dp_jax.planner.contract import staged_data_parallel_plan
+  from dp_jax.planner.contract import Plan, check_plan, staged_data_parallel_plan
   from dp_jax.runtime import data as datalib
   from dp_jax.runtime import mesh as meshlib
   from dp_jax.runtime.fused import fused_step
@@ -74,8 +74,9 @@ def main() -> None:
   graph = structure_graph(fresh(), args.model)
   opt = optax.sgd(0.01, momentum=0.9)
 
-  def split_plan(k: int, alternate: bool = False) -> dict:
-    return staged_data_parallel_plan(graph, k, g, global_batch=args.batch, alternate=alternate)
+  def split_plan(k: int, alternate: bool = False) -> Plan:
+    plan = staged_data_parallel_plan(graph, k, g, global_batch=args.batch, alternate=alternate)
+    return check_plan(plan, graph, available_devices=plan["num_devices"])
 
   def fused_stepper():
     mesh = meshlib.stage_mesh(devices)
@@ -97,11 +98,11 @@ def main() -> None:
   runs = [("a", fused_stepper(), 1)]
   for k in ks:
     plan = split_plan(k)
-    one, stages = stepper(fresh(), graph, plan, devices * (plan["num_devices"] // g), opt)
+    one, stages = stepper(fresh(), graph, plan, devices * (plan.num_devices // g), opt)
     runs.append((f"b_{k or 'all'}", one, stages))
   if args.alternate > 1 and g > 1:
     plan = split_plan(args.alternate, alternate=True)
-    one, stages = stepper(fresh(), graph, plan, devices * (plan["num_devices"] // g), opt)
+    one, stages = stepper(fresh(), graph, plan, devices * (plan.num_devices // g), opt)
     runs.append((f"c_{args.alternate}", one, stages))
   samples = turns([timed(one) for _, one, _ in runs], args.steps,
                   runs_per_turn=args.runs_per_turn, warmup=2)  # the first run compiles

@@ -53,10 +53,10 @@ def test_the_plan_with_an_idle_device_replaces_data_parallelism_or_the_search_fa
   graph, profile = chain(0.65)
   plan, limit = plan_with_idle_device(graph, profile, CLUSTER, options)
   assert limit == 1.25 and {c for _, c in plan.assignment().values()} == {1}
-  assert plan.options["amplification_limit"] == 1.25  # what it was made under, recorded
+  assert plan.options.amplification_limit == 1.25  # what it was made under, recorded
   graph, profile = chain(0.9)  # the plan already leaves a device idle: kept, no limit
   plan, limit = plan_with_idle_device(graph, profile, CLUSTER, options)
-  assert limit is None and plan.options["amplification_limit"] == 1.5
+  assert limit is None and plan.options.amplification_limit == 1.5
   graph, profile = chain(0.45)
   with pytest.raises(UserError, match="every plan of chain on 2 devices, down to"):
     plan_with_idle_device(graph, profile, CLUSTER, options)

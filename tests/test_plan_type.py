@@ -20,6 +20,8 @@ from dp_jax.planner.contract import (
   check_plan,
   layout_plan,
 )
+from dp_jax.planner.options import PlannerConfig
+from dp_jax.planner.sharding import LayerSharding
 from dp_jax.planner.synthetic import analytic_profile, resnet_like
 from dp_jax.runtime.batch_norm import batch_norm_mode
 
@@ -88,11 +90,55 @@ def test_batch_norm_and_made_for_read_the_plan_type():
   assert batch_norm_mode(as_plan(d)) == "sync"
   d["options"] = {"batch_norm": "local"}
   assert batch_norm_mode(as_plan(d)) == "local"
-  d["options"] = {"batch_norm": "nope"}
-  with pytest.raises(UserError, match="batch_norm 'nope' is unknown"):
-    batch_norm_mode(as_plan(d))
+  d["options"] = {"batch_norm": "nope"}  # options are typed: refused when the plan is read
+  with pytest.raises(UserError, match="options: planner.batch_norm='nope' is unknown"):
+    as_plan(d)
+  del d["options"]
   made = {"name": "chain", "input_shape": [4], "layers": 3, "options": {}}
   d["made_for"] = made
   check_made_for(as_plan(d), made, "plan p.json")
   with pytest.raises(UserError, match="plan p.json was made for chain"):
     check_made_for(as_plan(d), {**made, "input_shape": [8]}, "plan p.json")
+
+
+def test_the_plan_carries_typed_options_shardings_and_stages_through_json():
+  graph = resnet_like(blocks=(1,), width=8)
+  plan = make_plan(graph, analytic_profile(graph, (1, 2, 4, 8)),
+                   named_cluster("a100_nvlink_8"), num_devices=4, global_batch=8,
+                   amplification_limit=math.inf, batch_norm="local", gradient_precision="bf16")
+  assert isinstance(plan.options, PlannerConfig) and plan.options.batch_norm == "local"
+  assert plan.plan_options.num_devices == 4 and plan.plan_options.global_batch == 8
+  assert all(isinstance(lp.sharding, LayerSharding) for lp in plan.layers)
+  assert plan.stages and {n for s in plan.stages for n in s.layers} == set(graph.names)
+  again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+  assert (again.options, again.stages, again.layers) == (plan.options, plan.stages, plan.layers)
+  assert "options" not in again.extra and "stages" not in again.extra  # held typed, once
+  assert batch_norm_mode(again) == "local" and again.basis().startswith("bf16 gradients")
+
+
+def test_options_written_before_the_named_options_still_load():
+  d = layout_plan(chain(), lambda n: [0], global_batch=4, num_devices=1)
+  d["options"] = {"grad_bytes_per_param": 2, "optimizer_bytes_per_param": 8,
+                  "amplification_limit": None, "retired_option": 3}
+  p = as_plan(d)
+  assert (p.options.gradient_precision, p.options.optimizer) == ("bf16", "adam")
+  assert p.options.amplification_limit == math.inf
+  assert p.to_json()["options"]["gradient_precision"] == "bf16"
+  d["options"] = {"grad_bytes_per_param": 3}
+  with pytest.raises(UserError, match="grad_bytes_per_param=3 has no gradient_precision"):
+    as_plan(d)
+
+
+def test_a_layer_on_devices_out_of_range_order_is_refused_once_checked():
+  d = layout_plan(chain(), lambda n: [0, 2] if n == "b" else [0], global_batch=4, num_devices=3)
+  as_plan(d)  # a placement: parsed
+  with pytest.raises(UserError, match="plan layer 'b' uses non-contiguous devices \\[0, 2\\]"):
+    check_plan(d, chain(), available_devices=3)
+
+
+def test_a_layout_on_more_devices_than_samples_keeps_its_options():
+  d = layout_plan(chain(), lambda n: [0, 1], global_batch=2, num_devices=4)
+  d["options"] = {"batch_norm": "local"}
+  p = check_plan(d, chain(), available_devices=4)
+  assert batch_norm_mode(p) == "local"
+  assert as_plan(p.to_json()).options == p.options  # written and read back (pinned processes)

@@ -198,7 +198,7 @@ def test_weights_off_gives_todays_plan_exactly():
                    sharding=["samples"], amplification_limit=math.inf)
   assert old.assignment() == same.assignment()
   assert old.predicted["iteration_ms"] == same.predicted["iteration_ms"]
-  assert not any("sharding" in lp.extra for lp in old.layers)
+  assert all(lp.split == "samples" for lp in old.layers)
 
 
 def check_never_slower(name, num_devices=8, cl="a100_nvlink_8"):
@@ -218,7 +218,7 @@ def check_planner_equals_simulator(plan, name, cl):
 
 def test_vgg16_shards_its_classifier_and_is_faster_and_the_simulator_agrees():
   samples, weights = check_never_slower("vgg16")
-  split = {lp.name: lp.sharding for lp in weights.layers if "sharding" in lp.extra}
+  split = {lp.name: lp.sharding for lp in weights.layers if lp.split != "samples"}
   assert any(n.startswith("classifier") for n in split), split
   assert weights.predicted["iteration_ms"] < samples.predicted["iteration_ms"]
   check_planner_equals_simulator(Plan.from_json(weights.to_json()), "vgg16", "a100_nvlink_8")
@@ -228,7 +228,7 @@ def test_sharded_plan_across_nodes_matches_the_simulator():
   g, prof = graph("vgg16"), a100_profile("vgg16")
   plan = make_plan(g, prof, cluster("dgx_a100"), num_devices=32, global_batch=32,
                    amplification_limit=math.inf, sharding=WEIGHTS)
-  meshes = [list(lp.sharding.mesh) for lp in plan.layers if "sharding" in lp.extra]
+  meshes = [list(lp.sharding.mesh) for lp in plan.layers if lp.split != "samples"]
   assert meshes
   check_planner_equals_simulator(plan, "vgg16", "dgx_a100")
 
@@ -278,7 +278,7 @@ def test_plan_app_writes_weight_sharded_vgg16_layers(tmp_path):
   for lp in split:
     d, m = lp.sharding.mesh
     assert d * m == len(lp.devices) and m > 1
-  assert plan.extra["options"]["sharding"] == ["samples", "weights"]
+  assert plan.options.sharding == ("samples", "weights")  # recorded, typed
 
 
 def test_plan_app_refuses_an_unknown_sharding(tmp_path):

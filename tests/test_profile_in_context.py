@@ -11,7 +11,7 @@ from dp_jax.base.errors import UserError
 from dp_jax.measurement import in_context
 from dp_jax.measurement.plan_timing import stepper
 from dp_jax.models.zoo import build_model
-from dp_jax.planner.contract import layout_plan
+from dp_jax.planner.contract import check_plan, layout_plan
 from dp_jax.runtime.stages import INPUT, structure_graph
 
 
@@ -130,7 +130,8 @@ def test_profiled_layers_sum_to_the_measured_one_stage_step(tmp_path):
   p = in_context.in_context_profile(m, g, 16, [1], cache_dir=tmp_path, repeats=5, passes=2,
                                     devices=device, statistic="min")
   predicted = sum(sum(p.layers[n][16]) for n in g.names) + p.meta["empty_round_ms"][1]
-  plan = layout_plan(g, {n: range(0, 1) for n in g.names}, global_batch=16, num_devices=1)
+  plan = check_plan(layout_plan(g, {n: range(0, 1) for n in g.names}, global_batch=16,
+                                num_devices=1), g, available_devices=1)
   one, stages = stepper(m, g, plan, device, optax.sgd(0.01, momentum=0.9))
   assert stages == 1
   one()

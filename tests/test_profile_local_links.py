@@ -30,7 +30,7 @@ def test_calibrate_measures_positive_quantities_and_is_cached(tmp_path, monkeypa
   assert len(cal.points["allreduce_bytes_ms"]) == 3
   again, _, fresh = local_links.load_or_calibrate(tmp_path, devices)
   assert not fresh and again == cal
-  spec = cal.cluster(cluster("a100_nvlink_8"))
+  spec = cal.cluster(cluster("local_cpu"))  # the local devices, as measurement.local uses it
   assert spec.devices_per_node == 2 and spec.intra_node_bandwidth_GBps == cal.allreduce_GBps
   assert spec.intra_node_latency_us == cal.transfer_latency_us
 

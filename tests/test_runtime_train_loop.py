@@ -102,3 +102,23 @@ def test_checkpoints_of_another_model_size_are_refused_untouched(full, tmp_path)
     train(model, graph, plan, steps=2, optimizer=optax.adam(1e-2),
           data=datalib.synthetic(model), checkpoint_dir=tmp_path / "ckpt")
   assert folder_digest(tmp_path / "ckpt") == before
+
+
+def test_a_plan_is_trained_in_the_stages_it_records(tmp_path):
+  """All layers on devices 0-1 (the walk makes one stage), recorded as two stages: train runs
+  two programs with exactly those layers, and the same losses as the one-stage plan."""
+  model = build_model("digits_mlp")
+  graph = structure_graph(model, "digits_mlp")
+  names = list(graph.names)
+  d = data_parallel_layout_plan(graph, global_batch=4, num_devices=2)
+  one = check_plan(d, graph, available_devices=2)
+  two = check_plan({**d, "stages": [{"devices": [0, 2], "layers": names[:2]},
+                                    {"devices": [0, 2], "layers": names[2:]}]},
+                   graph, available_devices=2)
+  results = [train(build_model("digits_mlp"), graph, p, steps=2,
+                   optimizer=optax.sgd(0.05), data=datalib.synthetic(model, seed=3),
+                   devices=jax.devices()[:2]) for p in (one, two)]
+  assert [s.stage.layers for s in results[0].program.stages] == [tuple(names)]
+  assert [s.stage.layers for s in results[1].program.stages] == [tuple(names[:2]),
+                                                                 tuple(names[2:])]
+  np.testing.assert_allclose(results[1].losses, results[0].losses, rtol=1e-5)

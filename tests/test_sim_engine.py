@@ -7,15 +7,19 @@ import pytest
 from sim_helpers import cluster, graph, plan, profile
 
 from dp_jax.base.errors import UserError
-from dp_jax.planner.baseline import cost_model_for, plan_options
+from dp_jax.planner.baseline import cost_model_for
+from dp_jax.planner.contract import Plan
 from dp_jax.simulator.engine import default_switch_ms, simulate
 
 
 def test_options_round_trip_through_the_plan():
   p = plan("resnet", 8, 32, math.inf, False)
-  opts = plan_options(p)
-  assert opts.amplification_limit == math.inf and opts.overlap_allreduce is False
-  assert (opts.num_devices, opts.global_batch) == (8, 32)
+  again = Plan.from_json(p.to_json())
+  for opts in (p.plan_options, again.plan_options):  # typed, as the plan was made
+    assert opts.amplification_limit == math.inf and opts.overlap_allreduce is False
+    assert (opts.num_devices, opts.global_batch) == (8, 32)
+  assert again.options == p.options and again.to_json()["options"] == p.to_json()["options"]
+  assert p.to_json()["options"]["amplification_limit"] is None  # as plans always wrote it
 
 
 def test_plan_for_another_model_or_cluster_is_an_error():

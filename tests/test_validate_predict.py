@@ -10,7 +10,7 @@ from test_planner_stage_terms import mlp
 
 from dp_jax.base.checks import build
 from dp_jax.hardware.cluster import ClusterConfig, cluster_file
-from dp_jax.measurement.local import predicted_step
+from dp_jax.measurement.local import layout_plans, predicted_step
 from dp_jax.measurement.local_links import LocalCalibration
 from dp_jax.planner import PlanOptions, plan_with
 from dp_jax.planner.synthetic import linear_profile
@@ -46,9 +46,10 @@ def test_plan_prediction_is_validates_prediction(includes):
            plan_with(graph, profile, cluster, opts)]
   staged = {n: ((0, 2) if i < 3 else (0, 1)) for i, n in enumerate(graph.names)}
   for plan in plans:
-    got = predicted_step(graph, profile, cluster, opts, plan.assignment())
+    got = predicted_step(graph, profile, cluster, opts, plan)
     assert got["predicted_ms"] == pytest.approx(plan.predicted["iteration_ms"], rel=1e-12)
-  got = predicted_step(graph, profile, cluster, opts, staged)
+  (staged_plan,) = layout_plans(graph, [staged], global_batch=b, num_devices=g)
+  got = predicted_step(graph, profile, cluster, opts, staged_plan)
   # what validate added before the cost model priced it: one dispatch, stage_us per added
   # stage, the boundary's mean cost at k = 3 over both stages' batches (4 and 8)
   cal = calibration(g)

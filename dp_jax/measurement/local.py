@@ -1,6 +1,7 @@
 """The local measurement the validate app and the main job share, in one place: one device per
-core, the local links calibrated, every layer profiled in context, plans predicted by the
-planner's own evaluation and timed interleaved, each timed step right after one of its own.
+core, the local links calibrated, every layer profiled in context, plans (checked Plans: their
+devices, shardings and stages) predicted by the planner's own evaluation and timed
+interleaved, each timed step right after one of its own.
 
 LocalConfig is the `local` group of both apps (one schema), LocalConfig its typed form, and
 Statistic the one summary of repeated timings (min: contention only adds time; median).
@@ -22,10 +23,11 @@ from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.layer_times.sources import ProfileConfig
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.models.zoo import ModelConfig
-from dp_jax.planner.contract import layout_plan
+from dp_jax.planner.contract import Plan, check_plan, layout_plan
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions, candidate_counts
+from dp_jax.planner.sharded import plan_shardings
 from dp_jax.runtime import local_devices
 from dp_jax.runtime.stages import structure_graph
 
@@ -172,12 +174,23 @@ def measured_profile(options: LocalConfig, model: ModelConfig, graph: LayerGraph
   return loaded_profile(built, graph, b, counts, **common)
 
 
+def layout_plans(graph: LayerGraph, assignments: Sequence[Assignment], *, global_batch: int,
+                 num_devices: int) -> list[Plan]:
+  """Checked plans of layer -> (first device, count) assignments (every layer split by
+  samples; validate's random plans)."""
+  return [check_plan(layout_plan(graph, {n: range(s, s + c) for n, (s, c) in a.items()},
+                                 global_batch=global_batch, num_devices=num_devices),
+                     graph, available_devices=num_devices) for a in assignments]
+
+
 def predicted_step(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
-                   options: PlanOptions, assignment: Assignment) -> dict[str, Any]:
-  """An assignment's predicted step, in ms with its parts: the planner's own evaluation on the
-  (calibrated) cluster and the profile (dp_jax.planner.evaluate: compute with the update unless
-  profiled, all-reduce unless profiled, moves, per-stage launches and boundaries)."""
-  ev = evaluate(build_cost_model(graph, profile, cluster, options), assignment)
+                   options: PlanOptions, plan: Plan) -> dict[str, Any]:
+  """A plan's predicted step (its devices, weight shardings and stages), in ms with its parts:
+  the planner's own evaluation on the (calibrated) cluster and the profile under `options`
+  (dp_jax.planner.evaluate: compute with the update unless profiled, all-reduce unless
+  profiled, moves, per-stage launches and boundaries)."""
+  ev = evaluate(build_cost_model(graph, profile, cluster, options), plan.assignment(),
+                plan_shardings(plan), plan.stage_layers)
   n = len(ev.stages)
   host = n * cluster.program_launch_us / 1e3 + (n - 1) * cluster.stage_boundary_us / 1e3
   return {"predicted_ms": ev.iteration_ms, "stages": n,
@@ -187,20 +200,18 @@ def predicted_step(graph: LayerGraph, profile: ProfileTable, cluster: ClusterCon
           "boundary_ms": ev.overhead_ms - host, "update_ms": ev.update_ms}
 
 
-def time_assignments(model: ModelConfig, assignments: Sequence[Assignment], devices: Sequence,
-                     options: LocalConfig, *, global_batch: int, group: int, seed: int = 0,
-                     progress: Callable[[str], None] | None = None) -> list:
-  """The runtime's timed steps of each assignment (dp_jax.measurement.plan_timing.PlanTiming),
-  `group` plans interleaved at a time: local.warmup untimed steps each, then local.steps rounds
-  in which each plan runs local.runs_per_turn steps in a row, the last timed."""
+def time_plans(model: ModelConfig, plans: Sequence[Plan], devices: Sequence,
+               options: LocalConfig, *, group: int, seed: int = 0,
+               progress: Callable[[str], None] | None = None) -> list:
+  """The runtime's timed steps of each checked plan, as it is (its devices, weight shardings
+  and stages; dp_jax.measurement.plan_timing.PlanTiming), `group` plans interleaved at a time:
+  local.warmup untimed steps each, then local.steps rounds in which each plan runs
+  local.runs_per_turn steps in a row, the last timed."""
   # JAX: timing runs the plans
-  from dp_jax.measurement.plan_timing import time_plans
+  from dp_jax.measurement import plan_timing
 
   run_graph = structure_graph(model.build(seed, abstract=True), model.name)
-  layouts = [layout_plan(run_graph, {n: range(s, s + c) for n, (s, c) in a.items()},
-                         global_batch=global_batch, num_devices=len(devices))
-             for a in assignments]
-  return time_plans(lambda: model.build(seed), run_graph, layouts, list(devices),
-                    steps=options.steps, warmup=options.warmup, group=group,
-                    runs_per_turn=options.runs_per_turn, progress=progress)
+  return plan_timing.time_plans(lambda: model.build(seed), run_graph, list(plans), list(devices),
+                                steps=options.steps, warmup=options.warmup, group=group,
+                                runs_per_turn=options.runs_per_turn, progress=progress)
 

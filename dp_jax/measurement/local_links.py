@@ -33,7 +33,7 @@ import optax
 from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.measurement.plan_timing import stepper, timed, turns
 from dp_jax.models.zoo import build_model
-from dp_jax.planner.contract import staged_data_parallel_plan
+from dp_jax.planner.contract import check_plan, staged_data_parallel_plan
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.stage_terms import update_bytes_per_param
 from dp_jax.runtime import mesh as meshlib
@@ -151,7 +151,8 @@ def stage_us(devices, steps: int = 15) -> float:
   opt = optax.sgd(0.01, momentum=0.9)
   runs = []
   for k in (1, len(graph.names)):
-    plan = staged_data_parallel_plan(graph, k, g, global_batch=g)
+    plan = check_plan(staged_data_parallel_plan(graph, k, g, global_batch=g), graph,
+                      available_devices=g * k)
     runs.append(stepper(toy(), graph, plan, list(devices) * k, opt))
   fused_us, split_us = ([1e3 * ms for ms, _ in r]
                         for r in turns([timed(step) for step, _ in runs], steps, warmup=2))

@@ -26,7 +26,7 @@ import optax
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
-from dp_jax.planner.contract import check_plan
+from dp_jax.planner.contract import Plan
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime.functional import split_layers
 from dp_jax.runtime.step import build_program, init_state, train_step
@@ -83,15 +83,19 @@ class PlanTiming:
     return STATISTICS[statistic](self.step_ms)
 
 
-def stepper(model, graph: LayerGraph, plan: dict[str, Any], devices: Sequence[jax.Device],
+def stepper(model, graph: LayerGraph, plan: Plan, devices: Sequence[jax.Device],
             optimizer: optax.GradientTransformation, seed: int = 0) -> tuple[Callable, int]:
-  """(one_step() -> loss, number of stages) for `plan` on `devices`, on a fixed batch."""
+  """(one_step() -> loss, number of stages) for `plan` (checked by
+  planner.contract.check_plan, for `graph` and at most len(devices) devices) on `devices`, on
+  a fixed batch."""
+  if not isinstance(plan, Plan) or not plan.stages or plan.num_devices > len(devices):
+    raise TypeError(f"stepper takes a Plan checked by planner.contract.check_plan for "
+                    f"{len(devices)} devices, not {type(plan).__name__}")
   defs, params, stats = split_layers(model)
-  checked = check_plan(plan, graph, available_devices=len(devices))
-  program = build_program(graph, defs, checked, optimizer, list(devices))
+  program = build_program(graph, defs, plan, optimizer, list(devices))
   box = [init_state(program, params, stats, optimizer)]
   src = datalib.synthetic(model, seed=seed)
-  x, y = datalib.batch_at(src, 0, checked.global_batch, program.input_stage.batch,
+  x, y = datalib.batch_at(src, 0, plan.global_batch, program.input_stage.batch,
                           program.last_stage.batch)
 
   def one() -> jax.Array:
@@ -102,12 +106,13 @@ def stepper(model, graph: LayerGraph, plan: dict[str, Any], devices: Sequence[ja
   return one, len(program.stages)
 
 
-def time_plans(build: Callable[[], Any], graph: LayerGraph, plans: Sequence[dict[str, Any]],
+def time_plans(build: Callable[[], Any], graph: LayerGraph, plans: Sequence[Plan],
                devices: Sequence[jax.Device], *, steps: int, warmup: int = 2, group: int = 4,
                runs_per_turn: int = RUNS_PER_TURN,
                optimizer: optax.GradientTransformation | None = None,
                progress: Callable[[str], None] | None = None) -> list[PlanTiming]:
-  """Timed steps of each plan (build() makes a fresh model per plan), interleaved per group."""
+  """Timed steps of each checked plan (build() makes a fresh model per plan), interleaved per
+  group."""
   if steps < 1:
     raise UserError(f"steps must be >= 1, got {steps}")
   optimizer = optimizer or optax.sgd(0.01, momentum=0.9)

@@ -41,7 +41,8 @@ class TrainSpec:
   build it at their edge); to_json / from_json carry it to pinned processes."""
 
   model: ModelConfig
-  plan: Plan  # checked against the model's graph and the devices (planner.contract.check_plan)
+  plan: Plan  # checked against the model's graph and the devices (planner.contract.check_plan);
+  # its JSON carries its options, shardings and stages: a pinned process runs it unchecked again
   steps: int  # steps in all (alone ones included)
   output_dir: str
   optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)

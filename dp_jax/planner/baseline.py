@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import fields
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
@@ -14,7 +12,7 @@ from dp_jax.planner import memory
 from dp_jax.planner.contract import Plan
 from dp_jax.planner.costs import CostModel, build_cost_model
 from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evaluate
-from dp_jax.planner.options import PlanOptions, data_parallel_count
+from dp_jax.planner.options import data_parallel_count
 
 
 def data_parallel(model: CostModel) -> tuple[int, Evaluation]:
@@ -42,39 +40,17 @@ def cheapest_within(model: CostModel, evaluations: Mapping[int, Evaluation],
   return min(band, key=lambda kv: (kv[1].gpu_ms, kv[0]))
 
 
-_OPTION_NAMES = tuple(f.name for f in fields(PlanOptions))
-
-
-def plan_options(plan: Plan) -> PlanOptions:
-  """The planner options a plan was made with (its 'options' entry), else the defaults."""
-  given = plan.extra.get("options") or {}
-  if not isinstance(given, dict):
-    raise UserError("plan 'options' must be an object of planner options")
-  kw = {k: v for k, v in given.items() if k in _OPTION_NAMES}
-  legacy = {"grad_bytes_per_param": ("gradient_precision", {4: "fp32", 2: "bf16"}),
-            "optimizer_bytes_per_param": ("optimizer", {0: "sgd", 4: "momentum", 8: "adam"})}
-  for old, (new, names) in legacy.items():  # plans written before the named options
-    if old in given and new not in given:
-      if given[old] not in names:
-        raise UserError(f"plan option {old}={given[old]!r} has no {new} (valid: "
-                        f"{', '.join(str(k) for k in names)}); re-make the plan")
-      kw[new] = names[given[old]]
-  if kw.get("amplification_limit", 0) is None:
-    kw["amplification_limit"] = math.inf
-  kw.update(num_devices=plan.num_devices, global_batch=plan.global_batch)
-  return PlanOptions(**kw)
-
-
 def cost_model_for(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
                    plan: Plan) -> CostModel:
-  """The planner's cost model for the plan's model, batch, devices and options."""
+  """The planner's cost model for the plan's model, batch, devices and options (the ones it
+  records, typed: Plan.plan_options)."""
   if plan.model != graph.model:
     raise UserError(f"plan is for model {plan.model} but the graph is {graph.model}; pass "
                     f"model={plan.model} (or the graph the plan was made for)")
   if plan.cluster != cluster.name:
     raise UserError(f"plan was made for cluster {plan.cluster} but the cluster is "
                     f"{cluster.name}; pass cluster={plan.cluster} so costs match the plan")
-  return build_cost_model(graph, profile, cluster, plan_options(plan))
+  return build_cost_model(graph, profile, cluster, plan.plan_options)
 
 
 def data_parallel_evaluations(model: CostModel) -> dict[int, Evaluation]:

@@ -2,8 +2,12 @@
 
 The one plan type of the planner, the simulator and the runtime, in one place: created (by the
 planner, or from a layer -> devices layout: `layout_plan`), parsed and checked
-(`Plan.from_json`; against a model's graph and the devices: `check_plan`), saved and loaded
-(JSON schema `dp_jax.plan/2`). No JAX.
+(`Plan.from_json`; against a model's graph and the devices: `check_plan`, once per job), saved
+and loaded (JSON schema `dp_jax.plan/2`). A Plan carries, typed, the planner options it was
+made with (PlannerConfig; at its G and batch: PlanOptions), every layer's sharding
+(LayerSharding) and its stages (PlanStage: the planner's, or the stage walk's where a plan
+records none, filled in by check_plan); the simulator and the runtime walk those stages
+(`Plan.walk`, dp_jax/planner/segments.py). No JAX.
 """
 
 from __future__ import annotations
@@ -12,13 +16,15 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dp_jax.base.checks import fields_of
 from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import read_json, write_json
 from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.planner import segments as seg
+from dp_jax.planner.options import PlannerConfig, PlanOptions
 from dp_jax.planner.sharding import LayerSharding, layer_sharding, sample_ranges, splits_for
 
 if TYPE_CHECKING:
@@ -29,9 +35,14 @@ SCHEMAS = ("dp_jax.plan/1", PLAN_SCHEMA)  # /1: no sharding entries (every layer
 PLACEMENT = ("model", "global_batch", "num_devices", "layers")  # what every plan has
 PLANNED = ("schema", "cluster", "amplification_limit", "predicted", "planner_seconds")
 REQUIRED = PLANNED[:1] + PLACEMENT + PLANNED[1:]  # a planner's plan (the plan app writes them)
+TYPED = ("stages", "options")  # optional entries the Plan holds typed (not in `extra`)
 REQUIRED_PREDICTED = ("iteration_ms", "gpu_ms", "data_parallel_iteration_ms",
                       "data_parallel_gpu_ms")
-_LAYER_FIELDS = ("name", "devices", "samples")
+_LAYER_FIELDS = ("name", "devices", "samples", "sharding")
+# planner options as plans before the named options recorded them: old name -> (new, values)
+_LEGACY_OPTIONS = {"grad_bytes_per_param": ("gradient_precision", {4: "fp32", 2: "bf16"}),
+                   "optimizer_bytes_per_param": ("optimizer", {0: "sgd", 4: "momentum",
+                                                               8: "adam"})}
 
 
 def limit_label(a: float) -> str:
@@ -41,22 +52,22 @@ def limit_label(a: float) -> str:
 
 @dataclass(frozen=True)
 class LayerPlan:
-  """One layer: devices[i] holds the half-open sample range samples[i] of the global batch."""
+  """One layer: devices[i] holds the half-open sample range samples[i] of the global batch, on
+  the layer's mesh with its split (`sharding`; None given: samples on (g, 1))."""
 
   name: str
   devices: tuple[int, ...]
   samples: tuple[tuple[int, int], ...]
-  extra: Mapping[str, Any] = field(default_factory=dict)  # compute_ms, sync_ms, sharding, ...
+  sharding: LayerSharding = None  # type: ignore[assignment]  # set in __post_init__
+  extra: Mapping[str, Any] = field(default_factory=dict)  # kind, compute_ms, sync_ms, stage, ...
+
+  def __post_init__(self):
+    if self.sharding is None:
+      object.__setattr__(self, "sharding", LayerSharding((len(self.devices), 1)))
 
   @property
   def placement(self) -> Placement:
     return self.devices[0], len(self.devices)
-
-  @cached_property
-  def sharding(self) -> LayerSharding:
-    """The layer's mesh, split and specs (its "sharding" entry; samples on (g, 1) without)."""
-    return LayerSharding.from_json(self.extra.get("sharding"), len(self.devices),
-                                   f"plan layer '{self.name}'")
 
   @property
   def mesh(self) -> tuple[int, int]:
@@ -71,14 +82,34 @@ class LayerPlan:
     return self.sharding.params
 
   def to_json(self) -> dict[str, Any]:
+    """The layer's plan JSON entry (a "sharding" entry where it splits weights)."""
+    entry = {} if self.sharding.split == "samples" else {"sharding": self.sharding.to_json()}
     return {"name": self.name, "devices": list(self.devices),
-            "samples": [list(s) for s in self.samples], **dict(self.extra)}
+            "samples": [list(s) for s in self.samples], **entry, **dict(self.extra)}
+
+
+@dataclass(frozen=True)
+class PlanStage:
+  """One stage of a plan: consecutive layers on one device range, one program with one combined
+  all-reduce (dp_jax/planner/segments.py), and what the planner priced it at (`extra`:
+  compute_ms, sync_ms, update_ms, overhead_ms; none in a stage check_plan walked)."""
+
+  placement: Placement
+  layers: tuple[str, ...]
+  extra: Mapping[str, Any] = field(default_factory=dict)
+
+  def to_json(self) -> dict[str, Any]:
+    return {"devices": list(self.placement), "layers": list(self.layers), **dict(self.extra)}
 
 
 @dataclass(frozen=True)
 class Plan:
   """A burst-parallel (or data-parallel) plan, as python -m dp_jax.plan writes it; a runtime
-  layout (dp_jax/planner/contract.py) has only the placement: no cluster, predictions or time."""
+  layout (dp_jax/planner/contract.py) has only the placement: no cluster, predictions or time.
+
+  options: the planner options it was made with (the planner group; None: a layout records
+  none), `plan_options` the same at its G and batch; stages: the planner's stages in its order
+  (a checked plan always has them: check_plan walks a layout's)."""
 
   model: str
   global_batch: int
@@ -88,7 +119,9 @@ class Plan:
   amplification_limit: float = math.inf
   predicted: Mapping[str, float] = field(default_factory=dict)
   planner_seconds: float | None = None
-  extra: Mapping[str, Any] = field(default_factory=dict)  # stages, moves, options, made_for
+  options: PlannerConfig | None = None
+  stages: tuple[PlanStage, ...] = ()
+  extra: Mapping[str, Any] = field(default_factory=dict)  # moves, made_for, profile, ...
 
   def assignment(self) -> dict[str, Placement]:
     """Layer -> (first device, count); devices must be contiguous."""
@@ -97,7 +130,9 @@ class Plan:
       start, count = layer.placement
       if list(layer.devices) != list(range(start, start + count)):
         raise UserError(f"plan layer '{layer.name}' uses non-contiguous devices "
-                        f"{list(layer.devices)[:8]}; the planner's cost model needs a range")
+                        f"{list(layer.devices)[:8]}; a layer runs on a range of devices "
+                        "(first, first + 1, ...): the stage walk of planner, simulator and "
+                        "runtime needs one")
       out[layer.name] = (start, count)
     return out
 
@@ -113,10 +148,21 @@ class Plan:
     raise UserError(f"plan of {self.model} has no layer '{name}'")
 
   @property
-  def options(self) -> dict[str, Any]:
-    """The planner options the plan records (batch_norm, sharding, ...); {} when none."""
-    options = self.extra.get("options")
-    return dict(options) if isinstance(options, Mapping) else {}
+  def plan_options(self) -> PlanOptions:
+    """The planner options it was made with (the planner's defaults where it records none)
+    for its G devices and global batch: what its cost model is built with."""
+    return PlanOptions.of(self.options or PlannerConfig(), self.num_devices, self.global_batch)
+
+  @property
+  def stage_layers(self) -> tuple[tuple[str, ...], ...] | None:
+    """Each stage's layers, in the planner's order (None: none recorded, an unchecked layout):
+    what the stage walk follows (dp_jax/planner/segments.py)."""
+    return tuple(s.layers for s in self.stages) or None
+
+  def walk(self, graph: LayerGraph) -> tuple[seg.Segment, ...]:
+    """The plan's segments on `graph`: its stages (the walk's own where it records none), the
+    moves between them and its fork/join blocks, as planner, simulator and runtime walk it."""
+    return seg.segments(graph, self.assignment(), self.stage_layers)
 
   @property
   def data_parallel_devices(self) -> int | None:
@@ -135,7 +181,8 @@ class Plan:
       prof["source"] = "DeepPool's measured"
     profile = " ".join(str(prof[k]) for k in ("source", "device", "dtype") if prof.get(k))
     a = self.amplification_limit
-    return (f"{self.options.get('gradient_precision', 'fp32')} gradients; "
+    precision = "fp32" if self.options is None else self.options.gradient_precision
+    return (f"{precision} gradients; "
             f"{profile or 'unrecorded'} profile; A={limit_label(a)}")
 
   @property
@@ -162,6 +209,10 @@ class Plan:
     head["predicted"] = dict(self.predicted)
     if self.planner_seconds is not None:
       head["planner_seconds"] = self.planner_seconds
+    if self.stages:
+      head["stages"] = [s.to_json() for s in self.stages]
+    if self.options is not None:
+      head["options"] = options_json(self.options, self.num_devices, self.global_batch)
     return {**head, **dict(self.extra)}
 
   @classmethod
@@ -208,11 +259,14 @@ class Plan:
                         f"layers[{first[lp.name]}]); a plan lists every layer once")
       first[lp.name] = i
       parsed.append(lp)
-    extra = {k: v for k, v in d.items() if k not in REQUIRED}
+    stages = _stages(d.get("stages"), parsed, f"{where}: stages")
+    options = _options(d.get("options"), f"{where}: options")
+    extra = {k: v for k, v in d.items() if k not in REQUIRED + TYPED}
     return cls(model=d["model"], global_batch=batch, num_devices=num_devices,
                layers=tuple(parsed), cluster=cluster,
                amplification_limit=math.inf if limit is None else float(limit),
-               predicted=predicted, planner_seconds=seconds, extra=extra)
+               predicted=predicted, planner_seconds=seconds, options=options, stages=stages,
+               extra=extra)
 
   def save(self, path: str | Path) -> Path:
     return write_json(path, self.to_json())
@@ -299,9 +353,90 @@ def _layer(x: Any, batch: int, num_devices: int, where: str, schema: str) -> Lay
     if key.endswith("_ms") and value is not None:
       _non_negative(value, f"{at}: {key}")
   extra = {k: v for k, v in x.items() if k not in _LAYER_FIELDS}
-  if "sharding" in extra:
-    extra["sharding"] = sharding.to_json()
-  return LayerPlan(name, tuple(devices), tuple(ranges), extra)
+  return LayerPlan(name, tuple(devices), tuple(ranges), sharding, extra)
+
+
+def _stages(stages: Any, layers: list[LayerPlan], where: str) -> tuple[PlanStage, ...]:
+  """A plan's "stages" entry: each stage's devices [first, count] and layers, every layer in
+  one stage on exactly those devices (the walk is checked against the graph by check_plan)."""
+  if stages is None:
+    return ()
+  if not isinstance(stages, list) or not stages:
+    raise UserError(f"{where} must be a non-empty list of stages ({{devices: [first, count], "
+                    f"layers: [...]}}), or left out")
+  devices_of = {lp.name: lp.devices for lp in layers}
+  out, seen = [], {}
+  for i, st in enumerate(stages):
+    at = f"{where}[{i}]"
+    if not isinstance(st, dict) or not isinstance(st.get("layers"), (list, tuple)) or not st[
+        "layers"]:
+      raise UserError(f"{at} must be an object with devices [first, count] and a non-empty "
+                      "list of layers")
+    dev = st.get("devices")
+    if not (isinstance(dev, (list, tuple)) and len(dev) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in dev) and dev[0] >= 0
+            and dev[1] >= 1):
+      raise UserError(f"{at}: devices must be [first, count], got {dev!r}")
+    for name in st["layers"]:
+      if name not in devices_of:
+        raise UserError(f"{at} lists layer {name!r}, which the plan does not place")
+      if name in seen:
+        raise UserError(f"{at} lists layer '{name}' again (first: stage {seen[name]})")
+      seen[name] = i
+      if devices_of[name] != tuple(range(dev[0], dev[0] + dev[1])):
+        raise UserError(f"{at} is on devices {dev[0]}..{dev[0] + dev[1] - 1} but its layer "
+                        f"'{name}' is on {list(devices_of[name])[:8]}; remove 'stages' to have "
+                        "them walked from the layers, or make the plan again")
+    out.append(PlanStage((dev[0], dev[1]), tuple(st["layers"]),
+                         {k: v for k, v in st.items() if k not in ("devices", "layers")}))
+  missing = [lp.name for lp in layers if lp.name not in seen]
+  if missing:
+    raise UserError(f"{where} leave out layer(s) {', '.join(missing[:3])}; every layer is in "
+                    "one stage")
+  return tuple(out)
+
+
+def _options(options: Any, where: str) -> PlannerConfig | None:
+  """A plan's "options" entry, typed (None when it records none; its num_devices and
+  global_batch are the plan's own); plans written before the named options give them by bytes
+  (_LEGACY_OPTIONS), and options no longer known are left out."""
+  if options is None:
+    return None
+  if not isinstance(options, Mapping):
+    raise UserError(f"{where} must be an object of planner options")
+  names = {f.name for f in dataclasses.fields(PlannerConfig) if f.init}
+  kw = {k: v for k, v in options.items() if k in names}
+  for old, (new, values) in _LEGACY_OPTIONS.items():
+    if old in options and new not in options:
+      if options[old] not in values:
+        raise UserError(f"{where}: {old}={options[old]!r} has no {new} (valid: "
+                        f"{', '.join(str(k) for k in values)}); make the plan again")
+      kw[new] = values[options[old]]
+  if kw.get("amplification_limit", 0) is None:
+    kw["amplification_limit"] = math.inf
+  try:
+    return PlannerConfig(**kw)
+  except UserError as e:
+    raise UserError(f"{where}: {e}") from None
+
+
+def planner_config(options: PlannerConfig) -> PlannerConfig:
+  """The planner group of `options` (PlanOptions without its G and batch: a Plan's options)."""
+  return PlannerConfig(**fields_of(options, PlannerConfig))
+
+
+def options_json(options: PlannerConfig, num_devices: int, global_batch: int) -> dict[str, Any]:
+  """A plan's "options" entry: every PlanOptions field, the planner group's then G and the
+  batch (no limit: null; lists for tuples)."""
+  return {**{f.name: _json_value(getattr(options, f.name))
+             for f in dataclasses.fields(PlannerConfig) if f.init},
+          "num_devices": num_devices, "global_batch": global_batch}
+
+
+def _json_value(v: Any) -> Any:
+  if isinstance(v, float) and math.isinf(v):
+    return None
+  return list(v) if isinstance(v, tuple) else v
 
 
 def _ranges(samples: Any, count: int, where: str) -> list[tuple[int, int]]:
@@ -371,7 +506,10 @@ def plan_dict(plan: Any) -> dict[str, Any]:
 def check_plan(plan: Any, graph: LayerGraph, *, available_devices: int,
                global_batch: int | None = None) -> Plan:
   """`plan` (a Plan or plan JSON) checked for `graph` on `available_devices`, its layers in
-  graph order; raise UserError on the first problem."""
+  graph order and its stages recorded (the stage walk's where it records none; recorded ones
+  must be runs the walk makes: dp_jax/planner/segments.py); raise UserError on the first
+  problem. A job does this once, at its edge; what it returns is what the simulator and the
+  runtime take."""
   p = as_plan(plan)
   if p.model != graph.model:
     raise UserError(f"plan is for model '{p.model}' but the model is '{graph.model}'; "
@@ -390,7 +528,25 @@ def check_plan(plan: Any, graph: LayerGraph, *, available_devices: int,
     if lp.split not in splits_for(node, m):
       raise UserError(f"plan layer '{lp.name}' ({node.kind}) cannot use split '{lp.split}' on "
                       f"a model axis of {m}")
-  return p.in_order(graph.names)
+  return _walked(p.in_order(graph.names), graph)
+
+
+def _walked(p: Plan, graph: LayerGraph) -> Plan:
+  """`p` with its stages: the recorded ones, checked to be the runs the stage walk makes of
+  them (one run each, in the walk's order), or the walk's own."""
+  walked = seg.walk_stages(p.walk(graph))  # p.assignment(): contiguous device ranges
+  if not p.stages:
+    return dataclasses.replace(p, stages=tuple(PlanStage(s.placement, s.layers)
+                                               for s in walked))
+  for i, (mine, run) in enumerate(zip(p.stages, walked, strict=False)):  # both cover every layer
+    if mine.layers != run.layers:
+      raise UserError(f"plan stage {i} ({', '.join(mine.layers[:3])}"
+                      f"{', ...' if len(mine.layers) > 3 else ''}) is not one run of consecutive "
+                      f"layers on its devices in {graph.model} (the walk gives "
+                      f"{', '.join(run.layers[:3])}{', ...' if len(run.layers) > 3 else ''}); "
+                      "remove 'stages' to have them walked from the layers, or make the plan "
+                      "again")
+  return p
 
 
 def _check_names(names: list[str], graph: LayerGraph) -> None:

@@ -49,7 +49,7 @@ from dp_jax.layer_times.table import ProfileTable
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.options import PlanOptions
-from dp_jax.planner.segments import Block, Move, Segment, Stage, segments
+from dp_jax.planner.segments import Block, Move, Segment, Stage, Stages, segments
 from dp_jax.planner.sharded import Sharding, check_sharding, is_samples, param_share
 
 
@@ -106,18 +106,20 @@ def evaluate_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConf
 
 
 def evaluate(model: CostModel, assignment: Mapping[str, Placement],
-             shardings: Mapping[str, Sharding] | None = None) -> Evaluation:
+             shardings: Mapping[str, Sharding] | None = None,
+             stages: Stages | None = None) -> Evaluation:
   """Cost of an assignment under a prepared CostModel (what the search and tests call);
-  `shardings`: layer -> (m, split) of the weight-sharded layers (the rest split samples)."""
+  `shardings`: layer -> (m, split) of the weight-sharded layers (the rest split samples);
+  `stages`: a plan's stages (Plan.stage_layers; None: the walk's)."""
   _check_assignment(model, assignment)
   shardings = weight_shardings(model, assignment, shardings)
-  stages: list[StageCost] = []
+  stages_out: list[StageCost] = []
   moves: list[MoveCost] = []
-  walk = _Walk(model, assignment, shardings, stages, moves)
-  fwd, bwd = walk.walk(segments(model.graph, assignment))
-  return Evaluation(iteration_ms=float(fwd + bwd), gpu_ms=float(walk.gpu), stages=tuple(stages),
-                    moves=tuple(moves), forward_ms=float(fwd),
-                    update_ms=float(sum(s.update_ms for s in stages)))
+  walk = _Walk(model, assignment, shardings, stages_out, moves)
+  fwd, bwd = walk.walk(segments(model.graph, assignment, stages))
+  return Evaluation(iteration_ms=float(fwd + bwd), gpu_ms=float(walk.gpu),
+                    stages=tuple(stages_out), moves=tuple(moves), forward_ms=float(fwd),
+                    update_ms=float(sum(s.update_ms for s in stages_out)))
 
 
 def _check_assignment(model: CostModel, assignment: Mapping[str, Placement]) -> None:

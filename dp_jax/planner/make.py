@@ -24,14 +24,14 @@ from dp_jax.planner.amplification import (
   sharded_amplification,
 )
 from dp_jax.planner.baseline import data_parallel
-from dp_jax.planner.contract import LayerPlan, Plan, recorded
+from dp_jax.planner.contract import LayerPlan, Plan, PlanStage, planner_config, recorded
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import PlanOptions, candidate_counts
 from dp_jax.planner.search import SHARDING_RULES, build_tables, lower_bound, search
 from dp_jax.planner.sharded import Sharding
-from dp_jax.planner.sharding import layer_sharding, sample_ranges
+from dp_jax.planner.sharding import LayerSharding, layer_sharding, sample_ranges
 
 log = logging.getLogger(__name__)
 # Lagrange multipliers (ms per GB of saved activations) tried when the fastest plan overflows
@@ -244,8 +244,9 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
                baseline: tuple[int, Evaluation], *, seconds: float,
                extra: Mapping[str, Any] | None = None,
                shardings: Mapping[str, Sharding] | None = None) -> Plan:
-  """A Plan with per-layer and per-stage costs and the data-parallel comparison; layers with a
-  weight sharding carry its "sharding" entry (dp_jax.planner.sharding.layer_sharding)."""
+  """A Plan with per-layer and per-stage costs and the data-parallel comparison, its options and
+  the stages `ev` walked; layers with a weight sharding carry it (LayerSharding, from
+  dp_jax.planner.sharding.layer_sharding)."""
   opts, g = model.options, model.options.num_devices
   shardings = shardings or {}
   dp_count, dp = baseline
@@ -269,11 +270,12 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
     column = np.searchsorted(model.counts, count)
     in_table = column < len(model.counts) and model.counts[column] == count
     m = 1 if sh is None else sh[0]
-    entry = {} if sh is None else {"sharding": layer_sharding(node, (count // m, m), sh[1])}
     layers.append(LayerPlan(
         name=node.name, devices=tuple(range(start, start + count)),
         samples=ranges(opts.global_batch, count // m, m),
-        extra={**entry, "kind": node.kind, "per_device_batch": opts.global_batch // (count // m),
+        sharding=None if sh is None else LayerSharding.from_json(
+            layer_sharding(node, (count // m, m), sh[1]), count, node.name),
+        extra={"kind": node.kind, "per_device_batch": opts.global_batch // (count // m),
                "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
                "update_ms": pricing.layer_update_ms(model, node.name,
                                                      sharded.param_share(node, sh)),
@@ -303,24 +305,22 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
       "data_parallel_memory_peak_gb": float(dp_used.max()) / memory.GB,
   }
   job = model.cluster.with_num_devices(g)
+  stages = tuple(PlanStage((int(s.placement[0]), int(s.placement[1])), s.layers, {
+      "compute_ms": s.compute_ms, "sync_ms": s.sync_ms, "update_ms": s.update_ms,
+      "overhead_ms": s.overhead_ms}) for s in ev.stages)
   more = {
-      "stages": [{"devices": [s.placement[0], s.placement[1]], "layers": list(s.layers),
-                  "compute_ms": s.compute_ms, "sync_ms": s.sync_ms, "update_ms": s.update_ms,
-                  "overhead_ms": s.overhead_ms} for s in ev.stages],
       "moves": [{"src": m.src, "dst": m.dst, "ms": m.ms, "devices": m.devices}
                 for m in ev.moves],
       "topology": {"nodes": job.num_nodes, "devices_per_node": job.devices_per_node,
                    "multi_node": job.num_nodes > 1},
       "cluster_spec": asdict(model.cluster),
-      "options": {k: (None if isinstance(v, float) and math.isinf(v)
-                      else list(v) if isinstance(v, tuple) else v)
-                  for k, v in asdict(opts).items()},
       "candidate_counts": [int(c) for c in model.counts],
       "interpolated_layers": sorted(model.interpolated),
       **dict(extra or {}),
   }
   return Plan(model=model.graph.model, global_batch=opts.global_batch, num_devices=g,
               cluster=model.cluster.name, amplification_limit=float(opts.amplification_limit),
-              layers=tuple(layers), predicted=predicted, planner_seconds=seconds, extra=more)
+              layers=tuple(layers), predicted=predicted, planner_seconds=seconds,
+              options=planner_config(opts), stages=stages, extra=more)
 
 

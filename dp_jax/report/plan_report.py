@@ -5,6 +5,7 @@ parallelism on <= G devices first, then data parallelism on all G), the devices-
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -247,8 +248,6 @@ def devices_per_layer_figure(plan, fair: dict[str, Any] | None = None):
   topological order, integer device ticks, G dashed, a few layer-index ticks (the names are in
   the per-layer table), the title wrapped to the width. Its layout is fixed in inches, so the
   saved file is exactly CHART_WIDTH_IN wide and no text is laid out twice."""
-  import textwrap
-
   # matplotlib: only to draw (chart=false plans without it); a Figure without pyplot
   from matplotlib.figure import Figure
   from matplotlib.ticker import MaxNLocator

@@ -8,18 +8,13 @@ PyTorch DDP does without SyncBatchNorm; the result then depends on each layer's 
 
 from __future__ import annotations
 
-from dp_jax.base.errors import UserError
 from dp_jax.planner.contract import Plan
-
-MODES = ("sync", "local")
 
 
 def batch_norm_mode(plan: Plan) -> str:
-  """The plan's batch_norm option (its planner options), "sync" when it records none."""
-  mode = plan.options.get("batch_norm") or "sync"
-  if mode not in MODES:
-    raise UserError(f"plan option batch_norm '{mode}' is unknown (valid: {', '.join(MODES)})")
-  return mode
+  """The plan's batch_norm option (its planner options, checked when it was read), "sync"
+  when it records none."""
+  return "sync" if plan.options is None else plan.options.batch_norm
 
 
 def set_statistics_groups(model, plan: Plan) -> None:

@@ -47,7 +47,7 @@ from dp_jax.runtime import layout, residuals, transfer
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.functional import LayerDef, apply_layer
 from dp_jax.runtime.loss import cross_entropy
-from dp_jax.runtime.stages import INPUT, Stage, group_stages
+from dp_jax.runtime.stages import INPUT, Stage, plan_stages
 
 # A stage's forward/backward programs donate buffers XLA cannot always reuse (a layer's output
 # of another shape): a performance note, not a fault, printed at every first compile.
@@ -105,10 +105,10 @@ def tied_key(owner: str, key: str) -> str:
 def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: Plan,
                   optimizer: optax.GradientTransformation,
                   devices: list[jax.Device], breaks: Collection[str] = ()) -> Program:
-  """Group the plan into stages and define each stage's jitted programs on its sub-mesh
-  (a layer in `breaks` starts a new stage)."""
-  stages = group_stages(graph, {n: p.devices for n, p in plan.placements.items()}, breaks,
-                        {n: p.mesh for n, p in plan.placements.items()})
+  """The plan's stages (its recorded ones, as the runtime runs them: runtime/stages.py) and
+  each stage's jitted programs on its sub-mesh (a layer in `breaks` starts a new stage).
+  `plan`: checked by planner.contract.check_plan."""
+  stages = plan_stages(graph, plan, breaks)
   stage_of = {n: s.index for s in stages for n in s.layers}
   reads: dict[int, list[str]] = {s.index: [] for s in stages}
   owned: dict[int, list[str]] = {s.index: [] for s in stages}

@@ -77,7 +77,8 @@ def train(model, graph: LayerGraph, plan: Plan, *, steps: int,
           on_start: Callable[[], None] | None = None) -> TrainResult:
   """Train `model` under `plan` until `steps` steps in total are done (see the module doc).
 
-  `plan`: checked for `graph` and the devices by the caller (planner.contract.check_plan).
+  `plan`: checked for `graph` and the devices by the caller (planner.contract.check_plan);
+  its recorded stages are the programs it runs (runtime/stages.py, plan_stages).
   on_stage(stage_program, phase) is passed to every train_step (background job hook);
   on_start() runs once the checkpoint folder is known to fit, before any write.
   A non-finite loss stops training with a UserError; the last good checkpoint is kept.

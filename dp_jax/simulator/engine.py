@@ -47,14 +47,15 @@ def default_switch_ms(cluster: ClusterConfig) -> float:
 def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, plan: Plan, *,
              job: BackgroundJob | None = None, cap: float = 0.1, switch_ms: float | None = None,
              policy: str = "fit", iterations: int = 4) -> Simulation:
-  """Simulate the plan's iteration alone, then with `job` filling idle windows under `cap`."""
+  """Simulate the plan's iteration alone (its shardings and its stages, as the planner priced
+  them), then with `job` filling idle windows under `cap`."""
   switch = default_switch_ms(cluster) if switch_ms is None else switch_ms
   validate(cap, switch, policy, iterations)
   model = cost_model_for(graph, profile, cluster, plan)
   assignment = plan.assignment()
   shardings = plan_shardings(plan)
-  ev = evaluate(model, assignment, shardings)
-  tl = build_timeline(model, assignment, shardings)
+  ev = evaluate(model, assignment, shardings, plan.stage_layers)
+  tl = build_timeline(model, assignment, shardings, plan.stage_layers)
   classes = device_classes(tl)
   windows = tuple(idle_windows(tl, classes))
   fg_bytes = memory.device_bytes(model, assignment, shardings)

@@ -14,7 +14,6 @@ from dp_jax.base.checks import Checked, option
 from dp_jax.base.jsonfile import write_json
 from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.multiplex.policy import DEFAULT_PIECE_MS
-from dp_jax.planner.baseline import plan_options
 from dp_jax.simulator.engine import simulate
 from dp_jax.simulator.fill import POLICIES
 from dp_jax.simulator.gantt import plot_gantt
@@ -48,7 +47,7 @@ def background_job_for(background: BackgroundConfig, graph, profile, cluster, pl
   `job_graph` and `job_profile` when it has one, else the foreground's graph and profile."""
   if not background.active:
     return None
-  opts = plan_options(plan)
+  opts = plan.plan_options
   return background_job(job_graph or graph, job_profile or profile, cluster,
                         background.batch_per_device, piece_ms=interference.piece_ms,
                         gradient_precision=opts.gradient_precision, optimizer=opts.optimizer,

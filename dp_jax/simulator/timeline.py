@@ -1,11 +1,12 @@
 """One foreground iteration as a dependency graph of tasks and its schedule, per device range.
 
 Built from the planner's own cost terms (dp_jax/planner/costs.py) on the planner's segments
-(dp_jax/planner/segments.py): the forward pass walks the segments in order, then the backward pass
-walks them in reverse. A stage's layers run one after another on its devices (forward, then
-backward in reverse); its gradient all-reduce runs on the communication stream, one piece per
-layer as soon as that layer's backward is done when the plan overlaps all-reduce with the
-backward pass (else one piece after the stage's backward), then the ring latency once. As in the
+(dp_jax/planner/segments.py, following the plan's stages): the forward pass walks the segments
+in order, then the backward pass walks them in reverse. A stage's layers run one after
+another on its devices (forward, then backward in reverse); its gradient all-reduce runs on
+the communication stream, one piece per layer as soon as that layer's backward is done when
+the plan overlaps all-reduce with the backward pass (else one piece after the stage's
+backward), then the ring latency once. As in the
 planner, the next backward segment waits for the stage's all-reduce, and a stage's per-stage
 terms (program launch, boundaries; pricing.stage_overhead_ms) end its backward. A move
 costs half of the planner's move_ms forward (activations) and half backward (their
@@ -27,7 +28,7 @@ from dp_jax.base.errors import UserError
 from dp_jax.hardware.cluster import collective_latency_ms
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, Placement, move_ms
-from dp_jax.planner.segments import Block, Move, Segment, Stage, segments
+from dp_jax.planner.segments import Block, Move, Segment, Stage, Stages, segments
 from dp_jax.planner.sharded import Sharding
 
 TIMELINE_SCHEMA = "dp_jax.timeline/1"  # a step's events as JSON (Event.to_json), either source
@@ -106,11 +107,13 @@ def schedule(tasks: tuple[Task, ...] | list[Task]) -> tuple[np.ndarray, np.ndarr
 
 
 def build_timeline(model: CostModel, assignment: Mapping[str, Placement],
-                   shardings: Mapping[str, Sharding] | None = None) -> Timeline:
+                   shardings: Mapping[str, Sharding] | None = None,
+                   stages: Stages | None = None) -> Timeline:
   """The alone timeline of a plan under the planner's cost model (`shardings`: the weight
-  sharding of each weight-sharded layer, priced as the planner prices it)."""
+  sharding of each weight-sharded layer, priced as the planner prices it; `stages`: the plan's
+  stages, Plan.stage_layers, as the planner walks them; None: the walk's)."""
   b = _Builder(model, assignment, shardings or {})
-  segs = segments(model.graph, assignment)
+  segs = segments(model.graph, assignment, stages)
   done = b.forward(segs, ())
   b.backward(segs, done)
   start, end = schedule(b.tasks)
