@@ -1,4 +1,4 @@
-"""python -m dp_jax.train model=vgg16 plan=burst batch_size=32 runtime.num_devices=8 steps=20
+"""python -m dp_jax.train model=vgg16 plan=burst batch_size=32 steps=20
 
 Trains a zoo model under a plan: `burst` (planned now for the local devices with the profile
 and cluster configs), `data_parallel` (the baseline: every layer on every device) or a plan
@@ -6,7 +6,8 @@ JSON made elsewhere (it must fit the local device count). Writes plan.json, metr
 timeline.json (+ gantt.png) and orbax checkpoints under the run's output folder, and resumes
 from the newest checkpoint there (rerun with the same hydra.run.dir).
 
-On a CPU backend runtime.num_devices also sets the number of XLA host devices; this module
+On a CPU backend runtime.num_devices (default: the cluster's G, local_cpu's 8) sets the number
+of XLA host devices; this module
 imports nothing from JAX until the task has set XLA_FLAGS. With a background job on a CPU
 cluster the job honours its slowdown cap: it trains on one pinned process per device (one core
 each; default: one per core, dp_jax.orchestrator.jobs.train_pinned), and refuses more devices than
@@ -106,7 +107,8 @@ def load_plan_file(path: str) -> Plan:
 
 
 def job_devices(requested: int | None):
-  """The job's devices: the first runtime.num_devices of jax.devices() (all if None)."""
+  """The job's devices: the first runtime.num_devices of jax.devices() (all if None: on CPU
+  the host devices host_device_count asked for)."""
   import jax  # JAX: only once the host device count is set (set_host_device_count)
 
   available = jax.devices()
@@ -115,6 +117,27 @@ def job_devices(requested: int | None):
     raise UserError(f"runtime.num_devices={g} but only {len(available)} "
                     f"{jax.default_backend()} device(s) exist; lower runtime.num_devices")
   return available[:g]
+
+
+def host_device_count(runtime: RuntimeConfig, cluster: ClusterConfig) -> int | None:
+  """The XLA host devices to ask for on a CPU cluster: runtime.num_devices, else the cluster's
+  G (cluster.num_devices, or every device of the pod: local_cpu's 8); None elsewhere (an
+  accelerator's devices are what they are)."""
+  if runtime.num_devices is not None:
+    return runtime.num_devices
+  return cluster.job_devices if cluster.device == "cpu" else None
+
+
+def one_stage_note(mode: str, plan: Plan) -> str | None:
+  """A line when plan=burst made one stage: it then trains as data parallelism does."""
+  if mode != "burst" or len(plan.stages) != 1:
+    return None
+  g = plan.num_devices
+  if g == 1:
+    return ("the burst plan is one stage on 1 device: nothing to give each layer; set "
+            "runtime.num_devices (or cluster.num_devices) above 1")
+  return (f"the burst plan is one stage on all {g} devices, i.e. data parallelism: under this "
+          "cluster and profile no layer is faster on fewer devices")
 
 
 def resolve_plan(job: TrainJob, graph: LayerGraph, g: int) -> Plan:
@@ -174,13 +197,17 @@ def train_task(cfg: TrainConfig, run: Run) -> dict[str, Any]:
   job = TrainJob.of(cfg)
   model, background, runtime = cfg.model, cfg.background, cfg.runtime
   processes = pinned_processes(background, runtime, cfg.cluster.device)
-  if processes is None and runtime.num_devices is not None:
-    set_host_device_count(runtime.num_devices)
+  host_devices = host_device_count(runtime, cfg.cluster)
+  if processes is None and host_devices is not None:
+    set_host_device_count(host_devices)
   distributed.initialize(runtime.distributed)
   devices = None if processes else job_devices(runtime.num_devices)
   g = processes or len(devices)
   out_dir = run.output_dir  # one folder per job, also with several processes (cli.py)
   plan = same_plan_everywhere(resolve_plan(job, model.graph(cfg.seed), g))
+  note = one_stage_note(cfg.plan, plan)
+  if note:
+    print(note)
   from dp_jax.runtime.train_loop import check_same_job  # JAX: once the device count is set
 
   check_same_job(out_dir, run.config, plan.to_json(), cfg.steps)  # a resume: the same job

@@ -185,10 +185,15 @@ def test_host_device_count_flag_is_replaced_not_duplicated(monkeypatch):
 
 
 def test_burst_plan_is_made_for_the_local_devices(tmp_path):
-  result = run_app("train", *TINY, "batch_size=8", "plan=burst", "steps=0", cwd=tmp_path)
+  # no runtime.num_devices: the cluster's G (local_cpu: 8 host devices), not JAX's one
+  default_devices = [a for a in TINY if not a.startswith("runtime.num_devices=")]
+  result = run_app("train", *default_devices, "batch_size=8", "plan=burst", "steps=0",
+                   cwd=tmp_path)
   assert result.returncode == 0, result.stderr
   plan = json.loads((tmp_path / "run" / "plan.json").read_text())
   assert plan["num_devices"] == 8 and plan["global_batch"] == 8
+  one_stage = len(plan["stages"]) == 1
+  assert ("the burst plan is one stage on all 8 devices" in result.stdout) == one_stage
   assert [x["name"] for x in plan["layers"]] == ["embed", "h.0", "h.1", "ln_f", "lm_head"]
   assert plan["made_for"]["input_shape"] == [16] and plan["made_for"]["layers"] == 5
   # the same plan for a longer sequence is refused, naming both configs
@@ -197,3 +202,22 @@ def test_burst_plan_is_made_for_the_local_devices(tmp_path):
                   cwd=tmp_path / "run")
   assert_one_line_error(other, "was made for gpt2_small (input 16, 5 layers",
                         "not gpt2_small (input 32, 5 layers")
+
+
+def test_a_burst_plan_of_one_stage_says_so():
+  from dp_jax.graph.layer_graph import LayerGraph, LayerNode
+  from dp_jax.planner.contract import check_plan, data_parallel_layout_plan, layout_plan
+  from dp_jax.train import one_stage_note
+
+  graph = LayerGraph("chain", (4,), "float32", tuple(
+      LayerNode(n, "x", (p,) if p else ()) for n, p in (("a", None), ("b", "a"))))
+  dp = check_plan(data_parallel_layout_plan(graph, global_batch=8, num_devices=4), graph,
+                  available_devices=4)
+  assert "one stage on all 4 devices, i.e. data parallelism" in one_stage_note("burst", dp)
+  assert one_stage_note("data_parallel", dp) is None  # asked for: nothing to say
+  one = check_plan(data_parallel_layout_plan(graph, global_batch=8, num_devices=1), graph,
+                   available_devices=1)
+  assert "set runtime.num_devices" in one_stage_note("burst", one)
+  two = check_plan(layout_plan(graph, {"a": range(4), "b": range(2)}, global_batch=8,
+                               num_devices=4), graph, available_devices=4)
+  assert len(two.stages) == 2 and one_stage_note("burst", two) is None
