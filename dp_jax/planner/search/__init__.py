@@ -43,8 +43,9 @@ Block DP. A block's cost is a matrix over (fork count, join count): serialized s
 branch chains (each solved once with its fork context); concurrent runs the lane search
 (lanes._lane_dp), whose state is (branches placed, end of the last lane). Its tier depends on
 the block alone (n non-identity branches, C counts, G devices; cells = C^3 (G + 1)):
-- one branch: the least partial cost per state, lane options included: exact, at any G
-  (O(G C^3) plus the options);
+- one branch: its lane on every range and its lane options (lanes._single_lane_dp): exact
+  where (G + 1) C^2 <= SINGLE_CELLS (G = B = 1024 and 960 are; 16,384 is not: there its lane
+  is packed on device 0, a heuristic);
 - exact: (3^n - 2^n) x cells <= GROUP_CELLS and, with the lane options,
   ((3^n - 2^n) x cells + option steps) x (candidate maxima)^2 <= EXACT_CELLS: for every pair
   of candidate forward / backward maxima the least moves with every lane within them; exact

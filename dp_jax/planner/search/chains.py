@@ -8,7 +8,13 @@ import numpy as np
 
 from dp_jax.graph.layer_graph import Chain, Parallel
 from dp_jax.planner import stage_choice
-from dp_jax.planner.search.lanes import _lane_dp, _lane_plan, _LanePlan, concurrent_floor
+from dp_jax.planner.search.lanes import (
+  _lane_dp,
+  _lane_plan,
+  _LanePlan,
+  concurrent_floor,
+  lane_options,
+)
 from dp_jax.planner.search.tables import INF, _elementwise, _Lane, _run_sync, _Tables
 from dp_jax.planner.structure import flat_layers, last_layer
 
@@ -293,9 +299,10 @@ def _lanes_key(lanes: list) -> tuple:
 def _floor(t: _Tables, lanes: list, plan: _LanePlan | None) -> np.ndarray:
   """concurrent_floor, shared by the searches of one plan (its value is the lanes' and their
   lane options')."""
-  options = plan.options if plan is not None else []
+  options = plan.options if plan is not None else lane_options(t, lanes)
   key = ("floor", _lanes_key(lanes),
-         tuple((o.lo, o.hi, o.fwd, o.bwd) for x in options for o in x))
+         tuple((o.lo, o.hi, o.fwd, o.bwd, o.into.tobytes(), o.out.tobytes()) for x in options
+               for o in x))
   hit = t.edges.get(key)
   if hit is None:
     hit = t.edges[key] = concurrent_floor(t, lanes, options)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dp_jax.hardware.cluster import link_class
+from dp_jax.hardware.cluster import link_class, p2p_link
 from dp_jax.planner.costs import move_from_parts
 from dp_jax.planner.search.layouts import _options
 from dp_jax.planner.search.tables import INF, _Tables
@@ -66,8 +66,7 @@ def _lane_plan(t: _Tables, lanes: list) -> _LanePlan | None:
   if n >= 2 and transitions * cells > GROUP_CELLS:
     return None
   groups = {m: _group(lanes, m) for m in range(1, full + 1)}
-  # A plain branch's layouts inside its lane (None past the layouts cap: none in the space).
-  options = [(_options(t, lane) or []) if lane.plain else [] for lane in lanes]
+  options = lane_options(t, lanes)
   if n == 1:  # one lane: the least partial cost is exact, options included
     return _LanePlan(steps, groups, options=options)
   exact = _exact_maxima(t, lanes, groups, transitions * cells, options)
@@ -79,6 +78,12 @@ def _lane_plan(t: _Tables, lanes: list) -> _LanePlan | None:
       return _LanePlan(steps, groups, exact[0], exact[1], options, searched=False,
                        heuristic=True)
   return _LanePlan(steps, groups, options=options, heuristic=True)
+
+
+def lane_options(t: _Tables, lanes: list) -> list:
+  """Per lane, its plain branch's layouts inside the lane (layouts._options; none for a branch
+  holding a block, or past the layouts cap): the block's space, whatever its tier."""
+  return [(_options(t, lane) or []) if lane.plain else [] for lane in lanes]
 
 
 def _exact_maxima(t: _Tables, lanes: list, groups: dict, cells: int, options: list):
@@ -312,6 +317,8 @@ def _single_lane_dp(t: _Tables, lane, options: list, fsel: np.ndarray, jsel: np.
     cls = link_class(cl, s, k[c])
     run = lane.fwd[cls, c] + lane.bwd[cls, c]
     s, run = s[np.isfinite(run)], run[np.isfinite(run)]
+    if not len(s):
+      continue
     into = move_from_parts([x[s, c][:, fsel] for x in moves_in], lane.first_bytes)
     out = move_from_parts([x[s, c][:, jsel] for x in moves_out], lane.last_bytes)
     first = _distinct_rows(np.concatenate([into, out, run[:, None]], axis=1))
@@ -464,11 +471,12 @@ def concurrent_floor(t: _Tables, lanes: list, options: list | None = None) -> np
                                       INF).min(axis=(0, 1))
       out_low = out_low + np.min([low, *(o.out for o in opts)], axis=0)
   widths = k.astype(float)
+  reach = _reachable_classes(t)
 
   def phase(times, extra):  # times: (K, C) per lane; extra: per lane, (time, width) of options
     ways = []  # per lane: (times, widths) of every way it may run
     for x, ext in zip(times, extra, strict=True):
-      ways.append((np.concatenate([x.min(axis=0), [e[0] for e in ext]]),
+      ways.append((np.concatenate([np.where(reach, x, INF).min(axis=0), [e[0] for e in ext]]),
                    np.concatenate([widths, [e[1] for e in ext]])))
     longest = max(float(v.min()) for v, _ in ways)
     low = INF
@@ -481,4 +489,49 @@ def concurrent_floor(t: _Tables, lanes: list, options: list | None = None) -> np
 
   fwd = phase([lane.fwd for lane in lanes], [[(o.fwd, o.hi - o.lo) for o in x] for x in options])
   bwd = phase([lane.bwd for lane in lanes], [[(o.bwd, o.hi - o.lo) for o in x] for x in options])
-  return into_low[:, None] + out_low[None, :] + fwd + bwd
+  low = into_low[:, None] + out_low[None, :] + fwd + bwd
+  if len(lanes) == 1:  # a lone branch: its count ties the moves to its time
+    low = np.maximum(low, _lone_floor(t, lanes[0], options[0]))
+  return low
+
+
+def _reachable_classes(t: _Tables) -> np.ndarray:
+  """(K, C) whether some range [s, s + counts[c]) inside the job has link class K (the class
+  repeats with the start's place in its node, so the first devices_per_node starts tell)."""
+  hit = t.edges.get("reachable classes")
+  if hit is None:
+    k, dpn = t.counts, t.model.cluster.devices_per_node
+    hit = np.zeros((t.lat.shape[0], len(k)), dtype=bool)
+    for c, count in enumerate(k):
+      s = np.arange(min(dpn, t.budget - int(count) + 1))
+      hit[link_class(t.model.cluster, s, count), c] = True
+    t.edges["reachable classes"] = hit
+  return hit
+
+
+def _lone_floor(t: _Tables, lane, options: list) -> np.ndarray:
+  """(F, J) a lower bound on a lone branch's lane: least over its counts c of the least move
+  in from the fork's count and out to the join's, plus its time on c (least over link
+  classes), and each option's exact cost. A move from a counts to b != a moves at least
+  B / max(a, b) samples on some device, whatever the ranges (the larger side has a device
+  outside the smaller), and at least |B / a - B / b| (a device of the side holding more per
+  device keeps at most what it holds on the other), at the best link's bandwidth and
+  latency."""
+  k, b = t.counts, t.model.batch
+  ends = [0, t.budget - 1] if t.budget > 1 else [0]
+  bw, lat = p2p_link(t.model.cluster, np.zeros(len(ends), dtype=np.int64), np.array(ends))
+  bw, lat = float(np.max(bw)), float(np.min(lat))
+  per = b / k.astype(float)
+  samples = np.where(k[:, None] == k[None, :], 0.0,
+                     np.maximum(b / np.maximum(k[:, None], k[None, :]),
+                                np.abs(per[:, None] - per[None, :])))
+
+  def moved(nbytes):  # (lane count, fork or join count)
+    return np.where(samples > 0, 2.0 * (samples * nbytes / bw + lat), 0.0)
+
+  run = np.where(_reachable_classes(t), lane.fwd + lane.bwd, INF).min(axis=0)  # (C,)
+  into, out = moved(lane.first_bytes), moved(lane.last_bytes)
+  low = (into[:, :, None] + out[:, None, :] + run[:, None, None]).min(axis=0)
+  for o in options:
+    low = np.minimum(low, o.into[:, None] + o.out[None, :] + o.fwd + o.bwd)
+  return low
