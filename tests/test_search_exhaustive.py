@@ -4,9 +4,10 @@ brute force over every assignment of that space on small random graphs at G = 4.
 Graphs (G = 4, B = 4 or 8; candidate counts 1, 2, 4): a chain, a residual block (an identity
 beside a chain), a concat block (2-3 branches), a nested block (a branch holding a fork/join
 of its own), and blocks whose branches open with an elementwise layer; linear layers (so
-they can be weight-sharded), relus, adds and concats, timed by the analytic A100 roofline on a
-random cluster, with overlapped all-reduce on or off, sometimes with random per-stage terms;
-each case planned with samples only and with weight shardings (planner.sharding).
+they can be weight-sharded), relus, adds and concats, timed by the analytic A100 roofline or
+by random per-layer times (then half the weighted layers cannot be weight-sharded) on a random
+cluster (1, 2 or 4 devices per node), overlapped all-reduce on or off, sometimes with random
+per-stage terms; each case planned with samples only and with weight shardings.
 
 The claimed space, enumerated here without the search's code (`claimed`):
 - a layer of a chain (the top level, or a serialized branch) on a prefix [0, c) with any
@@ -22,7 +23,10 @@ The claimed space, enumerated here without the search's code (`claimed`):
 Every case asserts that the search's value equals evaluate() on its plan (each rule), that no
 assignment of the space beats the plan, and that the plan's `optimality` record is honest:
 exact with a zero gap only where the plan is the space's best, its lower bound below every
-assignment of the space.
+assignment of the space. The other tests force the lane search into its heuristic tiers (the
+bound must still bound), check the bound against the exact search at G = 8 and 16, and pin
+the cases issue 42 found (a concat block's lane options past the exact tier's cap, a branch
+holding a block laid out as a flat chain, branches opening with a relu).
 """
 
 from __future__ import annotations
