@@ -155,16 +155,18 @@ def issue_model(seed: int = 0):
 
 
 def test_a_branch_opening_with_relu_runs_beside_the_other_branch():
-  """The issue's block: the stem on one device, branch a (relu, relu) stays on it, branch b
-  runs on the other node beside it (14% faster than b after a on device 0, the plan before)."""
+  """The issue's block: branch a (relu, relu) and branch b run side by side (14% faster than b
+  after a on device 0, the plan before), at least as fast as every plan keeping a on the
+  stem's device (a branch may now open with an elementwise layer anywhere: here a runs on two
+  other devices, 4.6% faster still)."""
   model = issue_model(0)
-  best, _ = brute_force(model, claimed=True)
+  best, _ = brute_force(model, claimed=True)  # a on the stem's devices
   ms, a = planner(model)
-  assert ms == pytest.approx(best, rel=1e-9)
+  assert ms <= best * (1 + 1e-9)
   block = model.graph.decompose().items[1]
   lane_a, lane_b = (branch_mask(b, a) for b in block.branches if b.items)
-  assert a["a1"] == a["a2"] == a["stem"] == (0, 1) and lane_a & lane_b == 0, a
-  serial = dict(a, b=(0, 1))
+  assert a["a1"] == a["a2"] and lane_a & lane_b == 0, a
+  serial = dict(a, b=a["a1"])
   assert evaluate(model, serial).iteration_ms > 1.1 * ms
 
 

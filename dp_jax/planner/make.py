@@ -29,7 +29,7 @@ from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evaluate
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import PlanOptions, candidate_counts
-from dp_jax.planner.search import SHARDING_RULES, build_tables, lower_bound, search
+from dp_jax.planner.search import SHARDING_RULES, SPACE, build_tables, lower_bound, search
 from dp_jax.planner.sharded import Sharding
 from dp_jax.planner.sharding import LayerSharding, layer_sharding, sample_ranges
 
@@ -216,14 +216,19 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
   return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings, **floor)
 
 
+EXACT_GAP = 1e-9  # a plan within this (relative: float rounding) of its lower bound is exact
+
+
 def optimality(point: FrontierPoint) -> dict[str, Any]:
-  """How far the plan can be from the best of the search's space: the lower bound (ms), the
-  plan's gap to it (plan / bound - 1; 0 when every block was searched exactly) and the number
-  of blocks whose lane search was a heuristic (packed or grouped lanes at large G)."""
+  """How far the plan can be from the best of the search's space (`space`: search.SPACE): a
+  lower bound on every plan of it (ms), the plan's gap to it (plan / bound - 1), the number of
+  blocks searched short of their whole space (search.Found.heuristic_blocks: they take the
+  bound's floor), and `exact`: the plan is proven the space's best, its cost meeting the bound
+  (false where a heuristic block, or the memory repair, may have cost time)."""
   low = point.lower_bound_ms
   gap = point.iteration_ms / low - 1 if low and math.isfinite(low) else None
-  return {"lower_bound_ms": low, "gap": gap,
-          "heuristic_blocks": point.heuristic_blocks, "exact": point.heuristic_blocks == 0}
+  return {"lower_bound_ms": low, "gap": gap, "heuristic_blocks": point.heuristic_blocks,
+          "exact": gap is not None and gap <= EXACT_GAP, "space": SPACE}
 
 
 def _search(tables) -> tuple[dict[str, Placement], dict[str, Sharding]]:

@@ -50,7 +50,8 @@ class RuntimeConfig(Checked):
   """The runtime group: devices, checkpoints and progress display.
 
   num_devices: None: every device (on a CPU cluster its G host devices; with a background job
-  on CPU: one per core); on CPU also the host device count. checkpoint_every: steps between checkpoints (0: only at the end).
+  on CPU: one per core); on CPU also the host device count. checkpoint_every: steps between
+  checkpoints (0: only at the end).
   share_cores: with a background job on CPU the job runs as one pinned process per device (an
   idle device is then an idle core and the slowdown cap holds); true: one process whose
   devices share the cores (exact, but the cap does not hold: for exactness tests).

@@ -1,18 +1,22 @@
 """Burst-parallel search: dynamic programming over the series-parallel decomposition.
 
-The objective is exactly evaluate() (dp_jax/planner/evaluate.py) over this plan space:
-- every chain lives on a prefix [0, count) of the job's devices, one count per layer;
-- a fork/join block is either merged into a stage (fork, branches and join on one count),
-  serialized (each branch a chain of its own on prefixes, branches one after another), or
+The objective is exactly evaluate() (dp_jax/planner/evaluate.py) over this plan space (SPACE,
+recorded in the plan's `optimality`):
+- every chain (the graph's, and a serialized branch's) lives on prefixes [0, count) of the
+  job's devices, one count per layer (with weight sharding, any sharding offered there);
+- a single-input elementwise layer (ELEMENTWISE_KINDS) that follows a layer of its chain stays
+  on that layer's devices; a branch may open with one anywhere (the fork's output moves into
+  it as into any branch's first layer);
+- a fork/join block is merged into a stage (fork, branches and join on one count), serialized
+  (each branch a chain of this space with its fork's context, branches one after another), or
   concurrent: the non-identity branches are split into groups, each group on its own
-  contiguous lane [s, s + count) with its branches one after another at that count, lanes
-  disjoint and anywhere in [0, G) in any order (one group on one lane is allowed too); in
-  the exact tier (below) a group of one short branch may also change device count inside its
-  lane, its layers on any ranges within the lane [lo, hi) they span, and with weight sharding
-  each of its layers may take any sharding offered on its count;
-- a single-input elementwise layer (ELEMENTWISE_KINDS) stays on its producer's devices: a
-  branch that opens with one runs on the fork's devices (serialized: on the fork's count; in a
-  concurrent block its group's lane is the fork's [0, f), beside the other groups' lanes).
+  contiguous lane [s, s + count), lanes disjoint and anywhere in [0, G) in any order (one group
+  on one lane is allowed too); a group's branches run one after another on its range,
+  splitting samples. A group of one plain branch (no block nested in it) with at most
+  OPTION_LAYOUTS layouts (placements^layers) may also lay its layers on any ranges inside its
+  lane [lo, hi) (the hull of their ranges), and with weight sharding, at most SHARDED_LAYOUTS
+  (range, sharding) combinations, each layer may take any sharding offered on its count
+  (layouts.py, "lane options"). Longer branches, and branches holding a block, take one range.
 
 Chain DP. V[k][f, g]: least cost of the chain up to node item k, given the enclosing fork
 runs on count f and node k on count g. A stage is a run of items i..k on one count g, so
@@ -31,44 +35,41 @@ option that all-reduces nothing, no latency: cumulative sums) and a sync stage (
 without overlap cumulative sums of compute + bandwidth; with overlap the open-stage states
 (P, Q) of stage_choice, whose Pareto frontier per (fork count, count) is carried from layer to
 layer, new stages entering it at every node item). So the chain DP is exact over placements
-on prefixes and per-layer shardings jointly (tests/test_planner_sharding_brute.py checks it by
-brute force). In a concurrent block, a lane that holds one short branch (at most
-SHARDED_LAYOUTS per-layer (range, sharding) combinations) enumerates them exactly (_options),
-priced by the cost model's stages as evaluate() prices them; lanes that hold several branches,
-and longer branches, split samples. make.plan_for_limit also runs the samples-only search and
-keeps the faster plan that fits.
+on prefixes and per-layer shardings jointly. Lane options with shardings are priced by the
+cost model's stages as evaluate() prices them; uniform lanes split samples.
+make.plan_for_limit also runs the samples-only search and keeps the faster plan that fits.
 
 Block DP. A block's cost is a matrix over (fork count, join count): serialized sums the
 branch chains (each solved once with its fork context); concurrent runs the lane search
-(_lane_dp), whose state is (branches placed, end of the last lane) and whose tier depends on
-the block's size alone (n non-identity branches, C counts, G devices; cells = C^3 (G + 1)):
-- exact: ((3^n - 2^n) x cells + option steps) x (candidate maxima)^2 <= EXACT_CELLS: for
-  every pair of candidate forward / backward maxima the least moves with every lane within
-  them; exact over the concurrent space above (every block of <= 3 branches at G = 4 in
-  practice).
-  Branches that are plain chains with at most OPTION_LAYOUTS layouts (placements^layers)
-  also get every count-changing layout inside a lane (with weight sharding: every layout and
-  per-layer sharding, at most SHARDED_LAYOUTS, else samples only), less those another layout
-  beats on every term (forward, backward, each send and receive) within a hull no wider;
-- groups: (3^n - 2^n) x cells <= GROUP_CELLS: the same space less count changes inside
-  lanes, keeping per state the partial layout of least partial cost (exact for one lane, a
-  heuristic for more);
-- packed (larger blocks, e.g. every block at G >= 64): one lane per branch packed from
-  device 0 in branch order (the search before groups), exact for two lanes, a heuristic
-  beyond. Cost O(branches G C^3).
-Where a block's tier is a heuristic (groups of 2+ branches, packed), lower_bound() reruns the
-DP with its concurrent cost floored (lanes.concurrent_floor): a lower bound on the best plan
-of this space, which make_plan records with the plan's gap to it. The rerun reuses the
+(lanes._lane_dp), whose state is (branches placed, end of the last lane). Its tier depends on
+the block alone (n non-identity branches, C counts, G devices; cells = C^3 (G + 1)):
+- one branch: its lane on every range and its lane options (lanes._single_lane_dp): exact
+  where (G + 1) C^2 <= SINGLE_CELLS (G = B = 1024 and 960 are; 16,384 is not: there its lane
+  is packed on device 0, a heuristic);
+- exact: (3^n - 2^n) x cells <= GROUP_CELLS and, with the lane options,
+  ((3^n - 2^n) x cells + option steps) x (candidate maxima)^2 <= EXACT_CELLS: for every pair
+  of candidate forward / backward maxima the least moves with every lane within them; exact
+  over the concurrent space above;
+- heuristic (the block counts in Found.heuristic_blocks): past EXACT_CELLS with the options
+  the exact tier without them (uniform lanes exact, options unsearched), else the groups tier
+  (least partial cost per state, options included; exact for one lane only); past
+  GROUP_CELLS, packed: one lane per branch packed from device 0 in branch order (every block
+  of 2+ branches at G >= 64 in practice). Cost O(branches G C^3).
+For the heuristic blocks lower_bound() reruns the DP with their concurrent cost floored
+(lanes.concurrent_floor, over uniform lanes and the lane options): a lower bound on the best
+plan of the space, which make_plan records with the plan's gap to it. The rerun reuses the
 search's block solutions (only the floors and the chains around the blocks are recomputed).
+tests/test_search_exhaustive.py checks by brute force over every assignment of this space on
+random graphs at G = 4 that no plan of it beats the search, that the search's value is its
+plan's evaluate() cost, and that the bound bounds.
 
 Outside the space (evaluate() accepts them, the search never returns them): chains, forks and
-joins off the prefix [0, count); outside the exact tier, a branch that changes device count
-(or takes weight shardings) while another group runs beside it; weight shardings in a lane
-holding several branches; a group of several branches on different ranges; lanes that
-interleave (one branch's layers on both sides of another's). No bound on what these cost is
-proven; tests/test_planner_forkjoin.py (samples) and tests/test_planner_sharding_brute.py
-(weights) measure it by brute force over every assignment evaluate() accepts on random
-fork/join graphs at G = 4 and assert their margins there.
+joins off the prefix [0, count); count changes or weight shardings inside a lane that holds
+several branches, a longer branch or one holding a block; a group of several branches on
+different ranges; lanes that interleave (one branch's layers on both sides of another's).
+No bound on what these cost is proven; tests/test_planner_forkjoin.py (samples) and
+tests/test_planner_sharding_brute.py (weights) measure it by brute force over every
+assignment evaluate() accepts on random fork/join graphs at G = 4 and assert their margins.
 """
 
 from __future__ import annotations
@@ -87,8 +88,15 @@ from dp_jax.planner.search.tables import (
 )
 from dp_jax.planner.sharded import Sharding
 
-__all__ = ["ELEMENTWISE_KINDS", "SHARDING_RULES", "Found", "build_tables", "lower_bound",
-           "search"]
+__all__ = ["ELEMENTWISE_KINDS", "SHARDING_RULES", "SPACE", "Found", "build_tables",
+           "lower_bound", "search"]
+
+# The space the search is exact over (module docstring), as the plan's `optimality` states it.
+SPACE = ("chains on device prefixes [0, count); fork/join blocks merged, serialized, or "
+         "concurrent: groups of branches on disjoint lanes anywhere, a group's branches one "
+         "after another on one range, a short plain branch alone in its lane on any ranges "
+         "(and weight shardings) inside it; an elementwise layer after a layer on its devices, "
+         "one that opens a branch anywhere")
 
 
 class Found(NamedTuple):
@@ -98,7 +106,7 @@ class Found(NamedTuple):
   assignment: dict[str, Placement]
   shardings: dict[str, Sharding]
   iteration_ms: float
-  heuristic_blocks: int = 0  # blocks whose lane search was a heuristic (lower_bound prices them)
+  heuristic_blocks: int = 0  # blocks searched short of their whole space (lower_bound floors them)
 
 
 def search(t: _Tables) -> Found:

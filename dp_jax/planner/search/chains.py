@@ -8,9 +8,15 @@ import numpy as np
 
 from dp_jax.graph.layer_graph import Chain, Parallel
 from dp_jax.planner import stage_choice
-from dp_jax.planner.search.lanes import _lane_dp, _lane_plan, _LanePlan, concurrent_floor
+from dp_jax.planner.search.lanes import (
+  _lane_dp,
+  _lane_plan,
+  _LanePlan,
+  concurrent_floor,
+  lane_options,
+)
 from dp_jax.planner.search.tables import INF, _elementwise, _Lane, _run_sync, _Tables
-from dp_jax.planner.structure import first_layer, flat_layers, last_layer
+from dp_jax.planner.structure import flat_layers, last_layer
 
 # --- chains ----------------------------------------------------------------------------------
 
@@ -196,7 +202,7 @@ class _BlockSol:
   branches: list  # _ChainSol per non-identity branch (serialized mode)
   lanes: list
   plan: _LanePlan | None = None  # the lane search's tier (None: packed lanes)
-  heuristic: bool = False  # its lane search's tier is a heuristic (packed, or groups of 2+)
+  heuristic: bool = False  # its lane search did not cover the block's whole space (_lane_plan)
 
 
 def _lane(t: _Tables, branch: Chain, fork_row: int) -> _Lane:
@@ -223,7 +229,7 @@ def _new_lane(t: _Tables, names: tuple, rows: np.ndarray, fork_row: int, branch:
   back[:, bad] = INF
   return _Lane(rows, names, float(t.model.out_bytes[fork_row]),
                float(t.model.out_bytes[t.model.row[last_layer(branch)]]), fwd, back,
-               _elementwise(t, names[0]))
+               all(isinstance(item, str) for item in branch.items))
 
 
 
@@ -245,7 +251,7 @@ def _solve_block(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
   serial = identities * enter
   for sol in base.branches:  # summed in _solve_block_once's order
     serial = serial + sol.exit
-  concurrent = _floor(t, base.lanes) + identities * enter
+  concurrent = _floor(t, base.lanes, base.plan) + identities * enter
   chosen = concurrent < serial
   return _BlockSol(block, np.where(chosen, concurrent, serial), chosen, base.branches,
                    base.lanes, base.plan, True)
@@ -254,14 +260,12 @@ def _solve_block(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
 def _solve_block_once(t: _Tables, block: Parallel, floor: bool = False) -> _BlockSol:
   fork_row = t.model.row[block.fork]
   enter = t.edge(fork_row)
-  same = np.where(np.eye(len(t.counts), dtype=bool), enter, INF)
   identities = sum(1 for b in block.branches if not b.items)
   serial = identities * enter
   sols, lanes = [], []
   for branch in block.branches:
     if branch.items:
-      pinned = _elementwise(t, first_layer(branch))  # it stays on the fork's devices
-      sol = _solve_chain(t, branch, same if pinned else enter, floor)
+      sol = _solve_chain(t, branch, enter, floor)
       _close_branch(t, sol)
       sols.append(sol)
       serial = serial + sol.exit
@@ -271,9 +275,9 @@ def _solve_block_once(t: _Tables, block: Parallel, floor: bool = False) -> _Bloc
     # lanes only matter where they beat serial (a hair of slack against rounding)
     bound = (serial - identities * enter) * (1 + 1e-9) + 1e-12
     plan = _lane_plan(t, lanes)
-    heuristic = len(lanes) >= 2 and (plan is None or plan.tau_f is None)
+    heuristic = plan is None or plan.heuristic  # packed lanes: a heuristic
     if floor and heuristic:
-      concurrent = _floor(t, lanes) + identities * enter
+      concurrent = _floor(t, lanes, plan) + identities * enter
     elif plan is None:
       concurrent = _packed(t, lanes) + identities * enter
     else:
@@ -289,15 +293,19 @@ def _lanes_key(lanes: list) -> tuple:
   """The lanes' content: the packed lane search and the floor read nothing else of a block
   (beyond the model-level moves), so the searches of one plan share them by it (t.edges)."""
   return tuple((lane.rows.tobytes(), lane.fwd.tobytes(), lane.bwd.tobytes(), lane.first_bytes,
-                lane.last_bytes, lane.pinned) for lane in lanes)
+                lane.last_bytes) for lane in lanes)
 
 
-def _floor(t: _Tables, lanes: list) -> np.ndarray:
-  """concurrent_floor, shared by the searches of one plan (its value is the lanes')."""
-  key = ("floor", _lanes_key(lanes))
+def _floor(t: _Tables, lanes: list, plan: _LanePlan | None) -> np.ndarray:
+  """concurrent_floor, shared by the searches of one plan (its value is the lanes' and their
+  lane options')."""
+  options = plan.options if plan is not None else lane_options(t, lanes)
+  key = ("floor", _lanes_key(lanes),
+         tuple((o.lo, o.hi, o.fwd, o.bwd, o.into.tobytes(), o.out.tobytes()) for x in options
+               for o in x))
   hit = t.edges.get(key)
   if hit is None:
-    hit = t.edges[key] = concurrent_floor(t, lanes)
+    hit = t.edges[key] = concurrent_floor(t, lanes, options)
   return hit
 
 

@@ -6,14 +6,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dp_jax.hardware.cluster import link_class
+from dp_jax.hardware.cluster import link_class, p2p_link
 from dp_jax.planner.costs import move_from_parts
 from dp_jax.planner.search.layouts import _options
-from dp_jax.planner.search.tables import INF, _Tables, fork_pin
+from dp_jax.planner.search.tables import INF, _Tables
 
 # Work caps (array cells a block's lane search touches) that pick its tier (module docstring).
-EXACT_CELLS = 5e6
+EXACT_CELLS = 5e7  # about 0.2 s of one core for the largest exact block (measured)
 GROUP_CELLS = 2e4
+SINGLE_CELLS = 2e6  # a lone branch's lane anywhere: (G + 1) C^2 moves (G = B = 16,384 is past)
 
 
 @dataclass
@@ -27,14 +28,16 @@ class _Group:
 
 @dataclass
 class _LanePlan:
-  """Which (placed, added) branch-set transitions a block's lane search runs, and for the
-  exact tier the candidate forward and backward maxima."""
+  """Which (placed, added) branch-set transitions a block's lane search runs, for the exact
+  tier the candidate forward and backward maxima, and the lanes' options."""
 
   steps: dict  # placed mask -> list of added masks
   groups: dict  # added mask -> _Group
   tau_f: np.ndarray | None = None
   tau_b: np.ndarray | None = None
-  options: list = field(default_factory=list)  # per lane, _Option list (exact tier only)
+  options: list = field(default_factory=list)  # per lane, its _Option list (the block's space)
+  searched: bool = True  # the lane search takes the options (else only the floor reads them)
+  heuristic: bool = False  # the search does not cover the block's whole space
 
 
 def _submasks(mask: int):
@@ -50,25 +53,37 @@ def _group(lanes: list, mask: int) -> _Group:
 
 
 def _lane_plan(t: _Tables, lanes: list) -> _LanePlan | None:
-  """The lane search's tier for this block, from its size alone (so that the search over
-  every fork and join count and the re-run that tracks one layout agree)."""
+  """The lane search's tier for this block, from the block alone (so that the search over
+  every fork and join count and the re-run that tracks one layout agree); None: packed lanes
+  (a heuristic: one lane on device 0 onward, or past one lane, packed in branch order)."""
   n, c, e = len(lanes), len(t.counts), t.budget + 1
   full = (1 << n) - 1
   cells = c * e * c * c
-  if n <= 6:
-    steps = {s: list(_submasks(full & ~s)) for s in range(full)}
-    transitions = sum(len(v) for v in steps.values())
-    if transitions * cells <= GROUP_CELLS:
-      groups = {m: _group(lanes, m) for m in range(1, full + 1)}
-      if n >= 2:  # one lane: least partial cost is already exact
-        none = [[] for _ in lanes]
-        exact = _exact_maxima(t, lanes, groups, transitions * cells, none)
-        if exact is not None:  # it fits without count-changing lanes; try with them
-          options = [_options(t, lane) or [] for lane in lanes]
-          exact = _exact_maxima(t, lanes, groups, transitions * cells, options) or exact
-          return _LanePlan(steps, groups, *exact)
-      return _LanePlan(steps, groups)
-  return None
+  if n > 6 or (n == 1 and e * c * c > SINGLE_CELLS):
+    return None
+  steps = {s: list(_submasks(full & ~s)) for s in range(full)}
+  transitions = sum(len(v) for v in steps.values())
+  if n >= 2 and transitions * cells > GROUP_CELLS:
+    return None
+  groups = {m: _group(lanes, m) for m in range(1, full + 1)}
+  options = lane_options(t, lanes)
+  if n == 1:  # one lane: the least partial cost is exact, options included
+    return _LanePlan(steps, groups, options=options)
+  exact = _exact_maxima(t, lanes, groups, transitions * cells, options)
+  if exact is not None:
+    return _LanePlan(steps, groups, *exact)
+  if any(options):  # past the cap with the options: uniform lanes exactly, options unsearched
+    exact = _exact_maxima(t, lanes, groups, transitions * cells, [[] for _ in lanes])
+    if exact is not None:
+      return _LanePlan(steps, groups, exact[0], exact[1], options, searched=False,
+                       heuristic=True)
+  return _LanePlan(steps, groups, options=options, heuristic=True)
+
+
+def lane_options(t: _Tables, lanes: list) -> list:
+  """Per lane, its plain branch's layouts inside the lane (layouts._options; none for a branch
+  holding a block, or past the layouts cap): the block's space, whatever its tier."""
+  return [(_options(t, lane) or []) if lane.plain else [] for lane in lanes]
 
 
 def _exact_maxima(t: _Tables, lanes: list, groups: dict, cells: int, options: list):
@@ -123,14 +138,26 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
   + max over lanes of their backward (evaluate()'s block). The state is (branches placed,
   end of the last lane); a lane starts at or after that end. Exact tier: for every pair of
   candidate maxima (tau_f, tau_b) keep the least moves with every lane within them, and
-  take the least moves + tau_f + tau_b (exact); a lane may also hold one branch that changes
-  count inside it (lp.options). The groups tier keeps, per state, the partial layout with the
-  least partial cost (exact for one lane, a heuristic for more); lp None: packed lanes.
+  take the least moves + tau_f + tau_b (exact). The groups tier keeps, per state, the partial
+  layout with the least partial cost (exact for one lane, a heuristic for more); lp None:
+  packed lanes. In both a lane may also hold one plain branch laid out inside it (lp.options,
+  where lp.searched).
   Partial layouts that cannot beat `bound` are dropped. With track (one fork and one join
   count), also returns the layout: (layer -> placement, layer -> weight sharding).
   """
   if lp is None:
     return _packed_lane_dp(t, lanes, fsel, jsel, track, bound)
+  if len(lanes) == 1:
+    if track:
+      return _single_lane_dp(t, lanes[0], lp.options[0], fsel, jsel, track)
+    lane, opts = lanes[0], lp.options[0]  # shared by equal lanes of one plan (its searches)
+    key = ("single", lane.fwd.tobytes(), lane.bwd.tobytes(), lane.first_bytes, lane.last_bytes,
+           fsel.tobytes(), jsel.tobytes(),
+           tuple((o.fwd, o.bwd, o.into.tobytes(), o.out.tobytes()) for o in opts))
+    hit = t.edges.get(key)
+    if hit is None:
+      hit = t.edges[key] = _single_lane_dp(t, lane, opts, fsel, jsel)
+    return hit
   k, budget, cl = t.counts, t.budget, t.model.cluster
   moves_in, moves_out = t.lane_moves()
   exact = lp.tau_f is not None
@@ -165,8 +192,7 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
         s = np.arange(last + 1)
         cls = link_class(cl, s, k[c])
         at[key] = (last, s, g.fwd[cls, c], g.bwd[cls, c],
-                   sum(sends(i, c)[0][: last + 1] + fork_pin(lanes[i].pinned, s, c, fsel)
-                       for i in g.members),
+                   sum(sends(i, c)[0][: last + 1] for i in g.members),
                    sum(sends(i, c)[1][: last + 1] for i in g.members))
     return at[key]
 
@@ -223,22 +249,29 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
           back = backs[after]
           for row, val in enumerate((placed, idx[here][..., 0, 0], s[:, None, None], c)):
             np.copyto(back[row][target], val, where=pick)
-    for i, opts in enumerate(lp.options):
+    for i, opts in enumerate(lp.options if lp.searched else ()):
       after = placed | 1 << i
       if placed >> i & 1 or not opts:
         continue
       need = 0 if after == full else 1
       if after not in tables:
         tables[after], backs[after] = empty()
-      dest, back = tables[after][0], backs[after]
+      dest, back = tables[after], backs[after]
       for o_index, o in enumerate(opts):
         if o.hi > budget - need:
           continue
         moves = best[0][o.lo] + o.into[fsel][:, None] + o.out[jsel][None, :]
-        ok = (o.fwd <= lp.tau_f)[:, None] & (o.bwd <= lp.tau_b)[None, :]
-        key = np.where(ok[..., None, None], moves, INF)
-        better = key < dest[o.hi]
-        np.copyto(dest[o.hi], key, where=better)
+        if exact:
+          ok = (o.fwd <= lp.tau_f)[:, None] & (o.bwd <= lp.tau_b)[None, :]
+          key = np.where(ok[..., None, None], moves, INF)
+          cand = [key]
+        else:
+          fwd, bwd = np.maximum(best[1][o.lo], o.fwd), np.maximum(best[2][o.lo], o.bwd)
+          key = moves + fwd + bwd
+          cand = [key, moves, fwd, bwd]
+        better = key < dest[0][o.hi]
+        for tab, new in zip(dest, cand, strict=True):
+          np.copyto(tab[o.hi], new, where=better)
         if track:
           for row, val in enumerate((placed, idx[o.lo][..., 0, 0], o.lo, -1 - o_index)):
             np.copyto(back[row][o.hi], val, where=better[..., 0, 0])
@@ -264,6 +297,64 @@ def _lane_dp(t: _Tables, lanes: list, lp: _LanePlan | None, fsel: np.ndarray, js
                     if sh is not None)
     placed, e = prev, prev_e
   return best_fj, (layout, shards)
+
+
+def _single_lane_dp(t: _Tables, lane, options: list, fsel: np.ndarray, jsel: np.ndarray,
+                    track: bool = False):
+  """_lane_dp for one branch: the least (send in + forward + backward + receive out) over its
+  lane on every range [s, s + c) and its lane options, per (fork count, join count). Ranges
+  whose sends, receives and link class are the same cost the same, so only one of each is
+  priced against every (fork, join) pair (at large G most starts move the same samples)."""
+  k, cl = t.counts, t.model.cluster
+  moves_in, moves_out = t.lane_moves()  # [s, count, fork or join count]
+  best = np.full((len(fsel), len(jsel)), INF)
+  at = np.full(best.shape, -1, dtype=np.int64)  # per (fork, join): start, or -1 - option
+  where = np.full(best.shape, -1, dtype=np.int64)  # its count (-1: an option)
+  for c in range(len(k)):
+    if not np.isfinite(lane.fwd[:, c]).any():
+      continue
+    s = np.arange(t.budget - int(k[c]) + 1)
+    cls = link_class(cl, s, k[c])
+    run = lane.fwd[cls, c] + lane.bwd[cls, c]
+    s, run = s[np.isfinite(run)], run[np.isfinite(run)]
+    if not len(s):
+      continue
+    into = move_from_parts([x[s, c][:, fsel] for x in moves_in], lane.first_bytes)
+    out = move_from_parts([x[s, c][:, jsel] for x in moves_out], lane.last_bytes)
+    first = _distinct_rows(np.concatenate([into, out, run[:, None]], axis=1))
+    cost = into[first][:, :, None] + out[first][:, None, :] + run[first][:, None, None]
+    pick = cost.argmin(axis=0)
+    low = np.take_along_axis(cost, pick[None], axis=0)[0]
+    better = low < best
+    best = np.where(better, low, best)
+    at = np.where(better, s[first][pick], at)
+    where = np.where(better, c, where)
+  for o_index, o in enumerate(options):
+    low = o.into[fsel][:, None] + o.out[jsel][None, :] + o.fwd + o.bwd
+    better = low < best
+    best = np.where(better, low, best)
+    at = np.where(better, -1 - o_index, at)
+    where = np.where(better, -1, where)
+  if not track or not np.isfinite(best[0, 0]):
+    return best, None
+  start, c = int(at[0, 0]), int(where[0, 0])
+  if c >= 0:
+    return best, ({name: (start, int(k[c])) for name in lane.names}, {})
+  o = options[-1 - start]
+  return best, ({name: (st, int(k[ci])) for name, (st, ci) in zip(lane.names, o.places,
+                                                                  strict=True)},
+                {n: sh for n, sh in zip(lane.names, o.shards, strict=False) if sh is not None})
+
+
+def _distinct_rows(rows: np.ndarray) -> np.ndarray:
+  """Indices of one row of each distinct value (the first), all rows where a hash would
+  confuse two: rows are keyed by their dot product with fixed random weights (np.unique over
+  rows sorts far slower), then checked equal to their key's first row."""
+  weights = np.random.default_rng(0).uniform(1.0, 2.0, rows.shape[1])
+  _, first, inverse = np.unique(rows @ weights, return_index=True, return_inverse=True)
+  if not (rows == rows[first[inverse]]).all():
+    return np.arange(len(rows))
+  return first
 
 
 def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
@@ -300,8 +391,7 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
         continue
       s = shifts[:n]  # shifts ascend, so the lanes that fit are a prefix
       moves_in, moves_out = t.lane_moves_at(s, c)
-      into = move_from_parts([x[:, fsel] for x in moves_in], lane.first_bytes) + fork_pin(
-          lane.pinned, s, c, fsel)
+      into = move_from_parts([x[:, fsel] for x in moves_in], lane.first_bytes)
       out = move_from_parts([x[:, jsel] for x in moves_out], lane.last_bytes)
       sends = state[0][:n] + into[:, :, None] + out[:, None, :]
       cls = link_class(t.model.cluster, s, k[c])
@@ -348,49 +438,100 @@ def _packed_lane_dp(t: _Tables, lanes: list, fsel: np.ndarray, jsel: np.ndarray,
 FLOOR_CELLS = 2e6  # most (start, count, count) cells the floor's move minimum reads
 
 
-def concurrent_floor(t: _Tables, lanes: list) -> np.ndarray:
+def concurrent_floor(t: _Tables, lanes: list, options: list | None = None) -> np.ndarray:
   """(F, J) a lower bound on every concurrent layout's cost (groups on disjoint lanes at one
-  count each, pinned branches on the fork's devices): moves at least every branch's cheapest
-  send in plus its cheapest receive out, each on its own best range (summed over branches);
+  count each, and a plain branch alone in its lane on any of its `options`, per lane):
+  moves at least every branch's cheapest send in plus its cheapest receive out, each on its
+  own best range or option;
   the forward at least the largest branch's least forward and at least the branches' least
   device-time over the G devices (the lanes are disjoint): a forward of T leaves each branch
-  the counts where it takes <= T, and each needs count x its time there; the backward alike.
-  Past FLOOR_CELLS the moves' part is 0."""
+  the ways (a count, or an option on its lane's width) where it takes <= T, and each needs
+  width x its time there; the backward alike. Past FLOOR_CELLS the moves' part is 0."""
   k, budget = t.counts, t.budget
   c = len(k)
+  options = options or [[] for _ in lanes]
   into_low, out_low = np.zeros(c), np.zeros(c)
   if (budget + 1) * c * c <= FLOOR_CELLS:
     moves_in, moves_out = t.lane_moves()  # [s, count, fork count], [s, count, join count]
     s = np.arange(budget + 1)
     fits = s[:, None] + k[None, :] <= budget  # (S, C)
-    for lane in lanes:
+    for lane, opts in zip(lanes, options, strict=True):
       usable = np.isfinite(lane.fwd).any(axis=0)
       ok = (fits & usable[None, :])[..., None]
-      key = ("floor into", lane.first_bytes, lane.pinned, usable.tobytes())
+      key = ("floor into", lane.first_bytes, usable.tobytes())
       low = t.edges.get(key)  # branches of one fork share it, and so do the searches
       if low is None:
-        into = move_from_parts(moves_in, lane.first_bytes)
-        if lane.pinned:
-          into = into + np.stack([fork_pin(True, s, ci, np.arange(c)) for ci in range(c)],
-                                 axis=1)
-        low = t.edges[key] = np.where(ok, into, INF).min(axis=(0, 1))
-      into_low = into_low + low
+        low = t.edges[key] = np.where(ok, move_from_parts(moves_in, lane.first_bytes),
+                                      INF).min(axis=(0, 1))
+      into_low = into_low + np.min([low, *(o.into for o in opts)], axis=0)
       key = ("floor out", lane.last_bytes, usable.tobytes())
       low = t.edges.get(key)
       if low is None:
         low = t.edges[key] = np.where(ok, move_from_parts(moves_out, lane.last_bytes),
                                       INF).min(axis=(0, 1))
-      out_low = out_low + low
+      out_low = out_low + np.min([low, *(o.out for o in opts)], axis=0)
+  widths = k.astype(float)
+  reach = _reachable_classes(t)
 
-  def phase(times):  # times: (K, C) per lane, least over link classes
-    v = np.stack([x.min(axis=0) for x in times])  # (lanes, C)
-    longest = float(v.min(axis=1).max())
+  def phase(times, extra):  # times: (K, C) per lane; extra: per lane, (time, width) of options
+    ways = []  # per lane: (times, widths) of every way it may run
+    for x, ext in zip(times, extra, strict=True):
+      ways.append((np.concatenate([np.where(reach, x, INF).min(axis=0), [e[0] for e in ext]]),
+                   np.concatenate([widths, [e[1] for e in ext]])))
+    longest = max(float(v.min()) for v, _ in ways)
     low = INF
-    for tau in np.unique(v[np.isfinite(v) & (v >= longest)]):
-      # every branch on some count where it takes <= tau, for at least its device-time there
-      work = np.where(v <= tau, v * k[None, :], INF).min(axis=1).sum()
-      low = min(low, max(float(tau), float(work) / budget))
+    every = np.unique(np.concatenate([v[np.isfinite(v) & (v >= longest)] for v, _ in ways]))
+    for tau in every:
+      # every branch on some way where it takes <= tau, for at least its device-time there
+      work = sum(float(np.where(v <= tau, v * w, INF).min()) for v, w in ways)
+      low = min(low, max(float(tau), work / budget))
     return low
 
-  return (into_low[:, None] + out_low[None, :] + phase([lane.fwd for lane in lanes])
-          + phase([lane.bwd for lane in lanes]))
+  fwd = phase([lane.fwd for lane in lanes], [[(o.fwd, o.hi - o.lo) for o in x] for x in options])
+  bwd = phase([lane.bwd for lane in lanes], [[(o.bwd, o.hi - o.lo) for o in x] for x in options])
+  low = into_low[:, None] + out_low[None, :] + fwd + bwd
+  if len(lanes) == 1:  # a lone branch: its count ties the moves to its time
+    low = np.maximum(low, _lone_floor(t, lanes[0], options[0]))
+  return low
+
+
+def _reachable_classes(t: _Tables) -> np.ndarray:
+  """(K, C) whether some range [s, s + counts[c]) inside the job has link class K (the class
+  repeats with the start's place in its node, so the first devices_per_node starts tell)."""
+  hit = t.edges.get("reachable classes")
+  if hit is None:
+    k, dpn = t.counts, t.model.cluster.devices_per_node
+    hit = np.zeros((t.lat.shape[0], len(k)), dtype=bool)
+    for c, count in enumerate(k):
+      s = np.arange(min(dpn, t.budget - int(count) + 1))
+      hit[link_class(t.model.cluster, s, count), c] = True
+    t.edges["reachable classes"] = hit
+  return hit
+
+
+def _lone_floor(t: _Tables, lane, options: list) -> np.ndarray:
+  """(F, J) a lower bound on a lone branch's lane: least over its counts c of the least move
+  in from the fork's count and out to the join's, plus its time on c (least over link
+  classes), and each option's exact cost. A move from a counts to b != a moves at least
+  B / max(a, b) samples on some device, whatever the ranges (the larger side has a device
+  outside the smaller), and at least |B / a - B / b| (a device of the side holding more per
+  device keeps at most what it holds on the other), at the best link's bandwidth and
+  latency."""
+  k, b = t.counts, t.model.batch
+  ends = [0, t.budget - 1] if t.budget > 1 else [0]
+  bw, lat = p2p_link(t.model.cluster, np.zeros(len(ends), dtype=np.int64), np.array(ends))
+  bw, lat = float(np.max(bw)), float(np.min(lat))
+  per = b / k.astype(float)
+  samples = np.where(k[:, None] == k[None, :], 0.0,
+                     np.maximum(b / np.maximum(k[:, None], k[None, :]),
+                                np.abs(per[:, None] - per[None, :])))
+
+  def moved(nbytes):  # (lane count, fork or join count)
+    return np.where(samples > 0, 2.0 * (samples * nbytes / bw + lat), 0.0)
+
+  run = np.where(_reachable_classes(t), lane.fwd + lane.bwd, INF).min(axis=0)  # (C,)
+  into, out = moved(lane.first_bytes), moved(lane.last_bytes)
+  low = (into[:, :, None] + out[:, None, :] + run[:, None, None]).min(axis=0)
+  for o in options:
+    low = np.minimum(low, o.into[:, None] + o.out[None, :] + o.fwd + o.bwd)
+  return low

@@ -10,7 +10,7 @@ import numpy as np
 from dp_jax.hardware.cluster import link_class
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import move_from_parts, move_parts
-from dp_jax.planner.search.tables import ELEMENTWISE_KINDS, INF, _Lane, _run_sync, _Tables
+from dp_jax.planner.search.tables import ELEMENTWISE_KINDS, _Lane, _run_sync, _Tables
 from dp_jax.planner.sharded import candidates
 
 OPTION_LAYOUTS = 64  # most layouts of one branch the exact tier enumerates
@@ -74,19 +74,26 @@ def _lane_shardings(t: _Tables, row: int, column: int) -> list:
   return out
 
 
-def _layouts(t: _Tables, lane: _Lane, places: list):
+def _layouts(t: _Tables, lane: _Lane):
   """Every (placement, sharding) per layer of the lane's branch: (places, shards) pairs, shards
   () when the search splits samples only; None past OPTION_LAYOUTS (samples) or
-  SHARDED_LAYOUTS (with weight shardings)."""
+  SHARDED_LAYOUTS (with weight shardings). Sizes are counted before anything is built."""
+  k = t.counts
+  starts = [t.budget - int(x) + 1 for x in k]  # ranges per count
+
+  def places():
+    return [(s, c) for c in range(len(k)) for s in range(starts[c])]
+
   if t.options is not None:
-    layer_choices = [[((s, c), sh) for s, c in places for sh in _lane_shardings(t, r, c)]
-                     for r in lane.rows]
-    if np.prod([len(x) for x in layer_choices], dtype=float) <= SHARDED_LAYOUTS:
+    per_count = [[_lane_shardings(t, r, c) for c in range(len(k))] for r in lane.rows]
+    sizes = [sum(n * len(x) for n, x in zip(starts, row, strict=True)) for row in per_count]
+    if np.prod(sizes, dtype=float) <= SHARDED_LAYOUTS:
+      layer_choices = [[((s, c), sh) for s, c in places() for sh in row[c]] for row in per_count]
       return [(tuple(p for p, _ in combo), tuple(sh for _, sh in combo))
               for combo in itertools.product(*layer_choices)]
-  if len(places) ** len(lane.rows) > OPTION_LAYOUTS:
+  if float(sum(starts)) ** len(lane.rows) > OPTION_LAYOUTS:
     return None
-  return [(combo, ()) for combo in itertools.product(places, repeat=len(lane.rows))
+  return [(combo, ()) for combo in itertools.product(places(), repeat=len(lane.rows))
           if all(t.allowed[r, c] for r, (_, c) in zip(lane.rows, combo, strict=True))]
 
 
@@ -118,10 +125,10 @@ def _options(t: _Tables, lane: _Lane) -> list | None:
   """Every way to run a short plain branch on ranges that change inside its lane (and, with
   weight sharding, with its layers' weight shardings), less those another way (or a one-range
   samples lane) beats on every term within a hull no wider; None when the branch is too long
-  to enumerate (_layouts)."""
-  k, g = t.counts, t.budget
-  places = [(s, c) for c in range(len(k)) for s in range(g - int(k[c]) + 1)]
-  layouts = _layouts(t, lane, places)
+  to enumerate (_layouts). An elementwise layer after the branch's first stays on the devices
+  of the layer before it (its producer: the branch is a plain chain)."""
+  k = t.counts
+  layouts = _layouts(t, lane)
   if layouts is None:
     return None
   moves_in, moves_out = t.lane_moves()
@@ -143,8 +150,6 @@ def _options(t: _Tables, lane: _Lane) -> list | None:
     if ("out", s2, c2) not in memo:
       memo[("out", s2, c2)] = move_from_parts([x[s2, c2] for x in moves_out], lane.last_bytes)
     into, out = memo[("in", s1, c1)], memo[("out", s2, c2)]
-    if lane.pinned:  # on the fork's devices only
-      into = np.where((np.arange(len(k)) == c1) & (s1 == 0), into, INF)
     pool.append(_Option(lo, hi, combo, fwd, bwd, into, out, shards))
   if not pool:
     return []

@@ -12,7 +12,9 @@ from dp_jax.planner.costs import CostModel, batch_norm_ms, move_from_parts, move
 from dp_jax.planner.layer_time import compose
 
 # Single-input elementwise layers: XLA fuses them into their producer (DeepPool's ReLUs run in
-# place), so the search never changes device count (or devices) into one of them.
+# place), so the search never changes device count (or devices) into one that follows a layer of
+# its chain. One that opens a branch may run anywhere the branch does (the fork's output moves
+# into it as into any branch).
 ELEMENTWISE_KINDS = frozenset({"relu", "gelu", "tanh", "sigmoid", "dropout"})
 
 INF = np.inf
@@ -169,13 +171,4 @@ class _Lane:
   last_bytes: float  # bytes per sample the branch's last layer sends to the join
   fwd: np.ndarray  # (K, C): the whole branch as one stage, forward, per link class and count
   bwd: np.ndarray  # (K, C): its backward plus exposed all-reduce, per link class and count
-  pinned: bool = False  # it opens with an elementwise layer: it runs on the fork's devices
-
-
-def fork_pin(pinned: bool, starts: np.ndarray, column: int, fsel: np.ndarray) -> np.ndarray:
-  """(starts, F) 0 where a lane [s, s + counts[column]) may hold a branch, infinite elsewhere:
-  a pinned branch only on the fork's devices (s = 0 and the fork's count)."""
-  if not pinned:
-    return np.zeros((len(starts), len(fsel)))
-  ok = (np.asarray(starts)[:, None] == 0) & (np.asarray(fsel)[None, :] == column)
-  return np.where(ok, 0.0, INF)
+  plain: bool = True  # a plain chain (no block nested in it): lane options may lay it out
