@@ -14,7 +14,9 @@
    measured / predicted for both.
 3. The burst plan trained with the background job beside it under the slowdown cap, on one
    pinned process per core (dp_jax.orchestrator.jobs.train_pinned: an idle device is an idle
-   core): the measured foreground slowdown beside the simulated one, the background's steps.
+   core), on and off in alternating windows of steps so that other processes' load cancels:
+   the measured foreground slowdown beside the simulated one, the background's steps, the
+   host's load.
    Where the measured profile makes the plan data parallelism (no device idles), the job says
    so and runs the fastest plan with an idle device instead (planner.idle_device_limit); it
    fails, after writing what it did, when the background job ran no step or the measured
@@ -71,12 +73,15 @@ class MainJobLocalConfig(LocalConfig):
 class PipelineTrainConfig(Checked):
   """The train group: the burst plan trained with the background job on pinned processes (one
   per core): alone_steps first (compile, the timed step, then the windows' and the noise's
-  steps), then steps with the background job."""
+  steps), then `steps` in which the background job is on for window_steps steps, off for as
+  many, and so on: the slowdown compares steps side by side in time, so a change in the
+  machine's load from other processes cancels (orchestrator/scheduler.py, window_steps)."""
 
   GROUP = "train"
 
   alone_steps: int = option(10, low=3, integer=True)
-  steps: int = option(20, low=0, integer=True)
+  steps: int = option(24, low=0, integer=True)
+  window_steps: int = option(4, low=1, integer=True)
   learning_rate: float = option(0.01, low=0, low_open=True)
   enabled: bool = True
 
@@ -226,12 +231,13 @@ def local_part(inputs: PipelineInputs, out_dir: Path, run: Run, header: local.An
   tr = inputs.training
   name = "the fastest plan with an idle device" if planned_dp else "the burst plan"
   header("train", f"{name} on {g} pinned processes (one core each): {tr.alone_steps} "
-                  f"steps alone, then {tr.steps} with background {bg.name} under cap "
-                  f"{bg.cap:.0%}")
+                  f"steps alone, then {tr.steps} with background {bg.name} on and off in "
+                  f"windows of {tr.window_steps} under cap {bg.cap:.0%}")
   trained = train_pinned(TrainSpec(
       model=model, plan=plan, steps=tr.alone_steps + tr.steps, output_dir=str(out_dir / "train"),
       optimizer=OptimizerConfig("sgd", tr.learning_rate, 0.9),
       data=DataConfig("synthetic", seed=cfg.seed), background=bg, alone_steps=tr.alone_steps,
+      window_steps=tr.window_steps,
       memory_gb_per_device=cfg.cluster.memory_gb_per_device, seed=cfg.seed), g)
   if trained.get("gantt"):
     plots["measured_gantt"] = trained["gantt"]

@@ -24,7 +24,8 @@ TRAINED_KEYS = ("final_step", "loss_first", "final_loss", "measured_step_ms",
                 "background_steps", "background_samples_per_s", "background_failures",
                 "background_pieces", "background_refused", "foreground_slowdown_noise",
                 "simulated_slowdown",
-                "simulated_background_samples_per_s")
+                "simulated_background_samples_per_s", "alone_steps_measured",
+                "with_steps_measured", "window_steps", "host_load", "host_cores")
 PINNED_KEYS = ("final_step", "measured_step_ms", "measured_step_ms_with_background")
 SIMULATED_KEYS = ("alone_iteration_ms", "iteration_ms", "alone_idle_fraction",
                   "background_samples_per_s", "cluster_throughput_vs_data_parallel")
@@ -312,7 +313,7 @@ def _background_lines(bg: BackgroundConfig, v: dict[str, Any]) -> list[str]:
       f"{_pct(v.get('simulated_on_profile_slowdown'))}); {v['background_steps']} background "
       f"steps ({_fmt(v.get('background_samples_per_s'))} samples/s measured, "
       f"{_fmt(v.get('simulated_background_samples_per_s'))} simulated), "
-      f"{v['background_failures']} failures."]
+      f"{v['background_failures']} failures.", _load_line(v)]
   over = v.get("foreground_slowdown")
   if held and over is not None and over > bg.cap:
     out.append(
@@ -328,6 +329,22 @@ def _background_lines(bg: BackgroundConfig, v: dict[str, Any]) -> list[str]:
         f"one process): {pinned_causes(v)}. The measured Gantt chart shows where; the "
         "slowdown above is against that step, not the one predicted.")
   return out
+
+
+def _load_line(v: dict[str, Any]) -> str:
+  """How the slowdown was measured, and the machine's load while it was."""
+  how = (f"{v.get('with_steps_measured')} steps with the job against "
+         f"{v.get('alone_steps_measured')} alone, in alternating windows of "
+         f"{v['window_steps']} steps (a change in other processes' load cancels)"
+         if v.get("window_steps") else
+         f"{v.get('with_steps_measured')} steps with the job after "
+         f"{v.get('alone_steps_measured')} alone")
+  load, cores = v.get("host_load"), v.get("host_cores")
+  if load is None or not cores:
+    return f"Measured on {how}."
+  busy = (f": other processes shared the {cores} cores" if load > cores + 0.5 else
+          f" on {cores} cores")
+  return f"Measured on {how}; host load {load:.1f} (1-minute average){busy}."
 
 
 def _plan_name(v: dict[str, Any]) -> str:

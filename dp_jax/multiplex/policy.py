@@ -285,6 +285,13 @@ class Admission:
     m = len(self.recent) if m is None else m
     return noise_threshold_ms(self.alone_sd_ms, self.alone_n, m)
 
+  def rebase(self, alone_ms: float) -> None:
+    """Measure from now on against a newer alone iteration time (the alone steps of an
+    interleaved off window: the machine's load now); the kept iterations and the budget follow."""
+    self.alone_ms = float(alone_ms)
+    self.recent = []
+    self.budget_ms = self._budget()
+
   def next_iteration(self, measured_ms: float | None = None) -> None:
     """Start a new iteration; measured_ms (the one that ended) feeds the slowdown back: halve
     `usable` when the mean of the kept iterations exceeds the cap by more than the noise

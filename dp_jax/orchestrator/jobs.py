@@ -49,6 +49,7 @@ class TrainSpec:
   data: DataConfig = field(default_factory=DataConfig)
   background: BackgroundConfig = field(default_factory=BackgroundConfig)  # name none: alone
   alone_steps: int | None = None  # steps before the background job starts (None: the default)
+  window_steps: int = 0  # > 0: then on and off in windows of this many steps (interleaved)
   memory_gb_per_device: float = 2.0
   checkpoint_dir: str | None = None
   checkpoint_every: int = 0
@@ -117,7 +118,7 @@ def train_process(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> di
       spec.background, spec.model, spec.plan, devices,
       memory_gb_per_device=spec.memory_gb_per_device, learning_rate=spec.optimizer.lr,
       seed=spec.seed, start_after=alone, checkpoint_dir=spec.background_checkpoint_dir,
-      checkpoint_every=spec.checkpoint_every)
+      checkpoint_every=spec.checkpoint_every, window_steps=spec.window_steps)
   data = datalib.make_source(spec.data.source, model, path=spec.data.path, seed=spec.data.seed)
   out = Path(spec.output_dir)
   result = train(model, graph, spec.plan, steps=spec.steps, optimizer=spec.optimizer.build(),
@@ -134,13 +135,18 @@ def train_process(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> di
       "alone_steps": alone if hook is not None else None,
       "gantt": str(png) if png is not None else None,
       **orchestrator.measure(result.step_ms, hook),
-      **replay(hook, spec.plan.num_devices, spec.steps - alone)}
+      **replay(hook, spec.plan.num_devices, on_steps(hook, spec.steps))}
   if result.median_step_ms:
     summary["samples_per_s"] = result.program.global_batch / result.median_step_ms * 1e3
   if hook is not None:
     summary.update(background=spec.background.name, background_errors=list(hook.stats.errors),
                    background_on_failure=spec.background.on_failure)
   return summary
+
+
+def on_steps(hook, steps: int) -> int:
+  """The steps of a run of `steps` that admitted its background job."""
+  return 0 if hook is None else sum(hook.background_on(k) for k in range(steps))
 
 
 def check_background(summary: dict[str, Any]) -> dict[str, Any]:

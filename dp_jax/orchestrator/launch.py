@@ -9,12 +9,14 @@ failure counted); the foreground runs regardless.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 from dp_jax.base.errors import UserError
@@ -75,15 +77,16 @@ def start_background(background: BackgroundConfig, foreground: ModelConfig, plan
                      devices: Sequence[jax.Device], *, memory_gb_per_device: float,
                      learning_rate: float = 0.01, seed: int = 0, start_after: int = 0,
                      piece_ms: float = DEFAULT_PIECE_MS, margin: float = 0.0,
-                     checkpoint_dir: str | Path | None = None,
-                     checkpoint_every: int = 0) -> BackgroundScheduler | None:
+                     checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
+                     window_steps: int = 0) -> BackgroundScheduler | None:
   """The hook of `background` beside the foreground model's `plan` on `devices` (None for
   background=none).
 
   Pieces: consecutive layers grouped while a group's measured forward and backward stay within
   piece_ms; their times, measured here on the first device, are the policy's profile. With a
   checkpoint_dir, the job resumes from its background checkpoint there and saves beside the
-  foreground's (every checkpoint_every steps and at the end).
+  foreground's (every checkpoint_every steps and at the end). window_steps > 0: on and off in
+  windows of that many steps after the alone ones (scheduler.BackgroundScheduler).
   """
   if not background.active:
     return None
@@ -95,7 +98,7 @@ def start_background(background: BackgroundConfig, foreground: ModelConfig, plan
   name = f"{background.name}:{spec.name}"
   placed = [layer.devices for layer in plan.layers]
   kw = dict(start_after=start_after, slowdown_cap=process_cap(cap, placed, devices),
-            margin=margin)
+            margin=margin, window_steps=window_steps)
   if jax.process_count() > 1:
     kw["own_devices"] = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
   # several processes: each dispatches only to the devices it owns; a device every layer uses
@@ -158,6 +161,16 @@ def _groups(runner, layer_pieces_ms, piece_ms: float) -> list[list[str]]:
   return [[names[i] for i in g] for g in layer_groups(names, fwd, bwd, piece_ms)]
 
 
+def host_load() -> dict[str, Any]:
+  """The machine's 1-minute load average (runnable processes, this job's included) and its
+  cores: a load above the cores means other work shared them while the steps were timed."""
+  try:
+    load = os.getloadavg()[0]
+  except OSError:  # not every platform has it
+    return {}
+  return {"host_load": round(load, 2), "host_cores": os.cpu_count()}
+
+
 def alone_steps(steps: int) -> int:
   """Steps a run leaves to the foreground alone: compile, timed step, then half the rest."""
   return 2 + max(1, (steps - 2) // 2)
@@ -166,25 +179,57 @@ def alone_steps(steps: int) -> int:
 def measure(step_ms: Sequence[float], hook: BackgroundScheduler | None) -> dict[str, Any]:
   """Foreground step time alone vs with the background job (same run) and the job's output.
 
-  Means, not medians: a background step that delays one foreground step is a real cost.
+  Without windows: the mean of the calibration steps against the mean of the steps after them.
+  With interleaved windows (hook.window_steps; scheduler.step_kind says which step is which):
+  the steps are fitted as ms = alone + drift x step + slowdown_ms x [with], so a load from other
+  processes that grows or falls linearly over the run cancels (the alone and with steps of a
+  window pair sit at different times), and alone and with are reported at the run's mean step;
+  the noise is the fit's residual scatter. Means, not medians: a background step that delays
+  one foreground step is a real cost. The host's load (1-minute average, other processes
+  included) is reported with it: host_load, host_cores.
   """
   if hook is None:
     alone = list(step_ms[2:]) or list(step_ms[1:]) or list(step_ms)
     return {"measured_step_ms": statistics.fmean(alone) if alone else None}
   stats = hook.drain()
-  a = hook.start_after
-  alone, with_bg = list(step_ms[2:a]), list(step_ms[a:])
+  kinds = [hook.step_kind(k) for k in range(len(step_ms))]
+  alone_kind = "alone" if hook.window_steps else "calibration"
+  alone = [ms for ms, kind in zip(step_ms, kinds, strict=True) if kind == alone_kind]
+  with_bg = [ms for ms, kind in zip(step_ms, kinds, strict=True) if kind == "with"]
   out: dict[str, Any] = {
       "measured_step_ms": statistics.fmean(alone) if alone else None,
       "measured_step_ms_with_background": statistics.fmean(with_bg) if with_bg else None,
       "foreground_slowdown": None, "background_samples_per_s": stats.samples_per_s,
       "background_steps": stats.steps, "background_failures": stats.failures,
-      "background_pieces": stats.dispatched, "background_refused": stats.refused}
-  if alone and with_bg:
-    out["foreground_slowdown"] = out["measured_step_ms_with_background"] / out[
-        "measured_step_ms"] - 1.0
-    # the slowdown the alone steps' own noise reaches with probability 1% (the policy's test)
-    sd = statistics.stdev(alone) if len(alone) >= 2 else 0.0
-    out["foreground_slowdown_noise"] = (noise_threshold_ms(sd, len(alone), len(with_bg))
-                                        / out["measured_step_ms"] if len(alone) >= 2 else None)
+      "background_pieces": stats.dispatched, "background_refused": stats.refused,
+      "alone_steps_measured": len(alone), "with_steps_measured": len(with_bg),
+      "window_steps": hook.window_steps or None, **host_load()}
+  if not (alone and with_bg):
+    return out
+  sd = statistics.stdev(alone) if len(alone) >= 2 else 0.0
+  if hook.window_steps and len(alone) >= 2 and len(with_bg) >= 2:
+    at, sd = drift_free(step_ms, kinds)
+    out["measured_step_ms"], out["measured_step_ms_with_background"] = at
+  out["foreground_slowdown"] = out["measured_step_ms_with_background"] / out[
+      "measured_step_ms"] - 1.0
+  # the slowdown the alone steps' own noise reaches with probability 1% (the policy's test)
+  out["foreground_slowdown_noise"] = (noise_threshold_ms(sd, len(alone), len(with_bg))
+                                      / out["measured_step_ms"] if len(alone) >= 2 else None)
   return out
+
+
+def drift_free(step_ms: Sequence[float], kinds: Sequence[str]
+               ) -> tuple[tuple[float, float], float]:
+  """((alone ms, with ms) at the mean step, the residual standard deviation) of a least-squares
+  fit of the alone and with steps to alone + drift x step + added x [with]."""
+  rows = [(k, ms, kind == "with") for k, (ms, kind) in enumerate(zip(step_ms, kinds, strict=True))
+          if kind in ("alone", "with")]
+  k = np.array([r[0] for r in rows], dtype=float)
+  y = np.array([r[1] for r in rows], dtype=float)
+  w = np.array([r[2] for r in rows], dtype=float)
+  x = np.stack([np.ones_like(k), k - k.mean(), w], axis=1)
+  coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+  resid = y - x @ coef
+  sd = float(np.sqrt(resid @ resid / max(len(y) - 3, 1)))
+  alone_ms = float(coef[0])  # steps centred on their mean: the intercept is alone there
+  return (alone_ms, alone_ms + float(coef[2])), sd

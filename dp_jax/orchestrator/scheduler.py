@@ -6,6 +6,14 @@ the alone steps whose call-to-call times predict each idle window (the baseline)
 at every call the hook marks the job's devices the stage uses as busy and every other device as
 idle until its next predicted foreground call, and wakes the dispatch threads.
 
+Interleaved windows (`window_steps` > 0): after the alone steps the background job is on for
+window_steps steps, off for window_steps, on, off, ... (`step_kind`). A slowdown measured as the
+mean of the "with" steps over the mean of the "alone" ones then compares steps taken side by
+side in time, so a change in the machine's load from other processes cancels to first order
+instead of reading as a slowdown (or hiding one). The first step of an off window counts as a
+"with" step (a piece admitted before it may still run), and each on window's admission is
+rebased on the alone time of the off window before it (`Admission.rebase`).
+
 Each job device has one dispatch thread running the job's steps (orchestrator/background.py);
 before each piece, the thread asks the shared policy (dp_jax/multiplex/policy.py) whether the
 piece's
@@ -94,7 +102,8 @@ class BackgroundStats:
   failures: int = 0
   errors: list[str] = field(default_factory=list)
   refused: int = 0  # admission refusals
-  active_s: float = 0.0  # wall time from the first step with the job to drain()
+  active_s: float = 0.0  # wall time the job was on: from its first step to drain(), less off
+  # windows (interleaved)
   piece_ms: float = 0.0  # measured device time of the pieces run before drain(), all devices
   batch: int = 0
 
@@ -123,8 +132,11 @@ class BackgroundScheduler:
                switch_ms: float = 0.0, failures: Sequence[str] = (),
                checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
                own_devices: Iterable[int] | None = None, log_decisions: bool = False,
-               clock: Callable[[], float] = time.perf_counter):
+               window_steps: int = 0, clock: Callable[[], float] = time.perf_counter):
     self.job = job
+    if isinstance(window_steps, bool) or not isinstance(window_steps, int) or window_steps < 0:
+      raise ValueError(f"window_steps must be an integer >= 0, got {window_steps!r}")
+    self.window_steps = window_steps  # 0: the job on at every step after start_after
     self.clock = clock  # seconds; a test drives the hook and the pieces on one fake clock
     self.log_decisions = log_decisions  # the policy keeps every decision (admission.decisions)
     # Several processes: this process's devices; a stage on none of them is held (see __call__)
@@ -168,6 +180,7 @@ class BackgroundScheduler:
     self.paused: set[int] = set()  # threads waiting at a step boundary
     self._t0: float | None = None
     self._t_stop: float | None = None
+    self.on_s = 0.0  # seconds of the steps that admitted the job (interleaved windows)
 
   @property
   def alive(self) -> bool:
@@ -177,6 +190,22 @@ class BackgroundScheduler:
   def step(self) -> int:
     """Index (in this run) of the foreground step being dispatched."""
     return len(self.step_starts) - 1
+
+  def background_on(self, k: int) -> bool:
+    """Whether step k of this run admits background pieces (see window_steps)."""
+    if k < self.start_after:
+      return False
+    return not self.window_steps or (k - self.start_after) // self.window_steps % 2 == 0
+
+  def step_kind(self, k: int) -> str:
+    """What step k measures: "skipped" (compile, the timed step), "calibration" (the alone
+    steps that predict the windows), "with" (the job admitted during it, or in the step before,
+    whose pieces may spill into it) or "alone" (an off window's step after its first)."""
+    if k < min(SKIP_STEPS, self.start_after):
+      return "skipped"
+    if k < self.start_after:
+      return "calibration"
+    return "with" if self.background_on(k) or self.background_on(k - 1) else "alone"
 
   # --- the foreground's hook (main thread) ---------------------------------------------------
 
@@ -188,7 +217,7 @@ class BackgroundScheduler:
     if self.step < self.start_after:
       self.calls[-1].append((sp.stage.index, phase, devices, now))
       return
-    if not self.threads:
+    if not self.threads or not self.background_on(self.step):
       return
     j = self.positions.get((sp.stage.index, phase))
     if self._released is not None:  # the previous call was a probe: its move's time
@@ -252,12 +281,32 @@ class BackgroundScheduler:
       if self.alive and self.runners:
         self._start_threads()
     elif self.admission is not None:
+      last_ms = 1e3 * (now - self.step_starts[-2])
+      if self.background_on(k - 1):
+        self.on_s += last_ms / 1e3
       with self.cond:
-        self.admission.next_iteration(1e3 * (now - self.step_starts[-2]))
+        # an alone step (an off window's) is no measure of the job's slowdown
+        self.admission.next_iteration(last_ms if self.background_on(k - 1) else None)
+        if self.background_on(k) and not self.background_on(k - 1):
+          self._rebase(k)
+        elif not self.background_on(k):  # an off window: no device is lent
+          for d in self.window_end:
+            self.window_end[d] = None
+          self.generation += 1
+          self.cond.notify_all()
     since = k - self.start_after
     if (self.checkpoint_every and self.checkpoint_dir is not None and self.threads
         and self.alive and since > 0 and since % self.checkpoint_every == 0):
       self.save(self.checkpoint_dir)
+
+  def _rebase(self, k: int) -> None:
+    """An on window starts at step k: its admission measures against the alone steps of the
+    off window that just ended (the machine's load now), when it has two or more."""
+    ms = [1e3 * (b - a) for i, (a, b) in enumerate(zip(self.step_starts[:-1],
+                                                       self.step_starts[1:], strict=True))
+          if i >= k - self.window_steps and self.step_kind(i) == "alone"]
+    if len(ms) >= 2:
+      self.admission.rebase(statistics.median(ms))
 
   def _calibrate(self) -> None:
     """Baseline step time and per-call durations from the alone steps after the first two."""
@@ -395,7 +444,12 @@ class BackgroundScheduler:
     """Stop the threads after their current step; close the active window."""
     if self._t0 is not None and self._t_stop is None:
       self._t_stop = self.clock()
-      self.stats.active_s = self._t_stop - self._t0
+      if self.window_steps:  # the time the job was on: steps that admitted it
+        last_on = self.background_on(self.step)
+        self.stats.active_s = self.on_s + (self._t_stop - self.step_starts[-1] if last_on
+                                           else 0.0)
+      else:
+        self.stats.active_s = self._t_stop - self._t0
     with self.cond:
       self.stopping = self.free_run = True
       self.cond.notify_all()
