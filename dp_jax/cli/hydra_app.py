@@ -9,7 +9,9 @@ import importlib
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -133,6 +135,7 @@ def hydra_app[Schema](config_name: str,
       # Hydra re-raises instead of printing its own multi-line report; we print one line.
       os.environ["HYDRA_FULL_ERROR"] = "1"
       job = functools.partial(_run_job, task, config_name, schema)
+      stop_on_signals()
       functools.update_wrapper(job, task)
       try:
         sys.argv[1:] = expand_file_overrides(sys.argv[1:])
@@ -149,9 +152,10 @@ def hydra_app[Schema](config_name: str,
           sys.exit(1)
       except SystemExit:
         raise
-      except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+      except (KeyboardInterrupt, Stopped) as e:
+        status, how, code = ending(e)
+        print(f"{status}: {how}", file=sys.stderr)
+        sys.exit(code)
       except Exception as e:  # noqa: BLE001 - every error ends as one line
         if os.environ.get("DP_JAX_TRACEBACK"):
           traceback.print_exc()
@@ -280,6 +284,11 @@ def _run_locked(task: TaskFn[Any], app: str, schema: type, cfg: Any, hc: Any, ou
   try:
     check_known_keys(cfg, schema)  # every key known, then every value (required ones set)
     summary = task(typed(cfg, schema), run) or {}
+  except (KeyboardInterrupt, Stopped) as e:  # the status says how the run ended
+    if writer and (run.begun or not _EXISTING.covers(output_dir)):
+      status, how, code = ending(e)
+      _record_failure(run, output_dir, how, hc, status=status, exit_code=code)
+    raise
   except Exception as e:  # noqa: BLE001
     message = one_line(e)
     if writer and (run.begun or not _EXISTING.covers(output_dir)):
@@ -298,17 +307,49 @@ def _run_locked(task: TaskFn[Any], app: str, schema: type, cfg: Any, hc: Any, ou
   return summary
 
 
-def _record_failure(run: Any, output_dir: Path, message: str, hc: Any) -> None:
-  """status.json (failed) and the W&B run's end; a write that fails here too is left out
-  (the job's one line already says what went wrong; what was written is kept)."""
+def _record_failure(run: Any, output_dir: Path, message: str, hc: Any, *,
+                    status: str = "failed", exit_code: int = 1) -> None:
+  """status.json (failed, interrupted or terminated) and the W&B run's end; a write that fails
+  here too is left out (the job's one line already says what went wrong; what was written is
+  kept)."""
   try:
     run.begin()
-    _write_status(output_dir, {"status": "failed", "error": message,
+    _write_status(output_dir, {"status": status, "error": message,
                                "overrides": list(hc.overrides.task)})
   except OSError:
     pass
-  run.summary({"status": "failed", "error": message})
-  run.finish(exit_code=1)
+  run.summary({"status": status, "error": message})
+  run.finish(exit_code=exit_code)
+
+
+class Stopped(BaseException):
+  """The run was stopped by SIGTERM or SIGHUP: it unwinds like Ctrl-C (every `finally` runs,
+  so child processes end with it), and its status says which signal."""
+
+  def __init__(self, signum: int):
+    self.signum = signum
+    super().__init__(signal.Signals(signum).name)
+
+
+def stop_on_signals() -> None:
+  """SIGTERM and SIGHUP raise Stopped in the main thread (by default they kill the process
+  before it can stop its children or say how it ended)."""
+  if threading.current_thread() is not threading.main_thread():
+    return
+
+  def stop(signum: int, _frame: Any) -> None:
+    raise Stopped(signum)
+
+  for signum in (signal.SIGTERM, signal.SIGHUP):
+    signal.signal(signum, stop)
+
+
+def ending(e: BaseException) -> tuple[str, str, int]:
+  """(status, how, exit code) of a run stopped by Ctrl-C or a signal."""
+  if isinstance(e, Stopped):
+    name = signal.Signals(e.signum).name
+    return "terminated", f"stopped by {name}", 128 + e.signum
+  return "interrupted", "stopped by SIGINT (Ctrl-C)", 130
 
 
 def _join_processes(cfg: Any, output_dir: Path) -> tuple[Path, bool]:

@@ -14,9 +14,12 @@ counted in the summary either way.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
@@ -229,9 +232,12 @@ def train_pinned(spec: TrainSpec, processes: int, *, timeout_s: float = WORKER_T
   with tempfile.TemporaryDirectory(prefix="dp_jax_pinned_") as tmp:
     spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
     spec_path.write_text(json.dumps(spec.to_json()))
-    procs = pinned.start(["-m", "dp_jax.orchestrator.jobs", str(spec_path), str(result_path)],
-                         processes, tmp, echo_first=echo, cwd=os.getcwd())
-    codes = pinned.wait(procs, timeout_s)
+    procs = pinned.start(["-m", "dp_jax.orchestrator.jobs", str(spec_path), str(result_path),
+                          str(os.getpid())], processes, tmp, echo_first=echo, cwd=os.getcwd())
+    try:
+      codes = pinned.wait(procs, timeout_s)
+    finally:  # interrupted, terminated or failed here: the workers end with this process
+      pinned.wait(procs, 0)
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
     if result is not None and result.get("error"):
       raise UserError(result["error"])
@@ -247,9 +253,12 @@ def train_pinned(spec: TrainSpec, processes: int, *, timeout_s: float = WORKER_T
   return result["summary"]
 
 
-def _worker(spec_path: str, result_path: str) -> int:
-  """One pinned process of train_pinned: join, train, process 0 writes the result."""
+def _worker(spec_path: str, result_path: str, parent: str | None = None) -> int:
+  """One pinned process of train_pinned: join, train, process 0 writes the result. It ends
+  with its parent (`parent`: its pid), however that ends."""
   summary, error, code = None, None, 0
+  if parent is not None:
+    end_with_parent(int(parent))
   try:
     pinned.check_pinned()  # before JAX sizes its thread pools
     distributed.initialize()
@@ -275,7 +284,22 @@ def _worker(spec_path: str, result_path: str) -> int:
   return code
 
 
+def end_with_parent(parent: int) -> None:
+  """Have the kernel kill this process when its parent ends (Linux PR_SET_PDEATHSIG; also when
+  the parent is killed and can stop nobody); exit at once if the parent is already gone."""
+  try:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+  except (OSError, AttributeError):  # not Linux: the parent's own clean-up stops the workers
+    pass
+  if os.getppid() != parent:
+    os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 if __name__ == "__main__":
   logging.basicConfig(level=logging.WARNING, format="[%(name)s][%(levelname)s] - %(message)s")
   logging.getLogger("dp_jax").setLevel(logging.INFO)
-  sys.exit(_worker(*sys.argv[1:3]))
+  sys.exit(_worker(*sys.argv[1:4]))
