@@ -31,7 +31,7 @@ from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import write_json
 from dp_jax.base.yamlfile import CONF_DIR
 from dp_jax.cli.config_files import FILE_GROUPS as YAML_FILE_GROUPS
-from dp_jax.cli.config_files import expand_yaml_overrides
+from dp_jax.cli.config_files import expand_yaml_overrides, one_file, quoted, unquoted
 from dp_jax.cli.schema import check_known_keys, structured, typed
 from dp_jax.runtime import distributed
 from dp_jax.tracking import run as tracking
@@ -160,7 +160,8 @@ def hydra_app[Schema](config_name: str,
         if os.environ.get("DP_JAX_TRACEBACK"):
           traceback.print_exc()
         message = None
-        if isinstance(e, AssertionError) and "Unexpected type for root" in str(e):
+        if ((isinstance(e, AssertionError) and "Unexpected type for root" in str(e))
+            or "Could not override" in str(e)):  # perhaps a key under a null group
           message = _null_parent_message(config_name, sys.argv[1:])
         print(f"error: {message or one_line(e)}", file=sys.stderr)
         sys.exit(2)
@@ -233,11 +234,13 @@ def expand_file_overrides(args: list[str]) -> list[str]:
   out = []
   for arg in args:
     key, sep, value = arg.partition("=")
-    if sep and key in FILE_GROUPS and value.endswith(".json") and "," not in value:
+    value = unquoted(value)
+    if sep and key in FILE_GROUPS and value.endswith(".json") and (
+        "," not in value or one_file(value)):
       out += [f"{key}={FILE_GROUPS[key]}", f"{key}.path={value}"]
     else:
       out.append(arg)
-  return out
+  return quoted(out)
 
 
 def _run_job(task: TaskFn[Any], app: str, schema: type, cfg: Any) -> dict[str, Any] | None:
