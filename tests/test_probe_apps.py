@@ -4,6 +4,7 @@ existing run folder left byte-identical."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from apps import REPO, assert_one_line_error, digest, run_app
@@ -111,3 +112,25 @@ def test_two_runs_started_together_get_two_default_folders(tmp_path):
     assert p.wait(timeout=300) == 0, p.stderr.read().decode()
   folders = [p.parent for p in (tmp_path / "outputs").rglob("plan.json")]
   assert len(set(folders)) == 2, folders
+
+
+def test_an_out_that_is_not_a_file_is_refused_before_any_work(tmp_path):
+  """Issue 41: out=/dev/full reported success (the device replaced by a file, as root);
+  a FIFO stands in for it here."""
+  gpath, ppath = write_graph_and_profile(tmp_path)
+  fifo = tmp_path / "plan.fifo"
+  os.mkfifo(fifo)
+  result = run_app("plan", f"graph={gpath}", f"profile={ppath}", "cluster=a100_nvlink_8",
+                   "batch_size=8", "cluster.num_devices=4", f"out={fifo}", *QUIET, cwd=tmp_path)
+  assert_one_line_error(result, f"out={fifo}", "is a FIFO (named pipe), not a regular file")
+  assert not (tmp_path / "run" / "plan.json").exists()
+
+
+def test_a_measured_profile_of_another_device_is_refused_before_measuring(tmp_path):
+  """Issue 41: profile=measure for an H100 cluster at 224 px measured for minutes first."""
+  start = time.perf_counter()
+  result = run_app("plan", "model=vgg16", "cluster=dgx_h100", "profile=measure", *QUIET,
+                   cwd=tmp_path)
+  assert_one_line_error(result, "profile measure is of cpu devices", "H100-SXM5-80GB")
+  assert time.perf_counter() - start < 60, "it measured first"
+  assert not (tmp_path / ".cache" / "dp_jax" / "profiles").exists()

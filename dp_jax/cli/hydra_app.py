@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dp_jax.base.errors import UserError
-from dp_jax.base.jsonfile import write_json
+from dp_jax.base.jsonfile import check_writable, write_json
 from dp_jax.base.yamlfile import CONF_DIR
 from dp_jax.cli.config_files import FILE_GROUPS as YAML_FILE_GROUPS
 from dp_jax.cli.config_files import expand_yaml_overrides, one_file, quoted, unquoted
@@ -286,6 +286,9 @@ def _run_locked(task: TaskFn[Any], app: str, schema: type, cfg: Any, hc: Any, ou
     _write_status(output_dir, {"status": "running", "overrides": list(hc.overrides.task)})
   try:
     check_known_keys(cfg, schema)  # every key known, then every value (required ones set)
+    out = OmegaConf.select(cfg, "out", default=None)
+    if out:  # the file the app writes, checked before its work (tracing, measuring, planning)
+      check_writable(out, "out")
     summary = task(typed(cfg, schema), run) or {}
   except (KeyboardInterrupt, Stopped) as e:  # the status says how the run ended
     if writer and (run.begun or not _EXISTING.covers(output_dir)):
