@@ -29,10 +29,8 @@ def expand_yaml_overrides(args: list[str], conf_dir: str | Path) -> list[str]:
   """`group=<path>.yaml[,<path>.yaml...]` of FILE_GROUPS as group options on a search path."""
   out, root, linked = [], None, {}
   for arg in args:
-    key, sep, value = arg.partition("=")
-    value = unquoted(value)
-    paths = ([value] if one_file(value) else value.split(",")) if sep else []
-    if key not in FILE_GROUPS or not paths or not all(p.endswith(SUFFIXES) for p in paths):
+    key, paths = _file_override(arg)
+    if not paths:
       out.append(arg)
       continue
     root = root or Path(tempfile.mkdtemp(prefix="dp_jax_conf_"))
@@ -42,6 +40,22 @@ def expand_yaml_overrides(args: list[str], conf_dir: str | Path) -> list[str]:
     return out
   atexit.register(shutil.rmtree, root, ignore_errors=True)
   return _with_search_path(out, f"file://{root}")
+
+
+def named_files(args: list[str]) -> list[tuple[str, Path]]:
+  """(group, file) of every config file the overrides name (what provenance records)."""
+  return [(key, Path(p).expanduser().resolve()) for key, paths in map(_file_override, args)
+          for p in paths]
+
+
+def _file_override(arg: str) -> tuple[str, list[str]]:
+  """(group, paths) of a `group=<file>.yaml[,...]` override of FILE_GROUPS, else (key, [])."""
+  key, sep, value = arg.partition("=")
+  value = unquoted(value)
+  paths = ([value] if one_file(value) else value.split(",")) if sep else []
+  if key not in FILE_GROUPS or not paths or not all(p.endswith(SUFFIXES) for p in paths):
+    return key, []
+  return key, paths
 
 
 def _link(root: Path, group: str, path: Path, conf_dir: Path, linked: dict) -> str:

@@ -31,12 +31,18 @@ from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import check_writable, write_json
 from dp_jax.base.yamlfile import CONF_DIR
 from dp_jax.cli.config_files import FILE_GROUPS as YAML_FILE_GROUPS
-from dp_jax.cli.config_files import expand_yaml_overrides, one_file, quoted, unquoted
+from dp_jax.cli.config_files import (
+  expand_yaml_overrides,
+  named_files,
+  one_file,
+  quoted,
+  unquoted,
+)
 from dp_jax.cli.schema import check_known_keys, structured, typed
 from dp_jax.runtime import distributed
 from dp_jax.tracking import run as tracking
 from dp_jax.tracking import run_folder
-from dp_jax.tracking.sweep_summary import SweepSummary
+from dp_jax.tracking.sweep_summary import SweepRefused, SweepSummary, swept_options
 
 log = logging.getLogger("dp_jax")
 
@@ -138,6 +144,7 @@ def hydra_app[Schema](config_name: str,
       stop_on_signals()
       functools.update_wrapper(job, task)
       try:
+        tracking.record_command(sys.argv, named_files(sys.argv[1:]))
         sys.argv[1:] = expand_file_overrides(sys.argv[1:])
       except UserError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
@@ -152,6 +159,9 @@ def hydra_app[Schema](config_name: str,
           sys.exit(1)
       except SystemExit:
         raise
+      except SweepRefused as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
       except (KeyboardInterrupt, Stopped) as e:
         status, how, code = ending(e)
         print(f"{status}: {how}", file=sys.stderr)
@@ -281,7 +291,9 @@ def _refused(message: str, multirun: bool, hc: Any) -> dict[str, Any]:
 def _run_locked(task: TaskFn[Any], app: str, schema: type, cfg: Any, hc: Any, output_dir: Path,
                 writer: bool, multirun: bool) -> dict[str, Any] | None:
   run = tracking.start(cfg, app=app, output_dir=output_dir, writer=writer,
-                       sweep_name=Path(hc.sweep.dir).name if multirun else None)
+                       sweep_name=Path(hc.sweep.dir).name if multirun else None,
+                       swept=swept_options(Path(hc.sweep.dir), list(hc.overrides.task))
+                       if multirun else ())
   if writer and not _EXISTING.covers(output_dir):  # a new folder: its status reserved
     _write_status(output_dir, {"status": "running", "overrides": list(hc.overrides.task)})
   try:
