@@ -17,6 +17,8 @@ import inspect
 import json
 import os
 import sysconfig
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -194,15 +196,69 @@ def _build(spec: ModelConfig, seed: int, abstract: bool):
   elif spec.dtype != "float32":
     raise UserError(f"option dtype does not apply to model {name} ({target} takes no dtype); "
                     "remove it")
+  check_option_types(make, spec)
 
-  def build() -> Any:
-    return make(rngs=nnx.Rngs(seed), **options)
+  def build() -> Any:  # the type checked inside: eval_shape would fail on a non-JAX output
+    try:
+      model = make(rngs=nnx.Rngs(seed), **options)
+    except UserError:
+      raise
+    except Exception as e:  # noqa: BLE001 - the user's constructor can fail any way
+      given = ", ".join(f"{_option_name(spec, k)}={v!r}" for k, v in spec.options.items())
+      raise UserError(f"model {name}: {target}({given or 'no options'}) failed: "
+                      f"{type(e).__name__}: {_first_line(e)}; check those options against what "
+                      f"{target} needs (docs/extending.md)") from e
+    if not isinstance(model, GraphModel):
+      raise UserError(f"model {name}: {target} returned a {type(model).__name__}, not a "
+                      "dp_jax.models.GraphModel; subclass it (docs/extending.md)")
+    return model
 
   model = nnx.eval_shape(build) if abstract else build()
-  if not isinstance(model, GraphModel):
-    raise UserError(f"model {name}: {target} returned a {type(model).__name__}, not a "
-                    "dp_jax.models.GraphModel; subclass it (docs/extending.md)")
+  from dp_jax.models.trace import check_protocol  # JAX: as the build
+
+  check_protocol(model, name)
   return model
+
+
+def check_option_types(make: Callable[..., Any], spec: ModelConfig) -> None:
+  """Each option given against the type the target annotates it with (int, float, bool, str,
+  or a union of those and None): a one-line UserError naming the option, the target and the
+  type it needs (a string where an int is needed failed deep inside flax otherwise)."""
+  fn = make.__init__ if inspect.isclass(make) else make
+  try:
+    params = inspect.signature(fn, eval_str=True).parameters
+  except (TypeError, ValueError, NameError, SyntaxError):
+    return
+  for key, value in spec.options.items():
+    param = params.get(key)
+    wanted = _simple_types(param.annotation) if param is not None else None
+    if not wanted or (value is None and type(None) in wanted):
+      continue
+    ok = any(isinstance(value, t) and not (t in (int, float) and isinstance(value, bool))
+             for t in wanted) or (float in wanted and isinstance(value, int)
+                                  and not isinstance(value, bool))
+    if not ok:
+      needs = " or ".join("None" if t is type(None) else t.__name__ for t in wanted)
+      raise UserError(f"{_option_name(spec, key)}={value!r} for model {spec.name}: {spec.target} "
+                      f"takes {key} as {needs}, not {type(value).__name__}")
+
+
+def _simple_types(annotation: Any) -> tuple[type, ...] | None:
+  """(int,), (float, NoneType), ... for an annotation of plain scalar types; None otherwise."""
+  scalars = (int, float, bool, str, type(None))
+  args = typing.get_args(annotation) if typing.get_origin(annotation) in (
+      typing.Union, types.UnionType) else (annotation,)
+  return tuple(args) if args and all(a in scalars for a in args) else None
+
+
+def _option_name(spec: ModelConfig, key: str) -> str:
+  return f"model.{key}" if key in SIZE_KEYS else f"model.kwargs.{key}"
+
+
+def _first_line(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  line = lines[0] if lines else type(e).__name__
+  return line if len(line) <= 200 else line[:197] + "..."
 
 
 def locate(target: str, name: str) -> Callable[..., Any]:
