@@ -29,6 +29,7 @@ from typing import Any
 from dp_jax.base.errors import UserError
 from dp_jax.models.zoo import ModelConfig
 from dp_jax.multiplex.background import BackgroundConfig
+from dp_jax.multiplex.policy import busy_in_every_layer
 from dp_jax.planner.contract import Plan
 from dp_jax.runtime import distributed, pinned
 from dp_jax.runtime.local_devices import cpu_cores
@@ -41,7 +42,8 @@ SHARE_CORES = "runtime.share_cores=true"  # the option that runs a cap on shared
 @dataclass(frozen=True)
 class TrainSpec:
   """Everything one training run needs, typed and checked once (the train app and the main job
-  build it at their edge); to_json / from_json carry it to pinned processes."""
+  build it at their edge; a background job the plan leaves no device for is refused here);
+  to_json / from_json carry it to pinned processes."""
 
   model: ModelConfig
   plan: Plan  # checked against the model's graph and the devices (planner.contract.check_plan)
@@ -57,6 +59,9 @@ class TrainSpec:
   background_checkpoint_dir: str | None = None
   progress: bool = True
   seed: int = 0
+
+  def __post_init__(self) -> None:
+    check_background_runs(self.background, self.plan)
 
   def to_json(self) -> dict[str, Any]:
     d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -141,16 +146,47 @@ def train_process(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> di
     summary["samples_per_s"] = result.program.global_batch / result.median_step_ms * 1e3
   if hook is not None:
     summary.update(background=spec.background.name, background_errors=list(hook.stats.errors),
-                   background_on_failure=spec.background.on_failure)
+                   background_on_failure=spec.background.on_failure,
+                   background_slowdown_cap=spec.background.cap)
   return summary
 
 
 def check_background(summary: dict[str, Any]) -> dict[str, Any]:
-  """The summary, or a BackgroundFailed (one line) if its background job failed and the job's
-  on_failure is `fail`."""
-  if summary.get("background_failures") and summary.get("background_on_failure") == "fail":
+  """The summary, or a BackgroundFailed (one line) if its background job failed, or ran
+  nothing at all (no piece: idle_cause says why), and the job's on_failure is `fail`."""
+  if summary.get("background_on_failure") != "fail":
+    return summary
+  if summary.get("background_failures") or idle_cause(summary) is not None:
     raise BackgroundFailed(summary)
   return summary
+
+
+def check_background_runs(background: BackgroundConfig, plan: Plan) -> None:
+  """Refuse, before any work, a background job beside a plan that leaves no device idle (every
+  layer on every device): it could run no step, and the run would report it as a success."""
+  g = plan.num_devices
+  placed = [layer.devices for layer in plan.layers]
+  if background.active and placed and busy_in_every_layer(placed, g) == set(range(g)):
+    raise UserError(f"background={background.name}: the plan leaves no device idle (every layer "
+                    f"runs on all {g} devices), so the background job could run no step; use "
+                    "background=none, or a plan that leaves a device idle in some layer (a "
+                    "burst plan; planner.amplification_limit bounds how many devices it uses)")
+
+
+def idle_cause(summary: dict[str, Any]) -> str | None:
+  """Why a background job ran no piece at all, in words (None: it ran one, or there is none):
+  every piece it offered refused under the slowdown cap, or no idle window opened for it."""
+  if not summary.get("background") or summary.get("background_pieces") or summary.get(
+      "background_steps") or summary.get("background_failures"):
+    return None
+  refused, cap = summary.get("background_refused") or 0, summary.get("background_slowdown_cap")
+  cap_text = "no" if cap is None or cap == float("inf") else f"the {cap:.0%}"
+  if refused:
+    return (f"each of the {refused} pieces it offered was refused under {cap_text} slowdown cap: "
+            "the plan's idle windows are shorter than its pieces; lower "
+            "background.batch_per_device or raise background.slowdown_cap")
+  return ("no idle window of the plan opened for it (the run may be too short: its first "
+          "steps run the foreground alone); train more steps")
 
 
 BACKGROUND_SUMS = ("background_steps", "background_failures", "background_pieces",
@@ -184,11 +220,14 @@ class BackgroundFailed(UserError):
   def __init__(self, summary: dict[str, Any]):
     self.summary = summary
     errors = summary.get("background_errors") or ["?"]
+    cause = idle_cause(summary)
+    what = (f"ran no piece: {cause}" if cause is not None else
+            f"failed ({summary['background_failures']} failure(s), first: {errors[0]}) after "
+            f"{summary.get('background_steps', 0)} step(s)")
     super().__init__(
-        f"background job {summary.get('background')} failed ({summary['background_failures']} "
-        f"failure(s), first: {errors[0]}) after {summary.get('background_steps', 0)} step(s); "
-        f"the foreground trained {summary.get('final_step')} steps and kept its files "
-        "(background.on_failure=continue finishes the run regardless)")
+        f"background job {summary.get('background')} {what}; the foreground trained "
+        f"{summary.get('final_step')} steps and kept its files (background.on_failure=continue "
+        "finishes the run regardless)")
 
 
 def with_background(log_fn, hook):
