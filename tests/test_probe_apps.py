@@ -134,3 +134,30 @@ def test_a_measured_profile_of_another_device_is_refused_before_measuring(tmp_pa
   assert_one_line_error(result, "profile measure is of cpu devices", "H100-SXM5-80GB")
   assert time.perf_counter() - start < 60, "it measured first"
   assert not (tmp_path / ".cache" / "dp_jax" / "profiles").exists()
+
+
+def test_no_slowdown_cap_simulates_and_draws(tmp_path):
+  """Issue 41: background.slowdown_cap=inf ended in matplotlib's 'Axis limits cannot be NaN or
+  Inf' (the cap's mark on the Gantt chart)."""
+  gpath, ppath = write_graph_and_profile(tmp_path)
+  result = run_app("simulate", f"graph={gpath}", f"profile={ppath}", "cluster=a100_nvlink_8",
+                   "batch_size=8", "cluster.num_devices=4", "background=same_family",
+                   "background.slowdown_cap=inf", *QUIET, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert (tmp_path / "run" / "gantt.png").stat().st_size > 0
+
+
+def test_a_plan_file_without_its_schema_is_not_trained(tmp_path):
+  import json
+
+  from test_probe_stop import idle_plan
+
+  path = idle_plan(tmp_path).removeprefix("plan=")
+  plan = json.loads(open(path).read())
+  del plan["schema"]
+  open(path, "w").write(json.dumps(plan))
+  result = run_app("train", "model=gpt2", "model.n_layer=2", "model.d_model=32",
+                   "model.n_head=2", "model.seq_len=16", "model.vocab_size=64",
+                   "runtime.num_devices=2", f"plan={path}", "steps=2", *QUIET, cwd=tmp_path)
+  assert_one_line_error(result, f"plan file {path}: missing required field 'schema'")
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()
