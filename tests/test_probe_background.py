@@ -50,6 +50,10 @@ def test_a_job_that_ran_no_piece_fails_the_run_naming_the_cause():
   assert check_background(ran_nothing(background_pieces=5, background_steps=1))
   with pytest.raises(BackgroundFailed, match="no idle window of the plan opened for it"):
     check_background(ran_nothing(background_refused=0))
+  # steps=3 left every step to the foreground alone: a NaN background model 'trained' to exit 0
+  with pytest.raises(BackgroundFailed, match=r"the run's 3 step\(s\) all ran the foreground "
+                                             r"alone \(its first 3 measure it"):
+    check_background(ran_nothing(final_step=3, alone_steps=3, background_refused=0))
 
 
 def test_the_main_job_names_the_cause_too():

@@ -83,3 +83,51 @@ def test_a_user_model_error_names_the_option_or_method_and_the_class(user_models
 def test_options_of_the_annotated_types_build(user_models):
   assert build(user_models, "MLP", hidden=4, scale=2).layer_specs()[0].name == "layers.0"
   assert build(user_models, "MLP", scale=None) is not None
+
+
+NAN_MODEL = '''
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dp_jax.models.base import GraphModel
+
+
+class Nan(nnx.Module):
+  def __call__(self, x):
+    return x * jnp.nan
+
+
+class NanMLP(GraphModel):
+  num_classes = 4
+
+  def __init__(self, *, dtype=jnp.float32, rngs):
+    self.config = {}
+    self.layers = nnx.List([nnx.Linear(8, 4, rngs=rngs), Nan()])
+
+  def input_spec(self, batch):
+    return jax.ShapeDtypeStruct((batch, 8), jnp.float32)
+
+  def label_spec(self, batch):
+    return jax.ShapeDtypeStruct((batch,), jnp.int32)
+'''
+
+
+def test_a_loss_that_is_nan_from_the_first_step_stops_the_run_in_one_line(tmp_path):
+  """Issue 41, item 5: one policy for a non-finite loss (the background job's: a failure under
+  background.on_failure, tests/test_probe_background.py)."""
+  import json
+
+  from apps import REPO, assert_one_line_error, run_app
+
+  (tmp_path / "probe_nan_model.py").write_text(NAN_MODEL)
+  (tmp_path / "nan_mlp.yaml").write_text("_target_: probe_nan_model.NanMLP\nname: nan_mlp\n")
+  result = run_app("train", "model=nan_mlp.yaml", "runtime.num_devices=2", "batch_size=4",
+                   "steps=3", "runtime.checkpoint_every=1", "logger=disabled", cwd=tmp_path,
+                   env={"PYTHONPATH": f"{REPO}:{tmp_path}"})
+  assert_one_line_error(result, "loss is nan at step 1: training stopped (last good checkpoint: "
+                                "none)")
+  status = json.loads((tmp_path / "run" / "status.json").read_text())
+  assert status["status"] == "failed" and "loss is nan" in status["error"]
+  assert not (tmp_path / "run" / "checkpoints").exists() or not any(
+      p.name.isdigit() for p in (tmp_path / "run" / "checkpoints").iterdir())

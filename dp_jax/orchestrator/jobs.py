@@ -175,18 +175,23 @@ def check_background_runs(background: BackgroundConfig, plan: Plan) -> None:
 
 def idle_cause(summary: dict[str, Any]) -> str | None:
   """Why a background job ran no piece at all, in words (None: it ran one, or there is none):
-  every piece it offered refused under the slowdown cap, or no idle window opened for it."""
+  the run was too short to start it, every piece it offered was refused under the slowdown
+  cap, or no idle window opened for it."""
   if not summary.get("background") or summary.get("background_pieces") or summary.get(
       "background_steps") or summary.get("background_failures"):
     return None
   refused, cap = summary.get("background_refused") or 0, summary.get("background_slowdown_cap")
   cap_text = "no" if cap is None or cap == float("inf") else f"the {cap:.0%}"
+  ran = (summary.get("final_step") or 0) - (summary.get("resumed_from_step") or 0)
+  alone = summary.get("alone_steps")
+  if alone is not None and ran <= alone:
+    return (f"the run's {ran} step(s) all ran the foreground alone (its first {alone} measure "
+            "it before the job starts); train more steps")
   if refused:
     return (f"each of the {refused} pieces it offered was refused under {cap_text} slowdown cap: "
             "the plan's idle windows are shorter than its pieces; lower "
             "background.batch_per_device or raise background.slowdown_cap")
-  return ("no idle window of the plan opened for it (the run may be too short: its first "
-          "steps run the foreground alone); train more steps")
+  return "no idle window of the plan opened for it"
 
 
 BACKGROUND_SUMS = ("background_steps", "background_failures", "background_pieces",
