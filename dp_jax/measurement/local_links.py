@@ -25,10 +25,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from importlib import metadata
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import optax
 
@@ -187,10 +189,6 @@ def cache_key(num_devices: int) -> dict:
   """What a calibration depends on: the backend, device kind and count, the cores, the JAX and
   jaxlib versions, XLA's flags and the measuring code (this module, the plan timing it uses,
   and the runtime whose stage costs it measures)."""
-  from importlib import metadata
-
-  import jaxlib
-
   root = Path(__file__).resolve().parents[1]  # dp_jax/
   code = hashlib.sha256()
   for f in [Path(__file__), root / "measurement" / "plan_timing.py",

@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
@@ -127,8 +128,6 @@ def own_folder(sweep_dir: Path, app: str, overrides: list[str]) -> None:
 def swept_options(sweep_dir: Path, cell: list[str]) -> list[str]:
   """The cell's overrides ('key=value') of the options its sweep sweeps (sweep.json's
   overrides with several values: a,b, range(...), glob(...)); [] if that is not known."""
-  from hydra.core.override_parser.overrides_parser import OverridesParser
-
   try:
     lines = json.loads((sweep_dir / SWEEP_FILE).read_text())["overrides"]
     keys = {o.get_key_element() for o in OverridesParser.create().parse_overrides(lines)
