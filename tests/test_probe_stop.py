@@ -157,7 +157,10 @@ def test_sigterm_unwinds_like_ctrl_c_and_says_how_the_run_ended():
 
   saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
   try:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup: stays ignored
     stop_on_signals()
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     with pytest.raises(Stopped) as e:
       os.kill(os.getpid(), signal.SIGTERM)
       time.sleep(1)

@@ -351,7 +351,8 @@ class Stopped(BaseException):
 
 def stop_on_signals() -> None:
   """SIGTERM and SIGHUP raise Stopped in the main thread (by default they kill the process
-  before it can stop its children or say how it ended)."""
+  before it can stop its children or say how it ended); a signal the process was started
+  ignoring (SIGHUP under nohup) stays ignored."""
   if threading.current_thread() is not threading.main_thread():
     return
 
@@ -359,7 +360,8 @@ def stop_on_signals() -> None:
     raise Stopped(signum)
 
   for signum in (signal.SIGTERM, signal.SIGHUP):
-    signal.signal(signum, stop)
+    if signal.getsignal(signum) is signal.SIG_DFL:  # one ignored (nohup) stays ignored
+      signal.signal(signum, stop)
 
 
 def ending(e: BaseException) -> tuple[str, str, int]:
