@@ -99,7 +99,7 @@ def simulated(cfg: SimulateConfig) -> Simulated:
   graph = LayerGraph.load(cfg.graph) if cfg.graph else model.graph(cfg.seed)
   record = model_record(graph, model and model.options)
   if loaded is not None:
-    check_made_for(loaded, record, f"plan {cfg.plan}")
+    check_made_for(loaded, record, f"plan {cfg.plan}", to_record(cluster, loaded.num_devices))
   profile = profiles.for_cluster(profile_options, graph, cluster.device, batch,
                                  background.batch_per_device, model=model)
   job_graph = job_profile = None

@@ -24,6 +24,7 @@ from typing import Any
 
 from dp_jax.base.checks import REQUIRED, Checked, ConfigError, option
 from dp_jax.base.errors import UserError
+from dp_jax.base.jsonfile import read_json
 from dp_jax.cli.hydra_app import hydra_app, run_app_module
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import ClusterConfig, to_record
@@ -35,6 +36,7 @@ from dp_jax.orchestrator import jobs as training
 from dp_jax.orchestrator.jobs import TrainSpec
 from dp_jax.planner import PlanOptions, plan_for
 from dp_jax.planner.contract import (
+  PLAN_SCHEMA,
   Plan,
   check_made_for,
   check_plan,
@@ -103,7 +105,11 @@ def load_plan_file(path: str) -> Plan:
   if not Path(path).is_file():
     raise UserError(f"plan '{path}' is neither {' nor '.join(PLAN_MODES)} nor an existing plan "
                     "JSON file")
-  return Plan.load(path, planned=False)
+  d = read_json(path, "plan")
+  if isinstance(d, dict) and "schema" not in d:  # a file states its format, or is no plan
+    raise UserError(f"plan file {path}: missing required field 'schema' (a plan file states its "
+                    f"format, \"schema\": \"{PLAN_SCHEMA}\"); is it a dp_jax plan?")
+  return Plan.from_json(d, where=str(path), planned=False)
 
 
 def job_devices(requested: int | None):

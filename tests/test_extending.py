@@ -213,7 +213,8 @@ def test_simulate_sweep_on_own_cluster_file_writes_one_table_and_groups_its_runs
     metrics = json.loads((sweep / str(i) / "metrics.json").read_text())
     assert float(r["iteration ms alone (simulated)"]) == pytest.approx(
         metrics["alone_iteration_ms"], rel=1e-3)
-    assert float(r["cluster throughput / data parallel (simulated)"]) > 0
+    assert float(r["cluster throughput / DP on all G alone (simulated)"]) > 0
+    assert r["verdict vs fastest DP"] in ("ahead", "tie", "behind")
     config = json.loads((sweep / str(i) / "config.json").read_text())
     assert config["cluster"]["num_nodes"] == 2
   md = (sweep / "sweep_summary.md").read_text().splitlines()
@@ -227,7 +228,7 @@ def test_simulate_sweep_on_own_cluster_file_writes_one_table_and_groups_its_runs
     plan = (sweep / str(i) / "plan.json").read_bytes()
     assert f"plan-digits_mlp-{hashlib.sha256(plan).hexdigest()[:12]}" in artifacts(sweep / str(i))
   assert groups == {"sweep"} and len(names) == 6
-  assert "simulate digits_mlp my_a100 G4 B32 A1.5" in names
+  assert "simulate digits_mlp my_a100 G4 B32 A1.5 fp32" in names
 
 
 @pytest.mark.parametrize("cluster,fragments", [

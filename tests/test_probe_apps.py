@@ -4,6 +4,7 @@ existing run folder left byte-identical."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from apps import REPO, assert_one_line_error, digest, run_app
@@ -29,7 +30,7 @@ def plan_folder(tmp_path_factory):
     ("+planner.amplificaton_limit=1", "did you mean planner.amplification_limit?"),
     ("+model.foo=1", "unknown option model.foo"),
     ("cluster.inter_node_bandwidth_GBps=400", "400 Gb/s is 50 GB/s"),
-    ("out=/tmp/d\u00e9j\u00e0/plan.json", "quote a value"),
+    ("out=[plan.json", "quote a value"),  # non-ASCII is quoted for the parser: test_probe_overrides
 ])
 def test_plan_refuses_with_one_line_and_keeps_its_run_folder(plan_folder, override, fragment):
   cwd, args = plan_folder
@@ -111,3 +112,52 @@ def test_two_runs_started_together_get_two_default_folders(tmp_path):
     assert p.wait(timeout=300) == 0, p.stderr.read().decode()
   folders = [p.parent for p in (tmp_path / "outputs").rglob("plan.json")]
   assert len(set(folders)) == 2, folders
+
+
+def test_an_out_that_is_not_a_file_is_refused_before_any_work(tmp_path):
+  """Issue 41: out=/dev/full reported success (the device replaced by a file, as root);
+  a FIFO stands in for it here."""
+  gpath, ppath = write_graph_and_profile(tmp_path)
+  fifo = tmp_path / "plan.fifo"
+  os.mkfifo(fifo)
+  result = run_app("plan", f"graph={gpath}", f"profile={ppath}", "cluster=a100_nvlink_8",
+                   "batch_size=8", "cluster.num_devices=4", f"out={fifo}", *QUIET, cwd=tmp_path)
+  assert_one_line_error(result, f"out={fifo}", "is a FIFO (named pipe), not a regular file")
+  assert not (tmp_path / "run" / "plan.json").exists()
+
+
+def test_a_measured_profile_of_another_device_is_refused_before_measuring(tmp_path):
+  """Issue 41: profile=measure for an H100 cluster at 224 px measured for minutes first."""
+  start = time.perf_counter()
+  result = run_app("plan", "model=vgg16", "cluster=dgx_h100", "profile=measure", *QUIET,
+                   cwd=tmp_path)
+  assert_one_line_error(result, "profile measure is of cpu devices", "H100-SXM5-80GB")
+  assert time.perf_counter() - start < 60, "it measured first"
+  assert not (tmp_path / ".cache" / "dp_jax" / "profiles").exists()
+
+
+def test_no_slowdown_cap_simulates_and_draws(tmp_path):
+  """Issue 41: background.slowdown_cap=inf ended in matplotlib's 'Axis limits cannot be NaN or
+  Inf' (the cap's mark on the Gantt chart)."""
+  gpath, ppath = write_graph_and_profile(tmp_path)
+  result = run_app("simulate", f"graph={gpath}", f"profile={ppath}", "cluster=a100_nvlink_8",
+                   "batch_size=8", "cluster.num_devices=4", "background=same_family",
+                   "background.slowdown_cap=inf", *QUIET, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert (tmp_path / "run" / "gantt.png").stat().st_size > 0
+
+
+def test_a_plan_file_without_its_schema_is_not_trained(tmp_path):
+  import json
+
+  from test_probe_stop import idle_plan
+
+  path = idle_plan(tmp_path).removeprefix("plan=")
+  plan = json.loads(open(path).read())
+  del plan["schema"]
+  open(path, "w").write(json.dumps(plan))
+  result = run_app("train", "model=gpt2", "model.n_layer=2", "model.d_model=32",
+                   "model.n_head=2", "model.seq_len=16", "model.vocab_size=64",
+                   "runtime.num_devices=2", f"plan={path}", "steps=2", *QUIET, cwd=tmp_path)
+  assert_one_line_error(result, f"plan file {path}: missing required field 'schema'")
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()

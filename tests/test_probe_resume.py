@@ -128,6 +128,52 @@ def test_a_damaged_checkpoint_is_named_and_the_one_before_used(tmp_path, finishe
   assert_same_result(run_dir, finished)
 
 
+def _flip_a_bit(step_dir):
+  data = max((step_dir / "default").glob("ocdbt.process_*/d/*"), key=lambda f: f.stat().st_size)
+  raw = bytearray(data.read_bytes())
+  raw[len(raw) // 2] ^= 0x10
+  data.write_bytes(bytes(raw))
+
+
+def _copy_6_over_8(step_dir):
+  shutil.rmtree(step_dir)
+  shutil.copytree(step_dir.parent / "6", step_dir)
+
+
+def _remove_its_arrays(step_dir):
+  shutil.rmtree(step_dir / "default")
+
+
+@pytest.mark.parametrize("damage, named", [
+    (_flip_a_bit, "differs from what was saved (checksum mismatch)"),
+    # in process, fast: tests/test_checkpoint_damage.py
+    pytest.param(_copy_6_over_8, "holds the checkpoint of step 6, not 8", marks=pytest.mark.slow),
+    pytest.param(_remove_its_arrays, "default: missing", marks=pytest.mark.slow),
+])
+def test_damage_orbax_does_not_see_is_found_and_the_good_checkpoint_used(tmp_path, finished,
+                                                                         cache, damage, named):
+  """Issue 41: a flipped bit, another step's folder and a missing item all resumed silently
+  (or made every checkpoint read as damaged); each is named and step 6 resumes exactly."""
+  run_dir = copy_of(finished, tmp_path)
+  damage(run_dir / "checkpoints" / str(STEPS))
+  result = run_app("train", *TINY, f"steps={STEPS}", cwd=tmp_path, env=cache)
+  assert result.returncode == 0, result.stderr
+  said = result.stdout + result.stderr
+  assert f"checkpoint step {STEPS} in" in said and named in said, said
+  assert json.loads((run_dir / "status.json").read_text())["resumed_from_step"] == 6
+  assert_same_result(run_dir, finished)
+
+
+def test_a_resume_that_would_lose_its_metrics_history_is_refused(tmp_path, finished, cache):
+  run_dir = copy_of(finished, tmp_path)
+  (run_dir / "metrics.jsonl").unlink()
+  before = digest(run_dir)
+  result = run_app("train", *TINY, f"steps={STEPS + 2}", cwd=tmp_path, env=cache)
+  assert_one_line_error(result, "metrics.jsonl is missing", "resumes from checkpoint step 8",
+                        "put the file back")
+  assert digest(run_dir) == before
+
+
 def test_every_checkpoint_damaged_is_one_line_and_the_folder_kept(tmp_path, finished, cache):
   run_dir = copy_of(finished, tmp_path)
   for step in (6, STEPS):

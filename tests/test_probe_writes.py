@@ -2,13 +2,15 @@
 before is kept."""
 
 import errno
+import json
 import os
 import pathlib
+import stat
 
 import pytest
 
 from dp_jax.base.errors import UserError
-from dp_jax.base.jsonfile import write_json
+from dp_jax.base.jsonfile import check_writable, write_json
 from dp_jax.cli.hydra_app import one_line
 
 
@@ -68,3 +70,33 @@ def test_a_failed_checkpoint_save_is_one_line_naming_the_folder():
   quiet = FailingManager()
   ckpt.finish(quiet, failing=True)  # another error is on its way: this one is only logged
   assert quiet.closed
+
+
+# --- issue 41: a write replaces only a regular file; links are written through ----------------
+
+
+def test_a_write_through_a_link_replaces_its_target_and_keeps_the_link(tmp_path):
+  target = write_json(tmp_path / "old.json", {"plan": "old"})
+  link = tmp_path / "plan.json"
+  link.symlink_to(target)
+  assert write_json(link, {"plan": "new"}) == target
+  assert link.is_symlink() and os.readlink(link) == str(target)
+  assert json.loads(target.read_text()) == {"plan": "new"}
+
+
+def test_a_fifo_or_a_device_is_refused_naming_what_it_is(tmp_path):
+  fifo = tmp_path / "pipe"
+  os.mkfifo(fifo)
+  with pytest.raises(UserError, match=r"pipe is a FIFO \(named pipe\), not a regular file"):
+    write_json(fifo, {"plan": 1})
+  assert stat.S_ISFIFO(fifo.stat().st_mode)
+  link = tmp_path / "out.json"
+  link.symlink_to(fifo)
+  with pytest.raises(UserError, match=f"a link to {fifo}"):
+    write_json(link, {"plan": 1})
+  # a character device: checked without writing (a failing check must not replace /dev/null)
+  with pytest.raises(UserError, match="out=/dev/null: /dev/null is a character device"):
+    check_writable("/dev/null", "out")
+  with pytest.raises(UserError, match="is a folder"):
+    check_writable(tmp_path, "out")
+  assert check_writable(tmp_path / "new" / "plan.json", "out") == tmp_path / "new" / "plan.json"

@@ -6,6 +6,7 @@ import errno
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,14 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 1, *,
   """Write `obj` as strict, indented JSON, creating the parent folder.
 
   Atomic: written beside the target, then renamed over it, so a kill or a full disk leaves the
-  previous file whole (a failed write removes its partial copy and names the path).
+  previous file whole (a failed write removes its partial copy and names the path). A symbolic
+  link is written through (its target replaced, the link kept); a path that is not a regular
+  file (a FIFO, a device, a folder) is refused (file_target).
   reserve: pad the file with trailing spaces to at least this many bytes, so that a later write
   of at most that size can overwrite it in place when the disk is full (overwriting blocks a
   file already has needs no new ones): a run's status can still say that the disk filled.
   """
-  path = Path(path)
+  path = file_target(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   text = dumps(obj, indent)
   text += " " * max(0, reserve - len(text.encode()) - 1) + "\n" if reserve else ""
@@ -54,6 +57,49 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 1, *,
     if not (reserve and e.errno == errno.ENOSPC and _overwrite(path, text)):
       raise OSError(e.errno, e.strerror, str(path)) from e
   return path
+
+
+def file_target(path: str | Path) -> Path:
+  """The regular file a write to `path` replaces: `path`, or the file a symbolic link at it
+  points to; a one-line UserError naming what is there if that is not a regular file (writing
+  beside it and renaming would replace a FIFO or a device with a file)."""
+  path = Path(path)
+  real = Path(os.path.realpath(path)) if path.is_symlink() else path
+  try:
+    mode = real.stat().st_mode
+  except FileNotFoundError:
+    return real
+  except OSError as e:
+    raise UserError(f"cannot write {path}: {e.strerror}") from None
+  if not stat.S_ISREG(mode):
+    via = f" (a link to {real})" if real != path else ""
+    raise UserError(f"{path}{via} is {_kind(mode)}, not a regular file; give the path of a file "
+                    "to write")
+  return real
+
+
+def check_writable(path: str | Path, option: str) -> Path:
+  """Before any work: the file `option` names can be written (a regular file or none yet, in a
+  folder that is, or can be made, writable); a one-line UserError naming the option if not."""
+  try:
+    target = file_target(path)
+  except UserError as e:
+    raise UserError(f"{option}={path}: {e}") from None
+  folder = target.parent
+  while not folder.exists() and folder != folder.parent:
+    folder = folder.parent
+  if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+    raise UserError(f"{option}={path}: {folder} is not a writable folder; choose another path")
+  if target.exists() and not os.access(target, os.W_OK):
+    raise UserError(f"{option}={path}: the file is not writable; choose another path")
+  return target
+
+
+def _kind(mode: int) -> str:
+  kinds = [(stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+           (stat.S_ISSOCK, "a socket")]
+  return next((name for test, name in kinds if test(mode)), "not a file")
 
 
 def _overwrite(path: Path, text: str) -> bool:

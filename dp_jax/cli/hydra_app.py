@@ -9,7 +9,9 @@ import importlib
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -26,15 +28,21 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dp_jax.base.errors import UserError
-from dp_jax.base.jsonfile import write_json
+from dp_jax.base.jsonfile import check_writable, write_json
 from dp_jax.base.yamlfile import CONF_DIR
 from dp_jax.cli.config_files import FILE_GROUPS as YAML_FILE_GROUPS
-from dp_jax.cli.config_files import expand_yaml_overrides
+from dp_jax.cli.config_files import (
+  expand_yaml_overrides,
+  named_files,
+  one_file,
+  quoted,
+  unquoted,
+)
 from dp_jax.cli.schema import check_known_keys, structured, typed
 from dp_jax.runtime import distributed
 from dp_jax.tracking import run as tracking
 from dp_jax.tracking import run_folder
-from dp_jax.tracking.sweep_summary import SweepSummary
+from dp_jax.tracking.sweep_summary import SweepRefused, SweepSummary, swept_options
 
 log = logging.getLogger("dp_jax")
 
@@ -133,8 +141,10 @@ def hydra_app[Schema](config_name: str,
       # Hydra re-raises instead of printing its own multi-line report; we print one line.
       os.environ["HYDRA_FULL_ERROR"] = "1"
       job = functools.partial(_run_job, task, config_name, schema)
+      stop_on_signals()
       functools.update_wrapper(job, task)
       try:
+        tracking.record_command(sys.argv, named_files(sys.argv[1:]))
         sys.argv[1:] = expand_file_overrides(sys.argv[1:])
       except UserError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
@@ -149,14 +159,19 @@ def hydra_app[Schema](config_name: str,
           sys.exit(1)
       except SystemExit:
         raise
-      except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+      except SweepRefused as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+      except (KeyboardInterrupt, Stopped) as e:
+        status, how, code = ending(e)
+        print(f"{status}: {how}", file=sys.stderr)
+        sys.exit(code)
       except Exception as e:  # noqa: BLE001 - every error ends as one line
         if os.environ.get("DP_JAX_TRACEBACK"):
           traceback.print_exc()
         message = None
-        if isinstance(e, AssertionError) and "Unexpected type for root" in str(e):
+        if ((isinstance(e, AssertionError) and "Unexpected type for root" in str(e))
+            or "Could not override" in str(e)):  # perhaps a key under a null group
           message = _null_parent_message(config_name, sys.argv[1:])
         print(f"error: {message or one_line(e)}", file=sys.stderr)
         sys.exit(2)
@@ -229,11 +244,13 @@ def expand_file_overrides(args: list[str]) -> list[str]:
   out = []
   for arg in args:
     key, sep, value = arg.partition("=")
-    if sep and key in FILE_GROUPS and value.endswith(".json") and "," not in value:
+    value = unquoted(value)
+    if sep and key in FILE_GROUPS and value.endswith(".json") and (
+        "," not in value or one_file(value)):
       out += [f"{key}={FILE_GROUPS[key]}", f"{key}.path={value}"]
     else:
       out.append(arg)
-  return out
+  return quoted(out)
 
 
 def _run_job(task: TaskFn[Any], app: str, schema: type, cfg: Any) -> dict[str, Any] | None:
@@ -274,12 +291,22 @@ def _refused(message: str, multirun: bool, hc: Any) -> dict[str, Any]:
 def _run_locked(task: TaskFn[Any], app: str, schema: type, cfg: Any, hc: Any, output_dir: Path,
                 writer: bool, multirun: bool) -> dict[str, Any] | None:
   run = tracking.start(cfg, app=app, output_dir=output_dir, writer=writer,
-                       sweep_name=Path(hc.sweep.dir).name if multirun else None)
+                       sweep_name=Path(hc.sweep.dir).name if multirun else None,
+                       swept=swept_options(Path(hc.sweep.dir), list(hc.overrides.task))
+                       if multirun else ())
   if writer and not _EXISTING.covers(output_dir):  # a new folder: its status reserved
     _write_status(output_dir, {"status": "running", "overrides": list(hc.overrides.task)})
   try:
     check_known_keys(cfg, schema)  # every key known, then every value (required ones set)
+    out = OmegaConf.select(cfg, "out", default=None)
+    if out:  # the file the app writes, checked before its work (tracing, measuring, planning)
+      check_writable(out, "out")
     summary = task(typed(cfg, schema), run) or {}
+  except (KeyboardInterrupt, Stopped) as e:  # the status says how the run ended
+    if writer and (run.begun or not _EXISTING.covers(output_dir)):
+      status, how, code = ending(e)
+      _record_failure(run, output_dir, how, hc, status=status, exit_code=code)
+    raise
   except Exception as e:  # noqa: BLE001
     message = one_line(e)
     if writer and (run.begun or not _EXISTING.covers(output_dir)):
@@ -298,17 +325,51 @@ def _run_locked(task: TaskFn[Any], app: str, schema: type, cfg: Any, hc: Any, ou
   return summary
 
 
-def _record_failure(run: Any, output_dir: Path, message: str, hc: Any) -> None:
-  """status.json (failed) and the W&B run's end; a write that fails here too is left out
-  (the job's one line already says what went wrong; what was written is kept)."""
+def _record_failure(run: Any, output_dir: Path, message: str, hc: Any, *,
+                    status: str = "failed", exit_code: int = 1) -> None:
+  """status.json (failed, interrupted or terminated) and the W&B run's end; a write that fails
+  here too is left out (the job's one line already says what went wrong; what was written is
+  kept)."""
   try:
     run.begin()
-    _write_status(output_dir, {"status": "failed", "error": message,
+    _write_status(output_dir, {"status": status, "error": message,
                                "overrides": list(hc.overrides.task)})
   except OSError:
     pass
-  run.summary({"status": "failed", "error": message})
-  run.finish(exit_code=1)
+  run.summary({"status": status, "error": message})
+  run.finish(exit_code=exit_code)
+
+
+class Stopped(BaseException):
+  """The run was stopped by SIGTERM or SIGHUP: it unwinds like Ctrl-C (every `finally` runs,
+  so child processes end with it), and its status says which signal."""
+
+  def __init__(self, signum: int):
+    self.signum = signum
+    super().__init__(signal.Signals(signum).name)
+
+
+def stop_on_signals() -> None:
+  """SIGTERM and SIGHUP raise Stopped in the main thread (by default they kill the process
+  before it can stop its children or say how it ended); a signal the process was started
+  ignoring (SIGHUP under nohup) stays ignored."""
+  if threading.current_thread() is not threading.main_thread():
+    return
+
+  def stop(signum: int, _frame: Any) -> None:
+    raise Stopped(signum)
+
+  for signum in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(signum) is signal.SIG_DFL:  # one ignored (nohup) stays ignored
+      signal.signal(signum, stop)
+
+
+def ending(e: BaseException) -> tuple[str, str, int]:
+  """(status, how, exit code) of a run stopped by Ctrl-C or a signal."""
+  if isinstance(e, Stopped):
+    name = signal.Signals(e.signum).name
+    return "terminated", f"stopped by {name}", 128 + e.signum
+  return "interrupted", "stopped by SIGINT (Ctrl-C)", 130
 
 
 def _join_processes(cfg: Any, output_dir: Path) -> tuple[Path, bool]:

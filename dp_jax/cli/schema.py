@@ -9,7 +9,7 @@ import types
 import typing
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import AnyNode, DictConfig, ListConfig, OmegaConf
 
 from dp_jax.base.checks import build
 from dp_jax.base.errors import UserError
@@ -22,7 +22,24 @@ def structured(schema: type) -> DictConfig:
   afterwards (`typed`), where every option is checked."""
   node = OmegaConf.structured(schema)
   _writable(node)
+  _untyped_nulls(node)
   return node
+
+
+def _untyped_nulls(node: Any) -> None:
+  """Make each null group field (`background.model: ModelConfig | None = None`) an untyped
+  null: OmegaConf cannot merge an override into a typed null node (`background.model={name:
+  vgg16}` fails inside OmegaConf with "'NoneType' object has no attribute 'get'"), but sets an
+  untyped one; the field is still typed and checked when the app's config is built (`typed`)."""
+  if not isinstance(node, DictConfig) or node._is_none():
+    return
+  for key in list(node.keys()):
+    child = node._get_node(key)
+    if isinstance(child, DictConfig) and child._is_none() and dataclasses.is_dataclass(
+        child._metadata.ref_type):
+      node.__dict__["_content"][key] = AnyNode(None, key=key, parent=node)  # no public setter
+    else:
+      _untyped_nulls(child)
 
 
 def _writable(node: Any) -> None:

@@ -7,6 +7,9 @@ i // devices_per_node. The default numbers and their sources are in conf/cluster
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import cache
 from typing import Any
@@ -230,8 +233,29 @@ def named_cluster(name: str, **changes: Any) -> ClusterConfig:
 
 
 def to_record(spec: ClusterConfig, num_devices: int) -> dict[str, Any]:
-  """What a plan records of the cluster it was made for: every field and G."""
-  return {**asdict(spec), "num_devices": num_devices}
+  """What a plan records of the cluster it was made for: every field, G, and the digest of
+  its content (cluster_digest), which a plan is checked against, not the cluster's name."""
+  fields = {**asdict(spec), "num_devices": num_devices}
+  return {**fields, "digest": cluster_digest(fields)}
+
+
+# not content: the label, the job's size and the pod's (a plan on G devices uses G of them)
+NOT_CONTENT = ("name", "num_devices", "num_nodes", "digest")
+
+
+def cluster_digest(fields: Mapping[str, Any]) -> str:
+  """A short sha256 of every number and choice of a cluster record (its NOT_CONTENT left
+  out), numbers as floats: two files with the same numbers agree whatever their names."""
+  content = {k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+             for k, v in fields.items() if k not in NOT_CONTENT}
+  return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def record_differences(made: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+  """'inter_node_bandwidth_GBps (3.125 recorded, 50 now)' for each content field that differs."""
+  keys = sorted((set(made) | set(now)) - set(NOT_CONTENT))
+  return [f"{k} ({made.get(k)!r} recorded, {now.get(k)!r} now)" for k in keys
+          if cluster_digest({k: made.get(k)}) != cluster_digest({k: now.get(k)})]
 
 
 # --- collective and move costs (pure, numpy-vectorised over device ranges) ---------------------

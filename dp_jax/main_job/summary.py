@@ -13,6 +13,7 @@ from typing import Any
 from dp_jax.main_job.paper_setting import COLUMNS as PAPER_COLUMNS
 from dp_jax.multiplex.background import BackgroundConfig
 from dp_jax.multiplex.policy import busy_in_every_layer
+from dp_jax.orchestrator.jobs import idle_cause
 from dp_jax.planner.contract import limit_label
 from dp_jax.report.compare import describe, gpu_time_change, validated_tolerance, verdict
 from dp_jax.report.tables import table
@@ -117,11 +118,12 @@ def background_failure(bg: BackgroundConfig, local: Measured) -> str | None:
   job ran no step beside the plan, or the measured slowdown broke the cap beyond its noise."""
   v = {k: val for k, (val, _) in local.items()}
   if not v.get("background_steps"):
-    return (f"the background job {bg.name} ran no step beside the plan ("
-            f"{v.get('background_pieces') or 0} pieces dispatched, "
-            f"{v.get('background_refused') or 0} refused, {v.get('background_failures') or 0} "
-            "failed): the main job did not show multiplexing; its measured Gantt chart shows "
-            "the idle windows")
+    cause = idle_cause({**v, "background": bg.name, "background_slowdown_cap": bg.cap}) or (
+        f"its {v.get('background_pieces') or 0} pieces completed no step within the run "
+        f"({v.get('background_refused') or 0} refused, {v.get('background_failures') or 0} "
+        "failed)")
+    return (f"the background job {bg.name} ran no step beside the plan: {cause}; the main job "
+            "did not show multiplexing (its measured Gantt chart shows the idle windows)")
   if v.get("cap_held") is False:
     return (f"the measured foreground slowdown {_pct(v['foreground_slowdown'])} broke the "
             f"{bg.cap:.0%} cap beyond its noise ({_noise(v)}): the multiplexing policy did "

@@ -157,7 +157,7 @@ def measure_profile(model, graph: LayerGraph, batches: int | Iterable[int], *,
       ins = [structs[p] for p in node.inputs] if node.inputs else [x]
       shapes = [[list(s.shape[1:]), str(s.dtype)] for s in ins]
       key = {**base, "layer": name, "batch": b, "kind": node.kind, "in_shapes": shapes,
-             "attrs": cache.attrs_hash(node.attrs), "source": not node.inputs}
+             "attrs": cache.layer_hash(node), "source": not node.inputs}
       hit = cache.load(cache_dir, key)
       sig = (node.kind, key["attrs"], str(shapes), b, key["source"])
       if hit is not None:

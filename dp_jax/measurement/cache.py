@@ -1,4 +1,10 @@
-"""On-disk cache of measured layer timings: one small JSON file per (layer, batch, device) key."""
+"""On-disk cache of measured layer timings: one small JSON file per (layer, batch, device) key.
+
+A key holds what a timing depends on: the device, backend and JAX version, the batch, the
+layer's input shapes and its traced content (layer_hash: kind, attrs, parameters, output shape,
+FLOPs and bytes, all traced from the model's current source), so an edited layer is measured
+again rather than read back.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,13 @@ def attrs_hash(attrs: Mapping[str, Any]) -> str:
   """Stable short hash of a layer's attrs (sorted-key JSON)."""
   blob = json.dumps(attrs, sort_keys=True, default=str, separators=(",", ":"))
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def layer_hash(node: Any) -> str:
+  """Stable short hash of what a layer's timing depends on in its graph node (a LayerNode):
+  everything traced from its code but its name and wiring (equal layers share timings)."""
+  d = node.to_json()
+  return attrs_hash({k: v for k, v in d.items() if k not in ("name", "inputs")})
 
 
 def _path(cache_dir: Path, key: Mapping[str, Any]) -> Path:

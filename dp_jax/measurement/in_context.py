@@ -230,7 +230,7 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
           "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
           "cores": cpu_cores(), "statistic": statistic, "passes": passes, "repeats": repeats,
           "method": METHOD, "cuts": at, "runs_per_turn": runs_per_turn,
-          "layers": [[n, graph.node(n).kind, cache.attrs_hash(graph.node(n).attrs)] for n in order]}
+          "layers": [[n, graph.node(n).kind, cache.layer_hash(graph.node(n))] for n in order]}
   totals: dict[int, dict[str, list[float]]] = {}
   todo = []
   for g in counts:

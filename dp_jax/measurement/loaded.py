@@ -111,7 +111,7 @@ def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable
     for g in counts:
       b = global_batch // g
       key = {**base, "layer": name, "batch": b, "concurrent": g, "kind": node.kind,
-             "in_shapes": shapes, "attrs": cache.attrs_hash(node.attrs),
+             "in_shapes": shapes, "attrs": cache.layer_hash(node),
              "source": not node.inputs}
       sig = (node.kind, key["attrs"], str(shapes), b, g, key["source"])
       found[(name, g)] = sig

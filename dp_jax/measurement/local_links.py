@@ -18,18 +18,23 @@ Each is the median of `repeats` after a warm-up; stored as JSON next to the prof
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from importlib import metadata
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import optax
 
+from dp_jax.base.jsonfile import write_json
 from dp_jax.hardware.cluster import ClusterConfig
 from dp_jax.measurement.plan_timing import stepper, timed, turns
 from dp_jax.models.zoo import build_model
@@ -181,26 +186,43 @@ def calibrate(devices=None, repeats: int = 7) -> LocalCalibration:
       points={"transfer_bytes_ms": tp, "allreduce_bytes_ms": ap})
 
 
+def cache_key(num_devices: int) -> dict:
+  """What a calibration depends on: the backend, device kind and count, the cores, the JAX and
+  jaxlib versions, XLA's flags and the measuring code (this module, the plan timing it uses,
+  and the runtime whose stage costs it measures)."""
+  root = Path(__file__).resolve().parents[1]  # dp_jax/
+  code = hashlib.sha256()
+  for f in [Path(__file__), root / "measurement" / "plan_timing.py",
+            *sorted((root / "runtime").glob("*.py"))]:
+    code.update(f.name.encode() + f.read_bytes())
+  return {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+          "num_devices": num_devices, "cores": cpu_cores(), "jax": jax.__version__,
+          "jaxlib": getattr(jaxlib, "__version__", None) or metadata.version("jaxlib"),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""), "code": code.hexdigest()[:16]}
+
+
 def cache_path(cache_dir: str | Path, num_devices: int) -> Path:
-  kind = jax.devices()[0].device_kind.replace(" ", "_").replace("/", "_")
-  name = f"{jax.default_backend()}-{kind}-{num_devices}dev-{cpu_cores()}cores-jax{jax.__version__}"
+  key = cache_key(num_devices)
+  kind = str(key["device_kind"]).replace(" ", "_").replace("/", "_")
+  digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+  name = f"{key['backend']}-{kind}-{num_devices}dev-{key['cores']}cores-{digest}"
   return Path(cache_dir) / "calibration" / f"{name}.json"
 
 
 def load_or_calibrate(cache_dir: str | Path, devices=None, *, refresh: bool = False,
                       repeats: int = 7) -> tuple[LocalCalibration, Path, bool]:
-  """(calibration, its file, whether it was measured now) from the cache or measured now."""
+  """(calibration, its file, whether it was measured now) from the cache (an entry of the same
+  cache_key only) or measured now."""
   devices = list(devices or jax.devices())
-  path = cache_path(cache_dir, len(devices))
+  path, key = cache_path(cache_dir, len(devices)), cache_key(len(devices))
   if path.is_file() and not refresh:
     try:
       d = json.loads(path.read_text())
-      if d.get("schema") == CALIBRATION_SCHEMA:
-        d.pop("schema")
+      if d.get("schema") == CALIBRATION_SCHEMA and d.get("key") == key:
+        d.pop("schema"), d.pop("key")
         return LocalCalibration(**d), path, False
-    except (json.JSONDecodeError, TypeError):
+    except (json.JSONDecodeError, TypeError, AttributeError):
       pass
   cal = calibrate(devices, repeats)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps({"schema": CALIBRATION_SCHEMA, **asdict(cal)}, indent=1))
+  write_json(path, {"schema": CALIBRATION_SCHEMA, "key": key, **asdict(cal)})
   return cal, path, True

@@ -32,6 +32,11 @@ def for_cluster(options: ProfileConfig, graph: LayerGraph, cluster_device: str,
                 model: ModelConfig | None = None) -> ProfileTable:
   """The profile that prices a cluster of `cluster_device`: every per-device batch a plan of
   `global_batch` can use (and `extra_batches`), of the cluster's device (check_device)."""
+  if options.source == "measure":  # its device is known before measuring (minutes): check it
+    import jax  # JAX: measure runs on this backend anyway
+
+    here = ProfileTable(graph.model, jax.devices()[0].device_kind, "", "measured", {})
+    options.check_device(here, cluster_device)
   table = load(options, graph, cluster_device, profile_batches(global_batch, *extra_batches),
                model)
   return options.check_device(table, cluster_device)

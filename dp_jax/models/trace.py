@@ -9,6 +9,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.models.base import GraphModel, LayerSpec
 
@@ -19,6 +20,38 @@ from dp_jax.models.base import GraphModel, LayerSpec
 # (the weights a backward also keeps do not grow with the batch).
 COST_BATCHES = (1, 2)
 _IN_SHAPE_KINDS = frozenset({"conv2d", "maxpool", "avgpool", "relu", "flatten", "add", "concat"})
+
+
+# What every model provides (docs/extending.md, "The protocol: GraphModel")
+PROTOCOL = {"input_spec": "input_spec(batch): a jax.ShapeDtypeStruct of a batch of inputs",
+            "label_spec": "label_spec(batch): a jax.ShapeDtypeStruct of its labels",
+            "layer_specs": "layer_specs(): its LayerSpecs in topological order (or a `layers` "
+                           "sequence)"}
+
+
+def check_protocol(model: GraphModel, model_name: str) -> None:
+  """A one-line UserError naming the method of `model`'s class that is missing or returns the
+  wrong kind of value (instead of a bare NotImplementedError later)."""
+  cls = f"{type(model).__module__}.{type(model).__qualname__}"
+  for method, want in PROTOCOL.items():
+    args = () if method == "layer_specs" else (1,)
+    try:
+      got = getattr(model, method)(*args)
+    except NotImplementedError:
+      raise UserError(f"model {model_name}: {cls} does not define {want}; see "
+                      "docs/extending.md") from None
+    if method == "layer_specs":
+      ok = isinstance(got, list | tuple) and got and all(isinstance(s, LayerSpec) for s in got)
+    else:
+      ok = isinstance(got, jax.ShapeDtypeStruct) and got.shape[:1] == (1,)
+    if not ok:
+      raise UserError(f"model {model_name}: {cls}.{method} returned {_short(got)}; it must "
+                      f"be {want}, batch first (docs/extending.md)")
+
+
+def _short(value: Any) -> str:
+  text = repr(value)
+  return text if len(text) <= 80 else text[:77] + "..."
 
 
 def trace_graph(model: GraphModel, model_name: str) -> LayerGraph:

@@ -9,12 +9,16 @@ model and reading its traced graph from the disk cache import no JAX; building o
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
-import importlib.util
+import importlib.machinery
 import inspect
 import json
 import os
+import sysconfig
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -152,7 +156,7 @@ class ModelConfig(Checked):
     """Its LayerGraph (cached: multirun cells share it, and later processes read it from the
     disk cache without importing JAX)."""
     key = json.dumps({**self.options, "dtype": self.dtype}, sort_keys=True, default=str)
-    return _traced(self.target, self.name, seed, key)
+    return _traced(self.target, self.name, seed, key, source_digest(self.target))
 
 
 def build_model(name: str, *, seed: int = 0, abstract: bool = False, **options: Any):
@@ -192,15 +196,69 @@ def _build(spec: ModelConfig, seed: int, abstract: bool):
   elif spec.dtype != "float32":
     raise UserError(f"option dtype does not apply to model {name} ({target} takes no dtype); "
                     "remove it")
+  check_option_types(make, spec)
 
-  def build() -> Any:
-    return make(rngs=nnx.Rngs(seed), **options)
+  def build() -> Any:  # the type checked inside: eval_shape would fail on a non-JAX output
+    try:
+      model = make(rngs=nnx.Rngs(seed), **options)
+    except UserError:
+      raise
+    except Exception as e:  # noqa: BLE001 - the user's constructor can fail any way
+      given = ", ".join(f"{_option_name(spec, k)}={v!r}" for k, v in spec.options.items())
+      raise UserError(f"model {name}: {target}({given or 'no options'}) failed: "
+                      f"{type(e).__name__}: {_first_line(e)}; check those options against what "
+                      f"{target} needs (docs/extending.md)") from e
+    if not isinstance(model, GraphModel):
+      raise UserError(f"model {name}: {target} returned a {type(model).__name__}, not a "
+                      "dp_jax.models.GraphModel; subclass it (docs/extending.md)")
+    return model
 
   model = nnx.eval_shape(build) if abstract else build()
-  if not isinstance(model, GraphModel):
-    raise UserError(f"model {name}: {target} returned a {type(model).__name__}, not a "
-                    "dp_jax.models.GraphModel; subclass it (docs/extending.md)")
+  from dp_jax.models.trace import check_protocol  # JAX: as the build
+
+  check_protocol(model, name)
   return model
+
+
+def check_option_types(make: Callable[..., Any], spec: ModelConfig) -> None:
+  """Each option given against the type the target annotates it with (int, float, bool, str,
+  or a union of those and None): a one-line UserError naming the option, the target and the
+  type it needs (a string where an int is needed failed deep inside flax otherwise)."""
+  fn = make.__init__ if inspect.isclass(make) else make
+  try:
+    params = inspect.signature(fn, eval_str=True).parameters
+  except (TypeError, ValueError, NameError, SyntaxError):
+    return
+  for key, value in spec.options.items():
+    param = params.get(key)
+    wanted = _simple_types(param.annotation) if param is not None else None
+    if not wanted or (value is None and type(None) in wanted):
+      continue
+    ok = any(isinstance(value, t) and not (t in (int, float) and isinstance(value, bool))
+             for t in wanted) or (float in wanted and isinstance(value, int)
+                                  and not isinstance(value, bool))
+    if not ok:
+      needs = " or ".join("None" if t is type(None) else t.__name__ for t in wanted)
+      raise UserError(f"{_option_name(spec, key)}={value!r} for model {spec.name}: {spec.target} "
+                      f"takes {key} as {needs}, not {type(value).__name__}")
+
+
+def _simple_types(annotation: Any) -> tuple[type, ...] | None:
+  """(int,), (float, NoneType), ... for an annotation of plain scalar types; None otherwise."""
+  scalars = (int, float, bool, str, type(None))
+  args = typing.get_args(annotation) if typing.get_origin(annotation) in (
+      typing.Union, types.UnionType) else (annotation,)
+  return tuple(args) if args and all(a in scalars for a in args) else None
+
+
+def _option_name(spec: ModelConfig, key: str) -> str:
+  return f"model.{key}" if key in SIZE_KEYS else f"model.kwargs.{key}"
+
+
+def _first_line(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  line = lines[0] if lines else type(e).__name__
+  return line if len(line) <= 200 else line[:197] + "..."
 
 
 def locate(target: str, name: str) -> Callable[..., Any]:
@@ -249,16 +307,20 @@ def positive(name: str, option: str, value: Any) -> int:
 
 
 # Traced graphs are kept here as graph JSON (DP_JAX_GRAPH_CACHE overrides; empty: no disk cache),
-# keyed by the model, its options, the JAX / Flax versions and the tracing code's bytes, so a
-# known graph needs no JAX import.
+# keyed by everything a graph depends on: the model, its options and seed, the JAX / Flax
+# versions and platform, the tracing code's bytes and the model's own source (its module and
+# every module outside the installed packages it imports), so a known graph needs no JAX import
+# and an edited model (or a helper it imports) is traced again.
 GRAPH_CACHE = ".cache/dp_jax/graphs"
 _TRACING_CODE = ("models", "graph")
+_MAX_SOURCES = 500  # modules followed from a target at most (a guard, not a limit in practice)
 
 
 @functools.lru_cache(maxsize=32)
-def _traced(target: str, name: str, seed: int, options_json: str):
-  """Trace a model once per (target, name, seed, options); LayerGraph is immutable."""
-  path = _cache_path(target, name, seed, options_json)
+def _traced(target: str, name: str, seed: int, options_json: str, sources: str | None):
+  """Trace a model once per (target, name, seed, options, source digest); LayerGraph is
+  immutable."""
+  path = _cache_path(target, name, seed, options_json, sources)
   if path is not None and path.is_file():
     return LayerGraph.load(path)
   from dp_jax.models.trace import trace_graph  # JAX: only when the graph is not in the disk cache
@@ -271,29 +333,109 @@ def _traced(target: str, name: str, seed: int, options_json: str):
   return graph
 
 
-def _cache_path(target: str, name: str, seed: int, options_json: str):
-  """Where the traced graph of these options lives in the disk cache (None: no cache). The key
-  holds the target's own source file, so editing a model from outside the package retraces."""
+def _cache_path(target: str, name: str, seed: int, options_json: str, sources: str | None):
+  """Where the traced graph of these options lives in the disk cache (None: no cache, also for
+  a target whose source cannot be read: it is traced every time)."""
   folder = os.environ.get("DP_JAX_GRAPH_CACHE", GRAPH_CACHE)
-  if not folder:
+  if not folder or sources is None:
     return None
-  h = hashlib.sha256(json.dumps([target, name, seed, options_json]).encode())
+  h = hashlib.sha256(json.dumps([target, name, seed, options_json, sources]).encode())
   for package in ("jax", "jaxlib", "flax"):
     try:
       h.update(f"{package}={metadata.version(package)}".encode())
     except metadata.PackageNotFoundError:
       h.update(package.encode())
+  h.update(f"platforms={os.environ.get('JAX_PLATFORMS', '')}".encode())
   root = Path(__file__).resolve().parents[1]  # dp_jax/
   for part in _TRACING_CODE:
     for f in sorted((root / part).rglob("*.py")) if (root / part).is_dir() else [root / part]:
       h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
-  module = target.rsplit(".", 1)[0]
-  if not module.startswith("dp_jax."):
-    try:
-      spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-      spec = None
-    if spec is None or not spec.origin or not Path(spec.origin).is_file():
-      return None  # a target whose source cannot be read is traced every time
-    h.update(Path(spec.origin).read_bytes())
   return Path(folder) / f"{name}-{h.hexdigest()[:20]}.json"
+
+
+def source_digest(target: str) -> str | None:
+  """sha256 of a model target's own source: its module and every module outside the installed
+  packages and dp_jax that it imports, transitively (read, not imported); '' for a dp_jax
+  target (the package's code, hashed with the tracing code), None if its module is not found."""
+  files = model_sources(target)
+  if files is None:
+    return None
+  h = hashlib.sha256()
+  for module, path in files:
+    h.update(module.encode() + b"\0" + path.read_bytes() + b"\0")
+  return h.hexdigest()
+
+
+def model_sources(target: str) -> list[tuple[str, Path]] | None:
+  """(module, file) of the source a target depends on beyond the installed packages and dp_jax
+  (see source_digest): found by reading each module's import statements; None if the target's
+  own module is not found."""
+  module = target.rsplit(".", 1)[0]
+  if module == "dp_jax" or module.startswith("dp_jax."):
+    return []
+  installed = _installed_roots()
+  out: dict[str, Path] = {}
+  todo, seen = [module], set()
+  while todo and len(seen) < _MAX_SOURCES:
+    name = todo.pop()
+    if name in seen or not name or name == "dp_jax" or name.startswith("dp_jax."):
+      continue
+    seen.add(name)
+    spec = _find_module(name)
+    origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+    if origin is None or not origin.is_file() or origin.suffix != ".py":
+      if name == module:
+        return None
+      continue
+    if any(origin.is_relative_to(r) for r in installed):
+      continue
+    out[name] = origin
+    package = name if origin.name == "__init__.py" else name.rpartition(".")[0]
+    todo += [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]  # parents
+    todo += _imports(origin, package)
+  return sorted(out.items())
+
+
+def _imports(path: Path, package: str) -> list[str]:
+  """The modules a source file imports (and `from m import n`'s m.n, n may be a module)."""
+  try:
+    tree = ast.parse(path.read_bytes())
+  except (SyntaxError, ValueError):
+    return []
+  out = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      out += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")
+        parent = ".".join(parts[:len(parts) - (node.level - 1)])
+        base = f"{parent}.{base}" if base else parent
+      out += [base, *(f"{base}.{a.name}" for a in node.names if a.name != "*")]
+  return out
+
+
+def _find_module(name: str):
+  """The module spec of `name` found on sys.path without importing anything (parents' folders
+  searched in turn), or None."""
+  spec = None
+  for i, part in enumerate(name.split(".")):
+    path = None if i == 0 else list(spec.submodule_search_locations or []) if spec else []
+    if i and not path:
+      return None
+    full = part if i == 0 else f"{spec.name}.{part}"
+    try:
+      spec = importlib.machinery.PathFinder.find_spec(full, path)
+    except (ImportError, ValueError):
+      return None
+    if spec is None:
+      return None
+  return spec
+
+
+@functools.cache
+def _installed_roots() -> tuple[Path, ...]:
+  """The folders of the standard library and installed packages (their source is versioned)."""
+  keys = ("stdlib", "platstdlib", "purelib", "platlib")
+  return tuple({Path(p).resolve() for k, p in sysconfig.get_paths().items() if k in keys})

@@ -14,9 +14,12 @@ counted in the summary either way.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
@@ -26,6 +29,7 @@ from typing import Any
 from dp_jax.base.errors import UserError
 from dp_jax.models.zoo import ModelConfig
 from dp_jax.multiplex.background import BackgroundConfig
+from dp_jax.multiplex.policy import busy_in_every_layer
 from dp_jax.planner.contract import Plan
 from dp_jax.runtime import distributed, pinned
 from dp_jax.runtime.local_devices import cpu_cores
@@ -38,7 +42,8 @@ SHARE_CORES = "runtime.share_cores=true"  # the option that runs a cap on shared
 @dataclass(frozen=True)
 class TrainSpec:
   """Everything one training run needs, typed and checked once (the train app and the main job
-  build it at their edge); to_json / from_json carry it to pinned processes."""
+  build it at their edge; a background job the plan leaves no device for is refused here);
+  to_json / from_json carry it to pinned processes."""
 
   model: ModelConfig
   plan: Plan  # checked against the model's graph and the devices (planner.contract.check_plan);
@@ -56,6 +61,9 @@ class TrainSpec:
   background_checkpoint_dir: str | None = None
   progress: bool = True
   seed: int = 0
+
+  def __post_init__(self) -> None:
+    check_background_runs(self.background, self.plan)
 
   def to_json(self) -> dict[str, Any]:
     d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -140,7 +148,8 @@ def train_process(spec: TrainSpec, devices, *, log_fn=None, on_start=None) -> di
     summary["samples_per_s"] = result.program.global_batch / result.median_step_ms * 1e3
   if hook is not None:
     summary.update(background=spec.background.name, background_errors=list(hook.stats.errors),
-                   background_on_failure=spec.background.on_failure)
+                   background_on_failure=spec.background.on_failure,
+                   background_slowdown_cap=spec.background.cap)
   return summary
 
 
@@ -150,11 +159,46 @@ def on_steps(hook, steps: int) -> int:
 
 
 def check_background(summary: dict[str, Any]) -> dict[str, Any]:
-  """The summary, or a BackgroundFailed (one line) if its background job failed and the job's
-  on_failure is `fail`."""
-  if summary.get("background_failures") and summary.get("background_on_failure") == "fail":
+  """The summary, or a BackgroundFailed (one line) if its background job failed, or ran
+  nothing at all (no piece: idle_cause says why), and the job's on_failure is `fail`."""
+  if summary.get("background_on_failure") != "fail":
+    return summary
+  if summary.get("background_failures") or idle_cause(summary) is not None:
     raise BackgroundFailed(summary)
   return summary
+
+
+def check_background_runs(background: BackgroundConfig, plan: Plan) -> None:
+  """Refuse, before any work, a background job beside a plan that leaves no device idle (every
+  layer on every device): it could run no step, and the run would report it as a success."""
+  g = plan.num_devices
+  placed = [layer.devices for layer in plan.layers]
+  if background.active and placed and busy_in_every_layer(placed, g) == set(range(g)):
+    raise UserError(f"background={background.name}: the plan leaves no device idle (every layer "
+                    f"runs on all {g} devices), so the background job could run no step; use "
+                    "background=none, or a plan that leaves a device idle in some layer (a "
+                    "burst plan; planner.amplification_limit bounds how many devices it uses)")
+
+
+def idle_cause(summary: dict[str, Any]) -> str | None:
+  """Why a background job ran no piece at all, in words (None: it ran one, or there is none):
+  the run was too short to start it, every piece it offered was refused under the slowdown
+  cap, or no idle window opened for it."""
+  if not summary.get("background") or summary.get("background_pieces") or summary.get(
+      "background_steps") or summary.get("background_failures"):
+    return None
+  refused, cap = summary.get("background_refused") or 0, summary.get("background_slowdown_cap")
+  cap_text = "no" if cap is None or cap == float("inf") else f"the {cap:.0%}"
+  ran = (summary.get("final_step") or 0) - (summary.get("resumed_from_step") or 0)
+  alone = summary.get("alone_steps")
+  if alone is not None and ran <= alone:
+    return (f"the run's {ran} step(s) all ran the foreground alone (its first {alone} measure "
+            "it before the job starts); train more steps")
+  if refused:
+    return (f"each of the {refused} pieces it offered was refused under {cap_text} slowdown cap: "
+            "the plan's idle windows are shorter than its pieces; lower "
+            "background.batch_per_device or raise background.slowdown_cap")
+  return "no idle window of the plan opened for it"
 
 
 BACKGROUND_SUMS = ("background_steps", "background_failures", "background_pieces",
@@ -188,11 +232,14 @@ class BackgroundFailed(UserError):
   def __init__(self, summary: dict[str, Any]):
     self.summary = summary
     errors = summary.get("background_errors") or ["?"]
+    cause = idle_cause(summary)
+    what = (f"ran no piece: {cause}" if cause is not None else
+            f"failed ({summary['background_failures']} failure(s), first: {errors[0]}) after "
+            f"{summary.get('background_steps', 0)} step(s)")
     super().__init__(
-        f"background job {summary.get('background')} failed ({summary['background_failures']} "
-        f"failure(s), first: {errors[0]}) after {summary.get('background_steps', 0)} step(s); "
-        f"the foreground trained {summary.get('final_step')} steps and kept its files "
-        "(background.on_failure=continue finishes the run regardless)")
+        f"background job {summary.get('background')} {what}; the foreground trained "
+        f"{summary.get('final_step')} steps and kept its files (background.on_failure=continue "
+        "finishes the run regardless)")
 
 
 def with_background(log_fn, hook):
@@ -236,9 +283,12 @@ def train_pinned(spec: TrainSpec, processes: int, *, timeout_s: float = WORKER_T
   with tempfile.TemporaryDirectory(prefix="dp_jax_pinned_") as tmp:
     spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
     spec_path.write_text(json.dumps(spec.to_json()))
-    procs = pinned.start(["-m", "dp_jax.orchestrator.jobs", str(spec_path), str(result_path)],
-                         processes, tmp, echo_first=echo, cwd=os.getcwd())
-    codes = pinned.wait(procs, timeout_s)
+    procs = pinned.start(["-m", "dp_jax.orchestrator.jobs", str(spec_path), str(result_path),
+                          str(os.getpid())], processes, tmp, echo_first=echo, cwd=os.getcwd())
+    try:
+      codes = pinned.wait(procs, timeout_s)
+    finally:  # interrupted, terminated or failed here: the workers end with this process
+      pinned.wait(procs, 0)
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
     if result is not None and result.get("error"):
       raise UserError(result["error"])
@@ -254,9 +304,12 @@ def train_pinned(spec: TrainSpec, processes: int, *, timeout_s: float = WORKER_T
   return result["summary"]
 
 
-def _worker(spec_path: str, result_path: str) -> int:
-  """One pinned process of train_pinned: join, train, process 0 writes the result."""
+def _worker(spec_path: str, result_path: str, parent: str | None = None) -> int:
+  """One pinned process of train_pinned: join, train, process 0 writes the result. It ends
+  with its parent (`parent`: its pid), however that ends."""
   summary, error, code = None, None, 0
+  if parent is not None:
+    end_with_parent(int(parent))
   try:
     pinned.check_pinned()  # before JAX sizes its thread pools
     distributed.initialize()
@@ -282,7 +335,22 @@ def _worker(spec_path: str, result_path: str) -> int:
   return code
 
 
+def end_with_parent(parent: int) -> None:
+  """Have the kernel kill this process when its parent ends (Linux PR_SET_PDEATHSIG; also when
+  the parent is killed and can stop nobody); exit at once if the parent is already gone."""
+  try:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+  except (OSError, AttributeError):  # not Linux: the parent's own clean-up stops the workers
+    pass
+  if os.getppid() != parent:
+    os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 if __name__ == "__main__":
   logging.basicConfig(level=logging.WARNING, format="[%(name)s][%(levelname)s] - %(message)s")
   logging.getLogger("dp_jax").setLevel(logging.INFO)
-  sys.exit(_worker(*sys.argv[1:3]))
+  sys.exit(_worker(*sys.argv[1:4]))

@@ -23,6 +23,7 @@ from dp_jax.base.checks import fields_of
 from dp_jax.base.errors import UserError
 from dp_jax.base.jsonfile import read_json, write_json
 from dp_jax.graph.layer_graph import LayerGraph
+from dp_jax.hardware.cluster import cluster_digest, record_differences
 from dp_jax.planner import segments as seg
 from dp_jax.planner.options import PlannerConfig, PlanOptions
 from dp_jax.planner.sharding import LayerSharding, layer_sharding, sample_ranges, splits_for
@@ -471,8 +472,19 @@ def model_record(graph: LayerGraph, options: Mapping[str, Any] | None = None) ->
           "layers": len(graph.nodes), "options": dict(options or {})}
 
 
-def check_made_for(plan: Plan, record: Mapping[str, Any], where: str) -> None:
-  """Refuse a plan recorded as made for another model config (one line naming both)."""
+def check_made_for(plan: Plan, record: Mapping[str, Any], where: str,
+                   cluster: Mapping[str, Any] | None = None) -> None:
+  """Refuse a plan recorded as made for another model config, or (`cluster`: the record of the
+  cluster it is used on, hardware.cluster.to_record) for a cluster of other content: the digest
+  of every number, not the name (one line naming what differs)."""
+  made_cluster = plan.extra.get("cluster_config")
+  if cluster is not None and isinstance(made_cluster, Mapping) and (
+      cluster_digest(made_cluster) != cluster_digest(cluster)):
+    differs = record_differences(made_cluster, cluster)
+    more = f" and {len(differs) - 3} more" if len(differs) > 3 else ""
+    raise UserError(f"{where} was made for cluster {made_cluster.get('name')} with other numbers "
+                    f"than cluster {cluster.get('name')} here: {'; '.join(differs[:3])}{more}; "
+                    "use the cluster file it was made for, or make a plan for this cluster")
   made = plan.made_for
   if made is None:
     return  # a plan from before plans recorded it: the layer names are still checked

@@ -4,6 +4,11 @@ Layout of a checkpoint folder: one orbax step folder per save (`<step>/`) holdin
 {"params", "stats", "opt"} keyed by layer name, and `dp_jax_checkpoint.json` naming the model
 and every array's shape and dtype. The state is stored per layer, not per stage, so a run may
 resume under a different plan; arrays are restored straight onto the current plan's meshes.
+
+Integrity: orbax checks no array data on restore (its zarr chunks carry no checksum), so each
+save records, in the step's own orbax metadata (`custom_metadata`), its step and a checksum of
+every array (`checksums`, computed on device); a restore recomputes them and refuses a step
+whose data changed or that holds another step's checkpoint (a folder copied over another).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from dp_jax.base.errors import UserError
 from dp_jax.runtime import distributed, transfer
@@ -72,7 +79,10 @@ def _new_manager(directory: Path, max_to_keep: int = 2):
 
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                          cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(directory, options=options)
+  # one item, named: without it orbax guesses the items from the step folders, and one folder
+  # missing its `default` makes every step read as several items ("Must provide Composite")
+  return ocp.CheckpointManager(directory, options=options,
+                               item_handlers=ocp.StandardCheckpointHandler())
 
 
 def save(manager, step: int, state: Any, everywhere=None) -> None:
@@ -83,8 +93,11 @@ def save(manager, step: int, state: Any, everywhere=None) -> None:
   """
   import orbax.checkpoint as ocp  # orbax: only when a run checkpoints (its import is slow)
 
+  portable = _portable(state, everywhere)
+  record = {INTEGRITY_KEY: {"step": step, "checksums": checksums(portable)}}
   try:
-    manager.save(step, args=ocp.args.StandardSave(_portable(state, everywhere)), force=True)
+    manager.save(step, args=ocp.args.StandardSave(portable), force=True,
+                 custom_metadata=record)
   except Exception as e:  # noqa: BLE001 - a failed write (full disk, ...) as one line
     raise UserError(f"could not write checkpoint step {step} in {manager.directory}: "
                     f"{_first_line(e)}; the checkpoints already written are kept") from e
@@ -105,22 +118,6 @@ def finish(manager, failing: bool = False) -> None:
     manager.close()
 
 
-def restore_latest(manager, like: Any, everywhere=None) -> tuple[int, Any] | None:
-  """(step, state) of the newest checkpoint, placed like `like`; None if there is none."""
-  import orbax.checkpoint as ocp  # orbax: only when a run checkpoints (its import is slow)
-
-  step = manager.latest_step()
-  if step is None:
-    return None
-  abstract = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
-      _portable(like, everywhere, copy=False))
-  restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
-  if everywhere is None:
-    return step, restored
-  return step, jax.tree.map(lambda r, a: transfer.move(r, a.sharding), restored, like)
-
-
 def restore_newest_good(manager, like: Any, everywhere=None):
   """(manager, (step, state) or None) from the newest checkpoint that restores.
 
@@ -139,8 +136,9 @@ def restore_newest_good(manager, like: Any, everywhere=None):
         break
       except Exception as e:  # noqa: BLE001 - orbax reports damage as many exception types
         damaged.append((step, damage(directory / str(step), e)))
-        state["failed"] = True
-        _quiet_abandoned_tasks()
+        if not isinstance(e, CheckpointDamaged):  # orbax's reads failed: some are abandoned
+          state["failed"] = True
+          _quiet_abandoned_tasks()
   if restored is not None:
     if damaged:
       log = logging.getLogger(__name__)
@@ -219,13 +217,77 @@ def _quiet_abandoned_tasks() -> None:
 def _restore(manager, step: int, like: Any, everywhere) -> Any:
   import orbax.checkpoint as ocp  # orbax: only when a run checkpoints (its import is slow)
 
+  step_dir = Path(manager.directory) / str(step)
+  missing = [step_dir / n for n in ("default", "default/_METADATA") if not (step_dir / n).exists()]
+  if missing:  # before orbax, which names no file for it
+    raise CheckpointDamaged(f"{missing[0]}: missing")
+  recorded = _recorded(manager, step)
+  if recorded is not None and recorded.get("step") != step:
+    raise CheckpointDamaged(f"{step_dir}: holds the checkpoint of step {recorded.get('step')}, "
+                            f"not {step} (a step folder copied over another)")
   abstract = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
       _portable(like, everywhere, copy=False))
   restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  if recorded is not None:
+    _verify(step_dir, recorded.get("checksums") or {}, checksums(restored))
   if everywhere is None:
     return restored
   return jax.tree.map(lambda r, a: transfer.move(r, a.sharding), restored, like)
+
+
+# --- integrity: what each save records of itself, checked on restore -------------------------
+
+INTEGRITY_KEY = "dp_jax"  # in the step's orbax custom_metadata: {"step", "checksums"}
+
+
+class CheckpointDamaged(Exception):
+  """A step that restored but is not what was saved (damage() names the file)."""
+
+
+def checksums(state: Any) -> dict[str, str]:
+  """Per array (its key path) a 64-bit checksum of its bits, computed on its own devices (a
+  collective where an array spans processes): two sums over its elements, as unsigned words,
+  weighted by odd multiples of the element's position, so a flipped bit or moved data changes
+  them. Not cryptographic: it finds damage, not tampering."""
+  flat = jax.tree_util.tree_flatten_with_path(state)[0]
+  sums = {jax.tree_util.keystr(p): _checksum(a) for p, a in flat}
+  return {k: f"{int(v[0]):08x}{int(v[1]):08x}" for k, v in jax.device_get(sums).items()}
+
+
+@jax.jit
+def _checksum(a):
+  x = a.astype(jnp.uint8) if a.dtype == jnp.bool_ else a
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+  x = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+  position = jnp.zeros(x.shape, jnp.uint32)
+  for axis in range(x.ndim):  # the element's position in row-major order, as uint32
+    stride = int(np.prod(x.shape[axis + 1:], dtype=np.int64)) & 0xFFFFFFFF
+    position = position + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * np.uint32(stride)
+  odd = position * np.uint32(2) + np.uint32(1)
+  spread = position * np.uint32(0x9E3779B1) | np.uint32(1)
+  return jnp.stack([jnp.sum(x * odd, dtype=jnp.uint32),
+                    jnp.sum((x ^ position) * spread, dtype=jnp.uint32)])
+
+
+def _recorded(manager, step: int) -> dict[str, Any] | None:
+  """What the save of `step` recorded of itself (None: a checkpoint from before records)."""
+  try:
+    custom = manager.metadata(step).custom_metadata or {}
+  except Exception as e:  # noqa: BLE001 - a damaged metadata file is named by damage()
+    raise CheckpointDamaged(f"{Path(manager.directory) / str(step) / '_CHECKPOINT_METADATA'}: "
+                            f"{type(e).__name__}: {_telling_line(e)}") from e
+  record = custom.get(INTEGRITY_KEY)
+  return record if isinstance(record, dict) else None
+
+
+def _verify(step_dir: Path, saved: dict[str, str], now: dict[str, str]) -> None:
+  changed = [k for k in now if k in saved and saved[k] != now[k]]
+  if changed:
+    data = sorted(step_dir.glob("default/ocdbt.process_*/d")) or [step_dir / "default"]
+    more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+    raise CheckpointDamaged(f"{data[0]}: the data of {changed[0]}{more} differs from what was "
+                            "saved (checksum mismatch)")
 
 
 def _move_aside(manager, steps: list[int], aside: Path):
@@ -251,6 +313,8 @@ def damage(step_dir: Path, e: BaseException) -> str:
   """What is wrong with a checkpoint step that did not restore, in one line: the file (the one
   the error names, else the first JSON file that does not parse or empty file found) and the
   damage (the error's type and its most telling line)."""
+  if isinstance(e, CheckpointDamaged):
+    return str(e)
   text = " ".join(str(e).split())
   named = [n for n in re.findall(re.escape(str(step_dir)) + r"[^\s\"',)]*", text)
            if Path(n).is_file()]

@@ -102,13 +102,13 @@ def train(model, graph: LayerGraph, plan: Plan, *, steps: int,
     if restored is not None:
       start, state = restored
       log.info("resumed from checkpoint step %d in %s", start, checkpoint_dir)
-  if on_start is not None:
-    on_start()
   metrics_path = None
   if output_dir is not None and distributed.process_index() == 0:  # process 0 writes files
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     metrics_path = Path(output_dir) / METRICS_FILE
     repair_metrics(metrics_path, start)
+  if on_start is not None:
+    on_start()
   result = TrainResult(state, program, start, start, metrics_path=metrics_path)
   try:
     _run(result, data, steps, manager, checkpoint_every, log_fn, output_dir, progress,
@@ -201,10 +201,10 @@ def repair_metrics(path: Path, start: int) -> None:
 
   A last line cut by a kill is dropped (its step is replayed); a damaged line before it is a
   one-line UserError naming the file and line. Rewritten atomically (a kill keeps the old file).
+  A resume whose file lacks a step the checkpoint covers (deleted or edited: each line is
+  written before its step's checkpoint) is refused: it would lose that history silently.
   """
-  if not path.exists():
-    return
-  lines = path.read_text().splitlines()
+  lines = path.read_text().splitlines() if path.exists() else []
   keep = []
   for i, line in enumerate(lines):
     if not line.strip():
@@ -220,8 +220,16 @@ def repair_metrics(path: Path, start: int) -> None:
                       "the file to resume") from None
     if isinstance(record, dict) and record.get("step", 0) <= start:
       keep.append(line)
+  have = {r.get("step") for r in map(json.loads, keep) if isinstance(r, dict)}
+  missing = [s for s in range(1, start + 1) if s not in have]
+  if missing:
+    what = "is missing" if not path.exists() else f"lacks {len(missing)} of them (first: step " \
+        f"{missing[0]})"
+    raise UserError(f"{path} {what}, but the run resumes from checkpoint step {start}, which "
+                    f"covers steps 1-{start}: resuming would lose their history; put the file "
+                    "back, or move the run folder away to start afresh")
   text = "".join(ln + "\n" for ln in keep)
-  if text != path.read_text():
+  if text != (path.read_text() if path.exists() else ""):
     tmp = path.with_name(f".{path.name}.tmp")
     _write_text(tmp, text)
     tmp.replace(path)

@@ -4,6 +4,7 @@ group."""
 
 from __future__ import annotations
 
+import math
 import textwrap
 import time
 from dataclasses import dataclass
@@ -89,7 +90,8 @@ def gantt(sim, metrics: dict[str, Any], path: Path) -> Path:
   events = sim.timeline.events()
   if sim.fill is not None:
     events = sim.fill.events
-    marks.append(("slowdown cap", (1 + sim.fill.cap) * m["alone_iteration_ms"]))
+    if math.isfinite(sim.fill.cap):  # slowdown_cap=inf: no cap to mark
+      marks.append(("slowdown cap", (1 + sim.fill.cap) * m["alone_iteration_ms"]))
   return plot_gantt(events, sim.plan.num_devices, path,
                     title=gantt_title(m, sim.fill is not None), classes=sim.classes, marks=marks)
 

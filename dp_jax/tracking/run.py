@@ -86,9 +86,46 @@ def device_summary() -> dict[str, Any]:
           "devices": [f"{d.platform}:{d.id}:{getattr(d, 'device_kind', '')}" for d in devices]}
 
 
-def provenance() -> dict[str, Any]:
-  return {**git_state(), "packages": package_versions(), "python": sys.version.split()[0],
-          "platform": platform.platform(), "argv": sys.argv}
+# The command as the user typed it and the config files it named (`model=my.yaml`), recorded
+# by the Hydra edge before it rewrites them into a temporary config folder (cli/config_files.py)
+_COMMAND: dict[str, Any] = {}
+
+
+def record_command(argv: list[str], files: list[tuple[str, Path]]) -> None:
+  """Remember the command line as typed and the (group, file) config files it named."""
+  _COMMAND.update(argv=list(argv), files=list(files))
+
+
+def provenance(config: dict[str, Any] | None = None) -> dict[str, Any]:
+  """What replays a run: the commit, packages, the command as typed, the text of every config
+  file it named (the temporary folder Hydra read them from is gone after the run) and a digest
+  of the model's own source (a model outside the package: dp_jax/models/zoo.py model_sources)."""
+  out = {**git_state(), "packages": package_versions(), "python": sys.version.split()[0],
+         "platform": platform.platform(), "argv": _COMMAND.get("argv", sys.argv)}
+  files = {}
+  for group, path in _COMMAND.get("files", []):
+    try:
+      files[f"{group}={path}"] = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+      files[f"{group}={path}"] = f"(unreadable: {e})"
+  if files:
+    out["config_files"] = files
+  target = ((config or {}).get("model") or {}).get("_target_")
+  if isinstance(target, str):
+    out["model_source"] = model_source(target)
+  return out
+
+
+def model_source(target: str) -> dict[str, Any]:
+  """The model's source beyond the package (its modules, their sha256) for provenance; a zoo
+  target's source is the commit's."""
+  from dp_jax.models.zoo import model_sources, source_digest  # no JAX: the files are read
+
+  files = model_sources(target)
+  if files == []:
+    return {"target": target, "in": "dp_jax (see git_sha)"}
+  return {"target": target, "sha256": source_digest(target),
+          "modules": {m: hashlib.sha256(f.read_bytes()).hexdigest()[:16] for m, f in files or []}}
 
 
 @dataclass
@@ -205,10 +242,11 @@ class Run:
 
 
 def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None,
-          writer: bool = True) -> Run:
+          writer: bool = True, swept: list[str] | tuple[str, ...] = ()) -> Run:
   """The job's Run; config, provenance and the W&B run (mode from cfg.logger) come at begin().
 
   writer=False (processes other than 0 of a multi-process job): no files, no W&B run.
+  swept: the cell's values of a sweep's swept options ('key=value'), named in the run's name.
   """
   output_dir = Path(output_dir)
   resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -218,12 +256,12 @@ def start(cfg: Any, *, app: str, output_dir: Path, sweep_name: str | None = None
   mode = os.environ.get("DP_JAX_WANDB_MODE", logger.mode)
 
   def write_and_start_wandb() -> Any | None:
-    prov = provenance()
+    prov = provenance(resolved)
     write_json(output_dir / "provenance.json", prov)
     write_json(output_dir / "config.json", resolved)
     if mode == "disabled":
       return None
-    return _start_wandb(resolved, prov, logger, mode, app, output_dir, sweep_name)
+    return _start_wandb(resolved, prov, logger, mode, app, output_dir, sweep_name, swept)
 
   inputs, outputs = job_files(resolved, app, output_dir)
   return Run(output_dir, config=resolved, _start=write_and_start_wandb, inputs=inputs,
@@ -284,8 +322,16 @@ def use_artifact(run: Any, artifact: Any) -> None:
   run._log_artifact(artifact, is_user_created=True, use_after_commit=True)
 
 
-def run_name(cfg: dict[str, Any], app: str) -> str:
-  """'simulate vit a100_nvlink_8 G8 B32 A2.0': app, model, cluster, G, B, amplification limit."""
+# options run_name shows in its own parts (a swept one is not repeated as key=value)
+NAMED_KEYS = ("model", "model.name", "cluster", "cluster.name", "cluster.num_devices",
+              "runtime.num_devices", "batch_size", "planner.amplification_limit", "plan",
+              "planner.gradient_precision")
+
+
+def run_name(cfg: dict[str, Any], app: str, swept: list[str] | tuple[str, ...] = ()) -> str:
+  """'simulate vit a100_nvlink_8 G8 B32 A2.0 bf16': app, model, cluster, G, B, amplification
+  limit, gradient precision, then every other swept option of a sweep's cell (`swept`:
+  'key=value'), so no two cells of a sweep share a name."""
   def pick(*keys: str) -> Any:
     node: Any = cfg
     for k in keys:
@@ -301,8 +347,13 @@ def run_name(cfg: dict[str, Any], app: str) -> str:
   if plan:  # a job given a plan runs what the plan says
     g, b = plan.get("num_devices", g), plan.get("global_batch", b)
     a, where = plan.get("amplification_limit", a), plan.get("cluster", where)
+  if a is None and "amplification_limit" in ((pick("planner") or {}) | plan):
+    a = "inf"  # strict JSON records no limit (inf) as null
+  precision = (plan.get("options") or {}).get("gradient_precision") or pick(
+      "planner", "gradient_precision")
   parts = [app, pick("model", "name"), where, f"G{g}" if g is not None else None,
-           f"B{b}" if b is not None else None, f"A{a}" if a is not None else None]
+           f"B{b}" if b is not None else None, f"A{a}" if a is not None else None, precision]
+  parts += [o for o in swept if o.partition("=")[0].lstrip("+~") not in NAMED_KEYS]
   return " ".join(str(p) for p in parts if p is not None)
 
 
@@ -318,7 +369,8 @@ def plan_file_json(plan: Any) -> dict[str, Any]:
 
 
 def _start_wandb(resolved: dict[str, Any], prov: dict[str, Any], logger: LoggerConfig, mode: str,
-                 app: str, output_dir: Path, sweep_name: str | None) -> Any | None:
+                 app: str, output_dir: Path, sweep_name: str | None,
+                 swept: list[str] | tuple[str, ...] = ()) -> Any | None:
   """The W&B run of this job (resumed by the id stored in its folder); None if W&B fails."""
   try:
     import wandb  # W&B: only with a W&B run (logger=disabled imports none)
@@ -331,7 +383,7 @@ def _start_wandb(resolved: dict[str, Any], prov: dict[str, Any], logger: LoggerC
       run = wandb.init(
           mode=mode, project=logger.project, entity=logger.entity,
           group=logger.group or sweep_name, job_type=logger.job_type or app,
-          name=run_name(resolved, app), tags=list(logger.tags),
+          name=run_name(resolved, app, swept), tags=list(logger.tags),
           config={**resolved, "provenance": prov},
           dir=str(output_dir), id=run_id, resume="allow", reinit="finish_previous",
           settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))

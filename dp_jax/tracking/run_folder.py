@@ -18,8 +18,9 @@ from dp_jax.base.errors import UserError
 _HELD: dict[Path, int] = {}
 
 
-def lock(folder: str | Path) -> None:
-  """Hold the run folder for this process; a UserError if another run holds it."""
+def lock(folder: str | Path, what: str = "run folder", option: str = "hydra.run.dir") -> None:
+  """Hold the run folder (or a sweep's: `what`, `option`) for this process; a UserError if
+  another run holds it."""
   folder = Path(folder).resolve()
   if folder in _HELD:
     return
@@ -29,8 +30,8 @@ def lock(folder: str | Path) -> None:
   except OSError as e:
     os.close(fd)
     if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-      raise UserError(f"run folder {folder} is in use by another run; wait for it to finish or "
-                      "choose another hydra.run.dir") from None
+      raise UserError(f"{what} {folder} is in use by another run; wait for it to finish or "
+                      f"choose another {option}") from None
     raise
   _HELD[folder] = fd
 

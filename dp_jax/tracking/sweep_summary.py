@@ -4,6 +4,11 @@ Each cell's `status.json` (the app's summary, dp_jax/cli/hydra_app.py) gives its
 overrides, status, error, and the metrics below that any cell has, each labelled predicted
 (cost model), simulated (dp_jax/simulator) or measured (a run on this machine). Written to the
 sweep folder as sweep_summary.csv and sweep_summary.md.
+
+A sweep owns its folder: it holds a lock on it while it runs (a second sweep into it is refused)
+and records its app and overrides in sweep.json; a folder holding another sweep's cells is
+refused before any cell runs (rerunning the same sweep resumes it), so the summary lists
+exactly the sweep's own cells.
 """
 
 from __future__ import annotations
@@ -14,28 +19,46 @@ import math
 from pathlib import Path
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
+from dp_jax.base.errors import UserError
+from dp_jax.base.jsonfile import write_json
 from dp_jax.report.tables import table
+from dp_jax.tracking import run_folder
 from dp_jax.tracking.run import plan_file_json
 from dp_jax.tracking.run_folder import cell_status
 
 CSV_FILE, MARKDOWN_FILE = "sweep_summary.csv", "sweep_summary.md"
 IDENTITY = [("model", "model"), ("cluster", "cluster"), ("num_devices", "G"),
             ("global_batch", "B"), ("amplification_limit", "A")]
-# app -> (summary key, column label); the label says where the number comes from.
+# app -> (summary key, column label); the label says where the number comes from. Each table
+# leads with the fair comparison and its verdict (README: the fastest data parallelism on
+# d <= G; with a background job, the matched baseline); data parallelism on all G alone, which
+# leaves no device idle to lend, comes after, named as such.
 METRICS: dict[str, list[tuple[str, str]]] = {
-    "plan": [("iteration_ms", "iteration ms (predicted)"),
-             ("data_parallel_iteration_ms", "data-parallel iteration ms (predicted)"),
-             ("speedup", "speed-up vs data parallel (predicted)"),
-             ("gpu_time_saving", "GPU time saved (predicted)")],
-    "simulate": [("planner_iteration_ms", "iteration ms (predicted)"),
+    "plan": [("speedup_vs_best_data_parallel", "speed-up vs fastest DP on <= G (predicted)"),
+             ("speedup_vs_best_data_parallel_verdict", "verdict vs fastest DP"),
+             ("iteration_ms", "iteration ms (predicted)"),
+             ("best_data_parallel_iteration_ms", "fastest DP iteration ms (predicted)"),
+             ("data_parallel_iteration_ms", "DP on all G iteration ms (predicted)"),
+             ("speedup", "speed-up vs DP on all G (predicted)"),
+             ("gpu_time_saving", "GPU time saved vs DP on all G (predicted)")],
+    "simulate": [("speedup_vs_best_data_parallel_alone",
+                  "speed-up vs fastest DP on <= G (simulated)"),
+                 ("speedup_vs_best_data_parallel_alone_verdict", "verdict vs fastest DP"),
+                 ("cluster_throughput_vs_matched_data_parallel",
+                  "cluster throughput / matched DP (simulated)"),
+                 ("cluster_throughput_vs_matched_data_parallel_verdict",
+                  "verdict vs matched DP"),
+                 ("planner_iteration_ms", "iteration ms (predicted)"),
                  ("alone_iteration_ms", "iteration ms alone (simulated)"),
-                 ("speedup_vs_data_parallel_alone", "speed-up vs data parallel (simulated)"),
                  ("iteration_ms", "iteration ms with background (simulated)"),
                  ("cluster_samples_per_s", "cluster samples/s (simulated)"),
+                 ("speedup_vs_data_parallel_alone", "speed-up vs DP on all G (simulated)"),
                  ("cluster_throughput_vs_data_parallel",
-                  "cluster throughput / data parallel (simulated)")],
+                  "cluster throughput / DP on all G alone (simulated)")],
     "train": [("final_step", "steps (measured)"), ("median_step_ms", "iteration ms (measured)"),
               ("samples_per_s", "samples/s (measured)"), ("final_loss", "final loss (measured)")],
     "validate": [("plans", "plans (measured)"),
@@ -53,14 +76,65 @@ class SweepSummary(Callback):
 
   def on_multirun_start(self, config: Any, **_: Any) -> None:
     SweepSummary.failed = 0
+    try:
+      own_folder(Path(config.hydra.sweep.dir), app_name(config),  # as typed: ${hydra:...}
+                 OmegaConf.to_container(config.hydra.overrides.task, resolve=False))  # unset yet
+    except UserError as e:
+      raise SweepRefused(str(e)) from None
 
   def on_multirun_end(self, config: Any, **_: Any) -> None:
     sweep_dir = Path(config.hydra.sweep.dir)
-    cells = sweep_cells(sweep_dir)
-    SweepSummary.failed = sum(c["status"] != "ok" for c in cells)
-    columns, rows = sweep_table(cells, app_name(config))
-    write_tables(sweep_dir, columns, rows)
-    print_sweep_summary(columns, rows, sweep_dir, SweepSummary.failed)
+    try:
+      cells = sweep_cells(sweep_dir)
+      SweepSummary.failed = sum(c["status"] != "ok" for c in cells)
+      columns, rows = sweep_table(cells, app_name(config))
+      write_tables(sweep_dir, columns, rows)
+      print_sweep_summary(columns, rows, sweep_dir, SweepSummary.failed)
+    finally:
+      run_folder.unlock(sweep_dir)
+
+
+class SweepRefused(BaseException):
+  """A sweep refused before its first cell; a BaseException because Hydra turns an Exception
+  raised in a callback into a warning and runs the sweep anyway (the app prints it as one
+  line)."""
+
+
+SWEEP_FILE = "sweep.json"
+
+
+def own_folder(sweep_dir: Path, app: str, overrides: list[str]) -> None:
+  """Hold `sweep_dir` for this sweep: locked while it runs, and refused (a UserError) if it
+  holds cells of another sweep (other app or overrides, or cells without a sweep.json)."""
+  sweep_dir.mkdir(parents=True, exist_ok=True)
+  run_folder.lock(sweep_dir, "sweep folder", "hydra.sweep.dir")
+  mine = {"app": app, "overrides": overrides}
+  path = sweep_dir / SWEEP_FILE
+  try:
+    held = json.loads(path.read_text()) if path.exists() else None
+  except (OSError, ValueError):
+    held = {}
+  cells = [p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+  if held != mine and (held is not None or cells):
+    run_folder.unlock(sweep_dir)
+    what = (f"the cells of `{held.get('app')} {' '.join(held.get('overrides') or [])}`"
+            if isinstance(held, dict) and held else f"{len(cells)} cell(s) of an earlier sweep")
+    raise UserError(f"sweep folder {sweep_dir} holds {what}; its summary would mix them with "
+                    "this sweep's: choose another hydra.sweep.dir (rerunning that same sweep "
+                    "resumes it)")
+  write_json(path, mine)
+
+
+def swept_options(sweep_dir: Path, cell: list[str]) -> list[str]:
+  """The cell's overrides ('key=value') of the options its sweep sweeps (sweep.json's
+  overrides with several values: a,b, range(...), glob(...)); [] if that is not known."""
+  try:
+    lines = json.loads((sweep_dir / SWEEP_FILE).read_text())["overrides"]
+    keys = {o.get_key_element() for o in OverridesParser.create().parse_overrides(lines)
+            if o.is_sweep_override()}
+  except Exception:  # noqa: BLE001 - an unreadable record names nothing; the run still runs
+    return []
+  return [o for o in cell if o.partition("=")[0] in keys]
 
 
 def app_name(config: Any) -> str:
@@ -99,11 +173,20 @@ def identity(config: dict[str, Any]) -> dict[str, Any]:
     g = int(cluster.get("num_nodes") or 1) * int(cluster["devices_per_node"])
   keys = dict(model=model.get("name"), cluster=cluster.get("name"), num_devices=g,
               global_batch=config.get("batch_size"),
-              amplification_limit=planner.get("amplification_limit"))
+              amplification_limit=_limit(planner))
   plan = plan_file_json(config.get("plan"))  # a job given a plan runs what the plan says
-  keys.update({k: plan[k] for k in ("cluster", "num_devices", "global_batch",
-                                    "amplification_limit") if k in plan})
+  keys.update({k: plan[k] for k in ("cluster", "num_devices", "global_batch") if k in plan})
+  if "amplification_limit" in plan:
+    keys["amplification_limit"] = _limit(plan)
   return {k: v for k, v in keys.items() if v is not None}
+
+
+def _limit(record: dict[str, Any]) -> float | None:
+  """The amplification limit of a config or plan: strict JSON records inf (no limit) as null."""
+  if "amplification_limit" not in record:
+    return None
+  a = record["amplification_limit"]
+  return math.inf if a is None else a
 
 
 def sweep_table(cells: list[dict[str, Any]], app: str) -> tuple[list[str], list[list[Any]]]:
