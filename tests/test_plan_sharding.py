@@ -8,7 +8,7 @@ import pytest
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
 from dp_jax.planner.contract import PLAN_SCHEMA, Plan, as_plan, check_plan, layout_plan
-from dp_jax.planner.sharding import LayerSharding, default_sharding
+from dp_jax.planner.sharding import LayerSharding, Strategy, default_sharding
 
 
 def mlp() -> LayerGraph:
@@ -39,7 +39,7 @@ def test_sharded_plan_round_trips_as_schema_2():
   plan = Plan.from_json(d)
   assert plan.to_json() == d
   assert plan.layer("fc1").sharding.mesh == (2, 4)
-  assert plan.layer("fc1").sharding.weights == (4, "out")
+  assert plan.layer("fc1").strategy == Strategy(4, "out")
   assert plan.layer("relu").sharding == LayerSharding((8, 1))
   assert plan.layer("relu").sharding.to_json() == default_sharding(8)
   checked = check_plan(d, mlp(), available_devices=8)

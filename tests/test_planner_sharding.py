@@ -28,6 +28,7 @@ from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.search import build_tables, search
+from dp_jax.planner.sharding import Strategy
 from dp_jax.simulator.engine import simulate
 from dp_jax.simulator.metrics import metrics
 
@@ -183,9 +184,9 @@ def test_offers_limit_the_shardings_and_place_a_layer_samples_cannot_take():
   assignment, shardings, _ = search(t)[:3]
   assert assignment["fc1"] == (0, 1) and "fc1" not in shardings
   t = build_tables(model, allowed, rule="exact", offers={(r, c): ((8, "out"),)})
-  assert [sh for sh in t.options.shardings[r][c] if sh] == [(8, "out")]
+  assert [sh for sh in t.options.shardings[r][c] if sh] == [Strategy(8, "out")]
   assignment, shardings, value = search(t)[:3]
-  assert assignment["fc1"] == (0, 8) and shardings["fc1"] == (8, "out")
+  assert assignment["fc1"] == (0, 8) and shardings["fc1"] == Strategy(8, "out")
   assert evaluate(model, assignment, shardings).iteration_ms == pytest.approx(value, rel=1e-9)
 
 

@@ -92,7 +92,7 @@ def test_samples_only_gives_the_one_line_memory_error_with_a_hint():
   msg = str(err.value)
   assert "\n" not in msg
   assert msg.startswith(f"layer 'fc1' does not fit in {CAP_GB:g} GB per device")
-  assert "planner.sharding=[samples,weights] can split its weights" in msg
+  assert "planner.sharding=[samples,weights,state,experts] (weights split" in msg
 
 
 def test_a_layer_no_split_fits_is_named_without_the_hint():
@@ -199,7 +199,7 @@ def test_limit_applies_to_the_time_under_the_split_vgg16_across_nodes():
     if lp.split == "samples":
       continue
     count = len(lp.devices)
-    sh = lp.sharding.weights
+    sh = None if lp.strategy.plain else lp.strategy
     a = sharded_amplification(model, lp.name, count, sh)
     assert lp.extra["amplification"] == pytest.approx(a)
     assert a <= 2.0 * (1 + 1e-12), (lp.name, a)

@@ -380,6 +380,27 @@ def allgather_ms(cluster: ClusterConfig, nbytes, start, count):
 reduce_scatter_ms = allgather_ms  # same volume and latency as an all-gather of the same size
 
 
+def alltoall_ms(cluster: ClusterConfig, nbytes, start: int, count: int) -> float:
+  """All-to-all over devices [start, start + count): each device holds nbytes and sends 1/n of
+  them to each other device, all at once (NCCL's all-to-all: grouped point-to-point sends;
+  nccl-tests counts its bus bandwidth as (n-1)/n x bytes / time, as an all-gather's). Inside
+  a node the (n-1)/n leave over NVLink at the bus bandwidth; a range across nodes sends the
+  share bound for other nodes through the device's NIC (p2p_link's rate across nodes: its
+  share of the node's NICs at the inter-node efficiency) while the share for its own node's
+  devices moves over NVLink beside it, so the slower of the two counts, for the device whose
+  node holds the fewest of the range (link_class). Plus the range's small-message latency
+  (measured_latency_ms). 0 on one device."""
+  if count <= 1:
+    return 0.0
+  k = int(link_class(cluster, start, count))
+  local = count if k == 0 else k  # devices of the range in the worst-placed device's node
+  inter_bw, _ = p2p_link(cluster, 0, cluster.devices_per_node)  # a link across nodes
+  intra = float(nbytes) * (local - 1) / count / (cluster.intra_bus_GBps * BYTES_PER_MS_PER_GBPS)
+  inter = float(nbytes) * (count - local) / count / float(inter_bw)
+  latency = float(measured_latency_ms(cluster, count)[k])
+  return latency + max(intra, inter)
+
+
 def p2p_link(cluster: ClusterConfig, first, last):
   """(bytes per ms, latency ms) of one device's point-to-point link for devices [first, last].
 

@@ -11,7 +11,7 @@ from dp_jax.hardware.cluster import link_class
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, allreduce_volume_ms, batch_norm_ms
 from dp_jax.planner.layer_time import LayerTime, compose
-from dp_jax.planner.sharded import Sharding
+from dp_jax.planner.sharded import Strategy
 
 
 def prefix_times(model: CostModel) -> LayerTime:
@@ -45,7 +45,7 @@ def amplification(model: CostModel) -> np.ndarray:
   return np.where(exempt, 1.0, amp)
 
 
-def sharded_amplification(model: CostModel, name: str, count: int, sharding: Sharding) -> float:
+def sharded_amplification(model: CostModel, name: str, count: int, sharding: Strategy) -> float:
   """The same ratio for the layer under a weight sharding on devices [0, count): count x (its
   time there as the search prices it — compute at the sharded shape, its own activation
   collectives, its batch-norm syncs — + its own gradient all-reduce bandwidth over the data
@@ -74,11 +74,11 @@ class Offers:
   """What the search may give each layer: samples on a count, or a weight sharding there."""
 
   samples: np.ndarray  # (L, C) bool
-  weights: dict[tuple[int, int], tuple[Sharding, ...]]  # (row, column) -> weight shardings
+  weights: dict[tuple[int, int], tuple[Strategy, ...]]  # (row, column) -> weight shardings
 
 
 def offers(model: CostModel, limit: float, fits: np.ndarray,
-           weight_fits: dict[tuple[int, int], tuple[Sharding, ...]]) -> Offers:
+           weight_fits: dict[tuple[int, int], tuple[Strategy, ...]]) -> Offers:
   """Every (count, sharding) of a layer that fits alone (fits: samples; weight_fits: weight
   shardings, memory.weight_fits) with amplification within the limit; a layer with none keeps
   its least-amplifying options that fit (as allowed_counts, over both kinds together)."""

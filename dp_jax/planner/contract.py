@@ -26,7 +26,13 @@ from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.hardware.cluster import cluster_digest, record_differences
 from dp_jax.planner import segments as seg
 from dp_jax.planner.options import PlannerConfig, PlanOptions
-from dp_jax.planner.sharding import LayerSharding, layer_sharding, sample_ranges, splits_for
+from dp_jax.planner.sharding import (
+  LayerSharding,
+  Strategy,
+  layer_sharding,
+  sample_ranges,
+  splits_for,
+)
 
 if TYPE_CHECKING:
   from dp_jax.planner.costs import Placement
@@ -39,7 +45,7 @@ REQUIRED = PLANNED[:1] + PLACEMENT + PLANNED[1:]  # a planner's plan (the plan a
 TYPED = ("stages", "options")  # optional entries the Plan holds typed (not in `extra`)
 REQUIRED_PREDICTED = ("iteration_ms", "gpu_ms", "data_parallel_iteration_ms",
                       "data_parallel_gpu_ms")
-_LAYER_FIELDS = ("name", "devices", "samples", "sharding")
+_LAYER_FIELDS = ("name", "devices", "samples", "sharding", "recompute")
 # planner options as plans before the named options recorded them: old name -> (new, values)
 _LEGACY_OPTIONS = {"grad_bytes_per_param": ("gradient_precision", {4: "fp32", 2: "bf16"}),
                    "optimizer_bytes_per_param": ("optimizer", {0: "sgd", 4: "momentum",
@@ -54,13 +60,15 @@ def limit_label(a: float) -> str:
 @dataclass(frozen=True)
 class LayerPlan:
   """One layer: devices[i] holds the half-open sample range samples[i] of the global batch, on
-  the layer's mesh with its split (`sharding`; None given: samples on (g, 1))."""
+  the layer's mesh with its split and state (`sharding`; None given: samples on (g, 1));
+  `recompute`: its backward runs its forward again (jax.checkpoint)."""
 
   name: str
   devices: tuple[int, ...]
   samples: tuple[tuple[int, int], ...]
   sharding: LayerSharding = None  # type: ignore[assignment]  # set in __post_init__
   extra: Mapping[str, Any] = field(default_factory=dict)  # kind, compute_ms, sync_ms, stage, ...
+  recompute: bool = False
 
   def __post_init__(self):
     if self.sharding is None:
@@ -82,11 +90,19 @@ class LayerPlan:
   def params(self) -> Mapping[str, tuple[Any, ...]]:
     return self.sharding.params
 
+  @property
+  def strategy(self) -> Strategy:
+    """The layer's strategy as the planner prices it (dp_jax/planner/sharded.py)."""
+    sh = self.sharding
+    return Strategy(sh.mesh[1], sh.split, sh.state, self.recompute)
+
   def to_json(self) -> dict[str, Any]:
-    """The layer's plan JSON entry (a "sharding" entry where it splits weights)."""
-    entry = {} if self.sharding.split == "samples" else {"sharding": self.sharding.to_json()}
+    """The layer's plan JSON entry (a "sharding" entry where it splits weights or shards its
+    state, "recompute" where it recomputes)."""
+    entry = {} if self.sharding.plain else {"sharding": self.sharding.to_json()}
+    again = {"recompute": True} if self.recompute else {}
     return {"name": self.name, "devices": list(self.devices),
-            "samples": [list(s) for s in self.samples], **entry, **dict(self.extra)}
+            "samples": [list(s) for s in self.samples], **entry, **again, **dict(self.extra)}
 
 
 @dataclass(frozen=True)
@@ -333,16 +349,21 @@ def _layer(x: Any, batch: int, num_devices: int, where: str, schema: str) -> Lay
   if "sharding" in x and schema != PLAN_SCHEMA:
     raise UserError(f"{at}: a {schema} plan has no 'sharding'; write schema {PLAN_SCHEMA}")
   sharding = LayerSharding.from_json(x.get("sharding"), len(devices), at)
+  recompute = x.get("recompute", False)
+  if not isinstance(recompute, bool):
+    raise UserError(f"{at}: 'recompute' must be true or false, got {recompute!r}")
   d, m = sharding.mesh
-  if batch % d:
-    raise UserError(f"{at} splits global batch {batch} over {d} devices; "
+  groups = d * m if sharding.split == "experts" else d  # distinct sample ranges
+  if batch % groups:
+    raise UserError(f"{at} splits global batch {batch} over {groups} devices; "
                     f"the batch must be divisible by every layer's data-axis size")
-  want = sample_ranges(batch, d, m)
+  want = sample_ranges(batch, d, m, sharding.split)
   ranges = want if x.get("samples") is None else _ranges(x["samples"], len(devices), at)
-  if any(ranges[k] != ranges[k - k % m] for k in range(len(ranges))):
+  share = m if groups == d else 1  # devices that share one range
+  if any(ranges[k] != ranges[k - k % share] for k in range(len(ranges))):
     raise UserError(f"{at}: on mesh {list(sharding.mesh)} the {m} devices of each model group "
                     f"need the same sample range")
-  covered = sorted(ranges[::m])
+  covered = sorted(ranges[::share])
   if covered[0][0] != 0 or covered[-1][1] != batch or any(
       a[1] != b[0] for a, b in zip(covered, covered[1:], strict=False)) or any(
       a >= b for a, b in covered):
@@ -354,7 +375,7 @@ def _layer(x: Any, batch: int, num_devices: int, where: str, schema: str) -> Lay
     if key.endswith("_ms") and value is not None:
       _non_negative(value, f"{at}: {key}")
   extra = {k: v for k, v in x.items() if k not in _LAYER_FIELDS}
-  return LayerPlan(name, tuple(devices), tuple(ranges), sharding, extra)
+  return LayerPlan(name, tuple(devices), tuple(ranges), sharding, extra, recompute)
 
 
 def _stages(stages: Any, layers: list[LayerPlan], where: str) -> tuple[PlanStage, ...]:
@@ -578,25 +599,32 @@ def _check_names(names: list[str], graph: LayerGraph) -> None:
 # --- plans from a layout (tests, benchmarks, baselines) ---------------------------------
 
 Layout = Mapping[str, Sequence[int]] | Callable[[str], Sequence[int]]
-Shardings = Mapping[str, tuple[tuple[int, int], str]]  # layer -> ((d, m), split)
+# layer -> ((d, m), split[, state[, recompute]]): a layout's per-layer strategy
+Shardings = Mapping[str, tuple[Any, ...]]
 
 
 def layout_plan(graph: LayerGraph, layout: Layout, *, global_batch: int,
                 num_devices: int, shardings: Shardings | None = None) -> dict[str, Any]:
   """A plan placing each layer on its listed devices; a layer in `shardings` runs on its
-  (d, m) mesh with its split (samples: device k gets range k // m of d equal ranges), the
-  others split samples in equal contiguous ranges."""
+  (d, m) mesh with its split, state and recompute (samples: device k gets range k // m of d
+  equal ranges; experts: range k of d m), the others split samples in equal contiguous
+  ranges."""
   devices_of = layout if callable(layout) else layout.__getitem__
   shardings = shardings or {}
   layers = []
   for name in graph.names:
     devs = [int(d) for d in devices_of(name)]
     layer: dict[str, Any] = {"name": name, "devices": devs}
-    mesh, split = shardings.get(name, ((len(devs), 1), "samples"))
-    ranges = sample_ranges(global_batch, *mesh)
+    mesh, split, state, recompute = (*shardings.get(name, ((len(devs), 1), "samples")),
+                                     "replicated", False)[:4]
+    ranges = sample_ranges(global_batch, *mesh, split)
     layer["samples"] = [list(r) for r in ranges]
-    if split != "samples":
-      layer["sharding"] = layer_sharding(graph.node(name), mesh, split)
+    if split != "samples" or state != "replicated":
+      entry = layer_sharding(graph.node(name), mesh, split, state)
+      layer["sharding"] = entry if state != "replicated" else {
+          k: v for k, v in entry.items() if k != "state"}
+    if recompute:
+      layer["recompute"] = True
     layers.append(layer)
   return {"schema": PLAN_SCHEMA, "model": graph.model, "global_batch": global_batch,
           "num_devices": num_devices, "layers": layers, "predicted": {}}

@@ -143,6 +143,8 @@ class CostModel:
   in_bytes: np.ndarray  # (L,) input bytes per sample (the model input for the first layer)
   saved_bytes: np.ndarray  # (L,) activation bytes per sample saved for backward
   state_bytes: np.ndarray  # (L,) params + gradients + optimizer state per device holding it
+  param_bytes: np.ndarray  # (L,) of it the parameters (what FSDP all-gathers)
+  optimizer_bytes: np.ndarray  # (L,) of it the optimizer state (what ZeRO-1 shards)
   bn_bytes: np.ndarray  # (L,) bytes of one batch-norm statistics all-reduce (0: none)
   interpolated: frozenset[str] = frozenset()  # layers priced from interpolated profile rows
   # (L,) optimizer update of the layer's parameters on one device holding them whole, included
@@ -275,6 +277,8 @@ def build_cost_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterC
                                                options.optimizer_bytes_per_param,
                                                options.param_bytes_per_param)
                             for n in graph.nodes]),
+      param_bytes=np.array([float(n.param_bytes) for n in graph.nodes]),
+      optimizer_bytes=params * options.optimizer_bytes_per_param,
       interpolated=frozenset(interpolated), update_ms=update, stage_ms=stage_ms,
       enter_ms=enter_ms, leave_ms=leave_ms)
   return model

@@ -50,7 +50,7 @@ from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, Placement, build_cost_model
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.segments import Block, Move, Segment, Stage, Stages, segments
-from dp_jax.planner.sharded import Sharding, check_sharding, is_samples, param_share
+from dp_jax.planner.sharded import Strategy, check_sharding, strategy
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Evaluation:
 def evaluate_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig,
                   assignment: Mapping[str, Placement], *, global_batch: int,
                   num_devices: int | None = None, overlap_allreduce: bool = True,
-                  shardings: Mapping[str, Sharding] | None = None, **options) -> Evaluation:
+                  shardings: Mapping[str, Strategy] | None = None, **options) -> Evaluation:
   """Cost of an assignment layer -> (first device, count) and the weight shardings of some
   layers (layer -> (m, split)); see the module docstring."""
   if num_devices is None:
@@ -106,7 +106,7 @@ def evaluate_plan(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConf
 
 
 def evaluate(model: CostModel, assignment: Mapping[str, Placement],
-             shardings: Mapping[str, Sharding] | None = None,
+             shardings: Mapping[str, Strategy] | None = None,
              stages: Stages | None = None) -> Evaluation:
   """Cost of an assignment under a prepared CostModel (what the search and tests call);
   `shardings`: layer -> (m, split) of the weight-sharded layers (the rest split samples);
@@ -141,15 +141,17 @@ def _check_assignment(model: CostModel, assignment: Mapping[str, Placement]) -> 
 
 
 def weight_shardings(model: CostModel, assignment: Mapping[str, Placement],
-                     shardings: Mapping[str, Sharding] | None) -> dict[str, Sharding]:
-  """The weight-sharded layers of a plan, checked against their placements (one-line errors)."""
+                     shardings: Mapping[str, Strategy] | None) -> dict[str, Strategy]:
+  """The layers of a plan whose strategy is not PLAIN (given as Strategy or a tuple (m, split[,
+  state[, recompute]])), checked against their placements (one-line errors)."""
   out = {}
-  for name, sh in (shardings or {}).items():
+  for name, given in (shardings or {}).items():
     if name not in model.row:
       raise UserError(f"plan shards layer '{name}' that the graph does not have")
-    if not is_samples(sh):
+    sh = strategy(given)
+    if not sh.plain:
       check_sharding(model.graph.node(name), assignment[name][1], sh)
-      out[name] = (int(sh[0]), str(sh[1]))
+      out[name] = sh
   return out
 
 
@@ -178,8 +180,7 @@ class _Walk:
     p, run = st.placement, st.layers
     compute, sync = pricing.stage_cost(self.m, run, p, self.s)
     over = pricing.stage_overhead_ms(self.m, run[0], run[-1], p[1])
-    shares = [param_share(self.m.graph.node(n), self.s.get(n)) for n in run]
-    update = sum(pricing.layer_update_ms(self.m, n, f) for n, f in zip(run, shares, strict=True))
+    update = sum(float(pricing.layer_time(self.m, n, p, self.s.get(n)).update) for n in run)
     self.stages.append(StageCost(p, run, compute, sync, over, update))
     self.gpu += p[1] * (compute + sync + over)
     bwd = sum(pricing.layer_ms(self.m, n, p, self.s.get(n))[1] for n in run)

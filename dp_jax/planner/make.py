@@ -30,7 +30,7 @@ from dp_jax.planner.evaluate import Evaluation, data_parallel_assignment, evalua
 from dp_jax.planner.frontier import DEFAULT_LIMITS, FrontierPoint, sweep
 from dp_jax.planner.options import PlanOptions, candidate_counts
 from dp_jax.planner.search import SHARDING_RULES, SPACE, build_tables, lower_bound, search
-from dp_jax.planner.sharded import Sharding
+from dp_jax.planner.sharded import Strategy
 from dp_jax.planner.sharding import LayerSharding, layer_sharding, sample_ranges
 
 log = logging.getLogger(__name__)
@@ -162,15 +162,18 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
   lower bound on every plan of the search's space (search.lower_bound, least over the rules;
   the plan's own cost where no block was searched heuristically)."""
   allowed = allowed_counts(model, limit, fits)
-  weights = "weights" in model.options.sharding
+  weights = model.options.chooses_strategies
   rules = SHARDING_RULES if weights else SHARDING_RULES[:1]
   offer = offers(model, limit, fits, memory.weight_fits(model)) if weights else None
 
-  def tables(rule, penalty=None):
+  def tables(rule, lam=None):
+    penalty = None if lam is None else lam * act_gb
     if rule == "samples":
       return build_tables(model, allowed, penalty_ms=penalty)
     return build_tables(model, offer.samples, penalty_ms=penalty, rule=rule,
-                        offers=offer.weights)
+                        offers=offer.weights, penalty_per_gb=lam)
+
+  act_gb = memory.activation_bytes(model) / memory.GB
 
   if not allowed.any(axis=1).all():  # some layer fits only under a weight split
     rules = tuple(r for r in rules if r != "samples")
@@ -192,10 +195,9 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
     _, assignment, shardings = min(found, key=lambda x: x[0])
     ev = evaluate(model, assignment, shardings)
     return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings, **floor)
-  act_gb = memory.activation_bytes(model) / memory.GB
   for lam in MEMORY_PENALTIES_MS_PER_GB:
     for rule in rules:
-      candidate, shards = _search(tables(rule, lam * act_gb))
+      candidate, shards = _search(tables(rule, lam))
       tried = (candidate, shards) if candidate else tried
       if candidate and memory.fits(model, candidate, shards):
         found.append((evaluate(model, candidate, shards).iteration_ms, candidate, shards))
@@ -231,16 +233,16 @@ def optimality(point: FrontierPoint) -> dict[str, Any]:
           "exact": gap is not None and gap <= EXACT_GAP, "space": SPACE}
 
 
-def _search(tables) -> tuple[dict[str, Placement], dict[str, Sharding]]:
+def _search(tables) -> tuple[dict[str, Placement], dict[str, Strategy]]:
   """The search's assignment and the weight shardings of its layers (empty: none exists)."""
   found = search(tables)
   return found.assignment, found.shardings
 
 
 def _amplification(model: CostModel, amp: np.ndarray, name: str, count: int,
-                   sh: Sharding | None, column: int) -> float:
-  """The layer's amplification as the limit saw it: under its weight sharding, if any."""
-  if sh is None:
+                   sh: Strategy | None, column: int) -> float:
+  """The layer's amplification as the limit saw it: under its strategy, if not PLAIN."""
+  if sh is None or sh.plain:
     return float(amp[model.row[name], column])
   return sharded_amplification(model, name, count, sh)
 
@@ -248,7 +250,7 @@ def _amplification(model: CostModel, amp: np.ndarray, name: str, count: int,
 def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evaluation,
                baseline: tuple[int, Evaluation], *, seconds: float,
                extra: Mapping[str, Any] | None = None,
-               shardings: Mapping[str, Sharding] | None = None) -> Plan:
+               shardings: Mapping[str, Strategy] | None = None) -> Plan:
   """A Plan with per-layer and per-stage costs and the data-parallel comparison, its options and
   the stages `ev` walked; layers with a weight sharding carry it (LayerSharding, from
   dp_jax.planner.sharding.layer_sharding)."""
@@ -266,30 +268,36 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
   for mv in ev.moves:
     moved_in[mv.dst] = moved_in.get(mv.dst, 0.0) + mv.ms
   amp = amplification(model)
-  ranges = functools.cache(lambda b, d, m: tuple(sample_ranges(b, d, m)))  # shared by layers
+  ranges = functools.cache(lambda b, d, m, split: tuple(sample_ranges(b, d, m, split)))
   layers = []
   for node in model.graph.nodes:
     start, count = assignment[node.name]
-    sh = shardings.get(node.name)
-    fb, bwd = pricing.layer_ms(model, node.name, (start, count), sh)
+    sh = sharded.strategy(shardings.get(node.name))
+    t = pricing.layer_time(model, node.name, (start, count), sh)
+    fb, bwd = float(t.total), float(t.backward_total)
     column = np.searchsorted(model.counts, count)
     in_table = column < len(model.counts) and model.counts[column] == count
-    m = 1 if sh is None else sh[0]
+    m = sh.m
     layers.append(LayerPlan(
         name=node.name, devices=tuple(range(start, start + count)),
-        samples=ranges(opts.global_batch, count // m, m),
-        sharding=None if sh is None else LayerSharding.from_json(
-            layer_sharding(node, (count // m, m), sh[1]), count, node.name),
-        extra={"kind": node.kind, "per_device_batch": opts.global_batch // (count // m),
+        samples=ranges(opts.global_batch, count // m, m, sh.split),
+        sharding=None if sh.split == "samples" and sh.state == "replicated" else
+        LayerSharding.from_json(layer_sharding(node, (count // m, m), sh.split, sh.state), count,
+                                node.name),
+        recompute=sh.recompute,
+        extra={"kind": node.kind,
+               "per_device_batch": opts.global_batch // sh.sample_groups(count),
                "compute_ms": fb, "fwd_ms": fb - bwd, "bwd_ms": bwd,
-               "update_ms": pricing.layer_update_ms(model, node.name,
-                                                     sharded.param_share(node, sh)),
+               "update_ms": float(t.update),
+               "memory_gb": (memory.layer_need(model, node.name, count, sh)
+                             + memory.transient_need(model, node.name, count, sh)) / memory.GB,
                "sync_ms": float(sync_share[node.name]),
                "move_in_ms": float(moved_in.get(node.name, 0.0)),
                "amplification": _amplification(model, amp, node.name, count, sh, column)
                                 if in_table else None,
                "stage": stage_of[node.name]}))
-  used = memory.device_bytes(model, assignment, shardings)
+  used = memory.device_bytes(model, assignment, {n: sharded.strategy(x)
+                                                 for n, x in shardings.items()})
   dp_used = memory.device_bytes(model, {n: (0, dp_count) for n in model.names})
   predicted = {
       "iteration_ms": ev.iteration_ms, "gpu_ms": ev.gpu_ms,
@@ -307,6 +315,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
       "update_ms": ev.update_ms, "data_parallel_update_ms": dp.update_ms,
       "stage_overhead_ms": ev.overhead_ms, "data_parallel_stage_overhead_ms": dp.overhead_ms,
       "memory_peak_gb": float(used.max()) / memory.GB,
+      "memory_capacity_gb": float(memory.capacity_bytes(model)) / memory.GB,
       "data_parallel_memory_peak_gb": float(dp_used.max()) / memory.GB,
   }
   job = model.cluster.with_num_devices(g)
@@ -314,6 +323,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
       "compute_ms": s.compute_ms, "sync_ms": s.sync_ms, "update_ms": s.update_ms,
       "overhead_ms": s.overhead_ms}) for s in ev.stages)
   more = {
+      "memory_gb_per_device": [round(float(x) / memory.GB, 6) for x in used],
       "moves": [{"src": m.src, "dst": m.dst, "ms": m.ms, "devices": m.devices}
                 for m in ev.moves],
       "topology": {"nodes": job.num_nodes, "devices_per_node": job.devices_per_node,

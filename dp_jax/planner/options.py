@@ -10,7 +10,11 @@ import numpy as np
 from dp_jax.base.checks import Checked, ConfigError, fields_of, option
 from dp_jax.base.errors import UserError
 
-SHARDING_CHOICES = ("samples", "weights")  # split samples / also weights (out, in, heads)
+# What a layer may split or shard beyond its samples (docs/cost_model.md, "Per-layer
+# strategies"): weights (out, in, heads over a model axis), state (its parameters, gradients and
+# optimizer state over its data axis, ZeRO-1 or FSDP), experts (an MoE layer's experts).
+SHARDING_CHOICES = ("samples", "weights", "state", "experts")
+RECOMPUTE_CHOICES = ("none", "choose", "all")
 # Gradient precision of the all-reduce: bytes per parameter sent (docs/cost_model.md,
 # "Gradient precision").
 GRADIENT_BYTES = {"fp32": 4, "bf16": 2}
@@ -31,9 +35,12 @@ class PlannerConfig(Checked):
   beside the backward pass; gradient_precision: the all-reduce's bytes per parameter (fp32 or
   bf16, docs/cost_model.md "Gradient precision"); optimizer: whose state the memory model holds
   and whose update every step pays; batch_norm: sync (statistics over a layer's devices,
-  priced) or local (per device); sharding: what a layer may split, [samples] or
-  [samples,weights] (docs/cost_model.md, "Weight sharding"); check_memory: refuse plans that
-  do not fit; param_bytes_per_param: counts parameters where a graph gives bytes alone.
+  priced) or local (per device); sharding: what a layer may split or shard beyond its samples:
+  any of weights, state, experts beside samples (docs/cost_model.md, "Per-layer strategies");
+  recompute: none (no layer recomputes its activations), choose (the planner recomputes a
+  layer where the memory it saves pays for its extra forward) or all (every layer);
+  check_memory: refuse plans that do not fit; param_bytes_per_param: counts parameters where a
+  graph gives bytes alone.
   """
 
   GROUP = "planner"
@@ -51,6 +58,7 @@ class PlannerConfig(Checked):
   batch_norm: str = option("sync", choices=("sync", "local"))
   sharding: tuple[str, ...] = option(default_factory=lambda: ("samples",), each=True,
                                      choices=SHARDING_CHOICES)
+  recompute: str = option("none", choices=RECOMPUTE_CHOICES)
   check_memory: bool = True
   param_bytes_per_param: float = option(4, low=0, low_open=True)
 
@@ -59,6 +67,12 @@ class PlannerConfig(Checked):
       raise ConfigError("sharding", f"={list(self.sharding)} must include samples (layers that "
                         "cannot split weights split their samples), e.g. [samples,weights]")
     object.__setattr__(self, "sharding", tuple(n for n in SHARDING_CHOICES if n in self.sharding))
+
+  @property
+  def chooses_strategies(self) -> bool:
+    """Whether a layer may take more than the samples split (the search's exact rule then
+    chooses every layer's strategy: dp_jax/planner/stage_choice.py)."""
+    return len(self.sharding) > 1 or self.recompute != "none"
 
   @property
   def grad_bytes_per_param(self) -> int:

@@ -16,6 +16,7 @@ are priced once. Pure Python and numpy: no JAX.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections.abc import Mapping
 
@@ -24,10 +25,12 @@ import numpy as np
 from dp_jax.hardware.cluster import (
   allgather_ms,
   allreduce_ms,
+  alltoall_ms,
   collective_latency_ms,
   group_collective_ms,
   strided_volume_ms,
 )
+from dp_jax.planner import sharded
 from dp_jax.planner.costs import (
   CostModel,
   allreduce_volume_ms,
@@ -38,7 +41,7 @@ from dp_jax.planner.costs import (
 from dp_jax.planner.layer_time import LayerTime, compose
 from dp_jax.planner.segments import Placement
 from dp_jax.planner.sharded import (
-  Sharding,
+  Strategy,
   candidates,
   compute_ratios,
   data_groups,
@@ -46,6 +49,7 @@ from dp_jax.planner.sharded import (
   model_groups,
   param_share,
   sharded_cost,
+  strategy,
   whole_times,
 )
 
@@ -112,13 +116,16 @@ def signature(model: CostModel, name: str) -> int:
   return hit
 
 
-def shardings(model: CostModel, name: str, count: int, allowed: tuple[str, ...]) -> list:
-  """sharded.candidates of the layer, memoised by its signature (read-only)."""
+def shardings(model: CostModel, name: str, count: int,
+              allowed: tuple[str, ...] | None = None) -> list[Strategy]:
+  """sharded.candidates of the layer under the model's planner.sharding (or `allowed`) and
+  planner.recompute, PLAIN first, memoised by its signature (read-only)."""
+  allowed = tuple(model.options.sharding) if allowed is None else tuple(allowed)
   key = ("candidates", signature(model, name), count, allowed)
   m = memo(model)
   hit = m.get(key)
   if hit is None:
-    hit = m[key] = candidates(model.graph.node(name), count, allowed)
+    hit = m[key] = candidates(model.graph.node(name), count, allowed, model.options.recompute)
   return hit
 
 
@@ -131,24 +138,46 @@ def layer_update_ms(model: CostModel, name: str, share: float = 1.0) -> float:
 
 
 def layer_time(model: CostModel, name: str, p: Placement,
-               sharding: Sharding | None = None) -> LayerTime:
-  """The layer's time on placement p under `sharding` (None: its samples split), as its parts
+               sharding: Strategy | tuple | None = None) -> LayerTime:
+  """The layer's time on placement p under its strategy (None: PLAIN), as its parts
   (dp_jax/planner/layer_time.py): the one layer time every pricing path reads. Samples split:
-  the cost model's tables at a candidate count (the profile elsewhere), the optimizer update of
-  the whole layer, its batch-norm statistics all-reduces over its devices. A weight sharding
-  (m, split): compute at the sharded shape, the split's activation collectives, the update of
-  its parameter share, the syncs over its data groups (dp_jax/planner/sharded.py)."""
+  the cost model's tables at a candidate count (the profile elsewhere), its batch-norm
+  statistics all-reduces over its devices. A weight split (m, split): compute at the sharded
+  shape, the split's activation collectives, the syncs over its data groups
+  (dp_jax/planner/sharded.py). Then its state: the optimizer update of the parameters each
+  device updates (its split's share; 1/d of it with state optimizer or full), and with state
+  full the all-gathers of its parameters before its forward and its backward; recompute: one
+  more forward in its backward."""
+  s = strategy(sharding)
   m = memo(model)
-  key = ("layer time", name if is_samples(sharding) else signature(model, name), p,
-         None if is_samples(sharding) else sharding)
+  key = ("layer time", name if s.plain else signature(model, name), p, s)
   hit = m.get(key)
   if hit is None:
-    hit = m[key] = (_samples_time(model, name, p) if is_samples(sharding) else
-                    _sharded_time(model, name, p, sharding))
+    parts = (_samples_parts(model, name, p) if is_samples(s) else
+             _sharded_parts(model, name, p, s))
+    hit = m[key] = compose(**_state_parts(model, name, p, s, parts), recompute=s.recompute)
   return hit
 
 
-def _samples_time(model: CostModel, name: str, p: Placement) -> LayerTime:
+def _state_parts(model: CostModel, name: str, p: Placement, s: Strategy, parts: dict) -> dict:
+  """A layer's parts under its state over the data axis: the update of 1/d of its share
+  (optimizer, full) and, full, its parameters all-gathered before the forward and again before
+  the backward (each in the pass that waits for it)."""
+  d = s.data_devices(p[1])
+  if s.state == "replicated" or d < 2:
+    return parts
+  share = param_share(model.graph.node(name), s)
+  out = {**parts, "update": layer_update_ms(model, name, share / d)}
+  if s.state == "full":
+    gather = _data_groups(model, float(model.param_bytes[model.row[name]]) * share, p, s.m,
+                          _allgather_groups)
+    fwd, bwd = parts.get("moves", (0.0, 0.0))
+    # recomputing, the backward's forward gathers them and the backward reuses that gather
+    out["moves"] = (fwd + gather, bwd + (0.0 if s.recompute else gather))
+  return out
+
+
+def _samples_parts(model: CostModel, name: str, p: Placement) -> dict:
   i, (start, count) = model.row[name], p
   c = column(model, count)
   if c is not None:
@@ -158,48 +187,57 @@ def _samples_time(model: CostModel, name: str, p: Placement) -> LayerTime:
     fwd, bwd = t.fwd_ms, t.bwd_ms
   b = model.bn_bytes[i]
   sync = float(allreduce_ms(model.cluster, b, start, count)) if b > 0 and count > 1 else 0.0
-  return compose(float(fwd), float(bwd), layer_update_ms(model, name), sync=sync)
+  return {"forward": float(fwd), "backward": float(bwd), "update": layer_update_ms(model, name),
+          "sync": sync}
 
 
-def _sharded_time(model: CostModel, name: str, p: Placement, sharding: Sharding) -> LayerTime:
-  m, _ = sharding
-  d = p[1] // m
+def _sharded_parts(model: CostModel, name: str, p: Placement, sharding: Strategy) -> dict:
+  m = sharding.m
+  rows = model.batch // sharding.sample_groups(p[1])  # samples per device
+  weights = sharding._replace(state="replicated", recompute=False)  # its split alone
   node = model.graph.node(name)
-  t = model.profile.lookup(name, model.batch // d)
-  whole = _whole_times(model, name, model.batch // d)
+  t = model.profile.lookup(name, rows)
+  whole = _whole_times(model, name, rows)
   part = None
   if whole is not None:  # the sharded shape's cost does not depend on the batch
-    key = ("sharded cost", signature(model, name), sharding)
+    key = ("sharded cost", signature(model, name), weights)
     memos = memo(model)
     part = memos.get(key)
     if part is None:
-      part = memos[key] = sharded_cost(model.graph, node, sharding, whole[0],
+      part = memos[key] = sharded_cost(model.graph, node, weights, whole[0],
                                        model.profile.dtype)
-  ratios = compute_ratios(model.graph, node, sharding, model.batch // d, model.profile.device,
+  ratios = compute_ratios(model.graph, node, weights, rows, model.profile.device,
                           model.profile.dtype, whole, part, model.profile.source)
-  share = param_share(node, sharding)
+  share = param_share(node, weights)
   sync = _data_groups(model, model.bn_bytes[model.row[name]] * share, p, m, group_collective_ms)
-  return compose(t.fwd_ms, t.bwd_ms, layer_update_ms(model, name, share), sync=sync,
-                 moves=activation_ms(model, name, p, sharding), ratios=ratios)
+  return {"forward": t.fwd_ms, "backward": t.bwd_ms,
+          "update": layer_update_ms(model, name, share), "sync": sync,
+          "moves": activation_ms(model, name, p, weights), "ratios": ratios}
 
 
 def layer_ms(model: CostModel, name: str, p: Placement,
-             sharding: Sharding | None = None) -> tuple[float, float]:
+             sharding: Strategy | None = None) -> tuple[float, float]:
   """(the layer's whole time in a step, its backward part) on placement p (layer_time)."""
   t = layer_time(model, name, p, sharding)
   return float(t.total), float(t.backward_total)
 
 
-def band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding | None = None) -> float:
-  """Bandwidth part of a layer's weight-gradient all-reduce on placement p."""
-  if not is_samples(sharding):
-    key = ("sharded band", signature(model, name), p, sharding)
-    m = memo(model)
-    hit = m.get(key)
-    if hit is None:
-      hit = m[key] = sharded_band_ms(model, name, p, sharding)
-    return hit
-  return float(allreduce_volume_ms(model.cluster, model.grad_bytes[model.row[name]], *p))
+def band_ms(model: CostModel, name: str, p: Placement,
+            sharding: Strategy | tuple | None = None) -> float:
+  """Bandwidth part of a layer's weight-gradient sync on placement p, in the stage's combined
+  sync (its latency is the stage's): an all-reduce over the layer's devices, or under a weight
+  split over its data groups (sharded_band_ms); state optimizer: a reduce-scatter of the
+  gradients and an all-gather of the updated parameters; state full: the reduce-scatter alone
+  (its parameters are gathered in its forward and backward: layer_time)."""
+  s = strategy(sharding)
+  if s.plain:
+    return float(allreduce_volume_ms(model.cluster, model.grad_bytes[model.row[name]], *p))
+  key = ("band", signature(model, name), p, s)
+  m = memo(model)
+  hit = m.get(key)
+  if hit is None:
+    hit = m[key] = sharded_band_ms(model, name, p, s)
+  return hit
 
 
 # --- per layer under a weight sharding (the model: dp_jax/planner/sharded.py) -------------------
@@ -237,20 +275,31 @@ def _whole_times(model: CostModel, name: str, batch: int):
   return hit
 
 
-def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
+def activation_ms(model: CostModel, name: str, p: Placement, sharding: Strategy
                   ) -> tuple[float, float]:
-  """(forward, backward) ms of the entry gather and the split's activation collectives."""
+  """(forward, backward) ms of the entry gather and the split's activation collectives
+  (experts: the dispatch and combine all-to-alls, twice each way)."""
   start, count = p
-  m, split = sharding
+  sharding = strategy(sharding)
+  m, split = sharding.m, sharding.split
   d = count // m
   i = model.row[name]
-  rows = model.batch // d
-  x, y = rows * model.in_bytes[i], rows * model.out_bytes[i]
+  node = model.graph.node(name)
+
   def groups(fn, nbytes):
     return _model_groups(model, fn, nbytes, start, d, m)
 
+  if split == "experts":
+    a = node.attrs
+    slots = a.get("n_expert", 0) * a.get("capacity", 0) / max(a.get("seq_len", 1), 1)
+    buffer = model.batch // count * model.out_bytes[i] * slots  # E x C x D per sequence
+    each = groups(alltoall_ms, buffer)
+    return 2 * each, 2 * each
+  rows = model.batch // d
+  x, y = rows * model.in_bytes[i], rows * model.out_bytes[i]
   gather = groups(allgather_ms, x)
-  first = not model.graph.node(name).inputs  # no input gradient
+  first = not node.inputs  # no input gradient
+  pairs = 2 if node.kind == "transformer_block" else 1  # Megatron pairs of a heads split
   if split == "out":
     fwd = groups(allgather_ms, y)
     bwd = 0.0 if first else groups(allreduce_ms, x)
@@ -258,20 +307,47 @@ def activation_ms(model: CostModel, name: str, p: Placement, sharding: Sharding
     fwd = groups(allreduce_ms, y)
     bwd = 0.0 if first else groups(allgather_ms, x)
   else:  # heads
-    fwd = 2 * groups(allreduce_ms, y)
-    bwd = 0.0 if first else 2 * groups(allreduce_ms, x)
+    fwd = pairs * groups(allreduce_ms, y)
+    bwd = 0.0 if first else pairs * groups(allreduce_ms, x)
   return gather + fwd, bwd
 
 
-def grad_bytes(model: CostModel, name: str, sharding: Sharding | None) -> float:
-  """Gradient bytes one device all-reduces for the layer."""
-  return float(model.grad_bytes[model.row[name]]) * param_share(model.graph.node(name), sharding)
+def grad_bytes(model: CostModel, name: str, sharding: Strategy | tuple | None) -> float:
+  """Gradient bytes one device sends in its stage's sync for the layer (its split's share)."""
+  return float(model.grad_bytes[model.row[name]]) * param_share(model.graph.node(name),
+                                                                strategy(sharding))
 
 
-def sharded_band_ms(model: CostModel, name: str, p: Placement, sharding: Sharding) -> float:
-  """Bandwidth part of the layer's weight-gradient all-reduce over its data groups."""
-  return _data_groups(model, grad_bytes(model, name, sharding), p, sharding[0],
-                      strided_volume_ms)
+def sharded_band_ms(model: CostModel, name: str, p: Placement, sharding: Strategy) -> float:
+  """Bandwidth part of the layer's weight-gradient sync over its data groups (d devices, stride
+  m; the samples split's are its range), by its state (band_ms). Experts: the routed experts'
+  share over the data groups, the replicated rest (shared experts) over all its devices."""
+  s = strategy(sharding)
+  i, node = model.row[name], model.graph.node(name)
+  share = param_share(node, s)
+  grads = float(model.grad_bytes[i])
+  routed = sharded.split_fraction(node, s.split) if s.split == "experts" else None
+  if routed is not None:  # shared experts: their gradients differ over the model axis too
+    mine, everywhere = grads * routed / s.m, grads * (1.0 - routed)
+  else:
+    mine, everywhere = grads * share, 0.0
+  factor = 1.0 if s.state != "replicated" and s.data_devices(p[1]) > 1 else 2.0
+  out = _data_groups(model, mine, p, s.m, _volume(factor))
+  if everywhere > 0:
+    out += float(allreduce_volume_ms(model.cluster, everywhere, *p)) * factor / 2.0
+  if s.state == "optimizer" and s.data_devices(p[1]) > 1:  # the updated parameters gathered
+    out += _data_groups(model, float(model.param_bytes[i]) * share, p, s.m, _volume(1.0))
+  return out
+
+
+def _volume(factor: float):
+  """strided_volume_ms with `factor` (2: all-reduce; 1: reduce-scatter or all-gather), one
+  function per factor (the memo keys on it)."""
+  return _VOLUMES[factor]
+
+
+_VOLUMES = {f: functools.partial(strided_volume_ms, factor=f) for f in (1.0, 2.0)}
+_allgather_groups = functools.partial(group_collective_ms, factor=1.0)
 
 
 # --- stages and moves ---------------------------------------------------------------------------
@@ -289,7 +365,7 @@ def stage_overhead_ms(model: CostModel, first: str, last: str, count: int) -> fl
 
 
 def stage_cost(model: CostModel, layers: tuple[str, ...], p: Placement,
-               shardings: Mapping[str, Sharding] | None = None) -> tuple[float, float]:
+               shardings: Mapping[str, Strategy] | None = None) -> tuple[float, float]:
   """(compute ms, exposed all-reduce ms) of one stage: `layers` in forward order on p
   (`shardings`: the weight-sharded ones; the latency is the range's, once)."""
   shards = tuple((shardings or {}).get(n) for n in layers)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dp_jax.planner import pricing
+from dp_jax.planner import memory, pricing
 
 INF = np.inf
 
@@ -68,11 +68,15 @@ def undominated(rows: list) -> list:
 
 
 def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed: np.ndarray,
-          offers: dict | None = None) -> Options:
+          offers: dict | None = None, penalty_per_gb: float | None = None) -> Options:
   """Options of every (layer, count) on the prefix: samples (compute, bwd, band given, (L, C))
-  where `allowed` (L, C), and the weight shardings planner.sharding allows there (priced by the
-  cost model) that `offers` ((row, column) -> shardings) lists; offers None: every one, where
-  samples is allowed. A cell with no option is infinite."""
+  where `allowed` (L, C), and the strategies planner.sharding and planner.recompute allow
+  there (priced by the cost model) that `offers` ((row, column) -> strategies) lists; offers
+  None: every one, where samples is allowed. A cell with no option is infinite.
+  `penalty_per_gb` (the memory repair's multiplier, ms per GB): each strategy's compute also
+  carries it times the bytes the strategy keeps beyond the layer's whole state (memory.py:
+  layer_need - state), as the samples option's compute (given) carries it
+  times its activations, so a strategy that saves memory wins where memory binds."""
   k = model.counts
   cells = {}  # (row, column) -> (kept options, free index or None, paid index or None)
   same = {}  # identical layers' cells (pricing.signature) are built once
@@ -81,10 +85,11 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
     for c, g in enumerate(k):
       samples = (float(compute[r, c]), float(bwd[r, c]), float(band[r, c]), None) \
           if allowed[r, c] else None
-      offered = None if offers is None else offers.get((r, c), ())
+      offered = None if offers is None else tuple(pricing.strategy(x)
+                                                  for x in offers.get((r, c), ()))
       key = (sig, c, samples, offered)
       if key not in same:
-        same[key] = _cell(model, name, int(g), samples, offered)
+        same[key] = _cell(model, name, int(g), samples, offered, penalty_per_gb)
       cells[(r, c)] = same[key]
   shape = (len(model.names), len(k), max(1, max(len(v[0]) for v in cells.values())))
   out = Options(np.full(shape, INF), np.zeros(shape), np.zeros(shape),
@@ -102,16 +107,22 @@ def build(model, compute: np.ndarray, bwd: np.ndarray, band: np.ndarray, allowed
   return out
 
 
-def _cell(model, name: str, g: int, samples: tuple | None, offered: tuple | None):
+def _cell(model, name: str, g: int, samples: tuple | None, offered: tuple | None,
+          penalty_per_gb: float | None = None):
   """(kept options, free index or None, paid index or None) of one layer on the prefix [0, g):
-  `samples` its samples option (None: not allowed), `offered` the weight shardings offered
-  there (None: every one, where samples is allowed)."""
+  `samples` its samples option (None: not allowed), `offered` the strategies offered there
+  (None: every one, where samples is allowed); penalty_per_gb: see build."""
   opts = [samples] if samples is not None else []
-  for sh in pricing.shardings(model, name, g, tuple(model.options.sharding))[1:]:
+  for sh in pricing.shardings(model, name, g)[1:]:
     if (offered is None and samples is None) or (offered is not None and sh not in offered):
       continue
     total, back = pricing.layer_ms(model, name, (0, g), sh)
     sent = pricing.band_ms(model, name, (0, g), sh)
+    if penalty_per_gb:
+      # what it keeps through the step (its transient need is a peak of one layer at a time,
+      # not a sum over layers: memory.device_bytes)
+      kept = memory.layer_need(model, name, g, sh) - float(model.state_bytes[model.row[name]])
+      total = float(total) + penalty_per_gb * kept / memory.GB
     opts.append((float(total), float(back), float(sent), sh))
   free = min(((o[0], i) for i, o in enumerate(opts) if o[2] <= 0), default=None)
   paid = min(((o[0] + o[2], i) for i, o in enumerate(opts)), default=None)
@@ -120,13 +131,6 @@ def _cell(model, name: str, g: int, samples: tuple | None, offered: tuple | None
     if extra is not None and opts[extra[1]] not in kept:
       kept.append(opts[extra[1]])
   return (kept, *(None if x is None else kept.index(opts[x[1]]) for x in (free, paid)))
-
-
-def add_compute(opts: Options, extra_ms: np.ndarray) -> None:
-  """Add (L, C) ms to every option's compute (the memory repair's penalty)."""
-  opts.compute = opts.compute + extra_ms[:, :, None]
-  opts.free = opts.free + extra_ms
-  opts.paid = opts.paid + extra_ms
 
 
 def step(p: np.ndarray, q: np.ndarray, opts: Options, row: int):

@@ -160,7 +160,10 @@ def restore_newest_good(manager, like: Any, everywhere=None):
 ABANDONED_READ_LINE_MARKS = ("asyncio/base_events.py", "call_soon_threadsafe", "_check_closed")
 ABANDONED_READ_PIECES = ("Traceback (most recent call last)", "raise RuntimeError",
                          "RuntimeError", "Event loop is closed", "self.", "()", "('", "')")
-ABANDONED_READ_WAIT_S = 2.0  # for the abandoned reads to finish after a failed restore
+# after a failed restore, fd 2 stays redirected until the abandoned reads have been quiet for
+# ABANDONED_READ_QUIET_S (they finish late on a loaded machine), at most ABANDONED_READ_WAIT_S
+ABANDONED_READ_QUIET_S = 1.5
+ABANDONED_READ_WAIT_S = 30.0
 
 
 def _abandoned_read_line(line: str) -> bool:
@@ -186,7 +189,7 @@ def _abandoned_reads_dropped():
       yield state
     finally:
       if state["failed"]:
-        time.sleep(ABANDONED_READ_WAIT_S)
+        _wait_quiet(f)
       sys.stderr.flush()
       os.dup2(saved, 2)
       os.close(saved)
@@ -194,6 +197,19 @@ def _abandoned_reads_dropped():
       for line in f.read().decode(errors="replace").splitlines():
         if not _abandoned_read_line(line):
           print(line, file=sys.stderr)
+
+
+def _wait_quiet(f) -> None:
+  """Until nothing was written to `f` for ABANDONED_READ_QUIET_S (or ABANDONED_READ_WAIT_S)."""
+  start = last_change = time.monotonic()
+  size = os.fstat(f.fileno()).st_size
+  while time.monotonic() - last_change < ABANDONED_READ_QUIET_S:
+    if time.monotonic() - start > ABANDONED_READ_WAIT_S:
+      return
+    time.sleep(0.1)
+    now = os.fstat(f.fileno()).st_size
+    if now != size:
+      size, last_change = now, time.monotonic()
 
 
 class _AbandonedTasks:

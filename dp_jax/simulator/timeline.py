@@ -29,7 +29,7 @@ from dp_jax.hardware.cluster import collective_latency_ms
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import CostModel, Placement, move_ms
 from dp_jax.planner.segments import Block, Move, Segment, Stage, Stages, segments
-from dp_jax.planner.sharded import Sharding
+from dp_jax.planner.sharded import Strategy
 
 TIMELINE_SCHEMA = "dp_jax.timeline/1"  # a step's events as JSON (Event.to_json), either source
 
@@ -107,7 +107,7 @@ def schedule(tasks: tuple[Task, ...] | list[Task]) -> tuple[np.ndarray, np.ndarr
 
 
 def build_timeline(model: CostModel, assignment: Mapping[str, Placement],
-                   shardings: Mapping[str, Sharding] | None = None,
+                   shardings: Mapping[str, Strategy] | None = None,
                    stages: Stages | None = None) -> Timeline:
   """The alone timeline of a plan under the planner's cost model (`shardings`: the weight
   sharding of each weight-sharded layer, priced as the planner prices it; `stages`: the plan's
@@ -124,7 +124,7 @@ class _Builder:
   """Appends tasks for the forward and backward walks; returns the ids a successor waits on."""
 
   def __init__(self, model: CostModel, assignment: Mapping[str, Placement],
-               shardings: Mapping[str, Sharding]):
+               shardings: Mapping[str, Strategy]):
     self.m, self.a, self.s = model, assignment, shardings
     self.tasks: list[Task] = []
     self.stages: list[Stage] = []

@@ -86,7 +86,7 @@ from dp_jax.planner.search.tables import (
   _Tables,
   build_tables,
 )
-from dp_jax.planner.sharded import Sharding
+from dp_jax.planner.sharded import Strategy
 
 __all__ = ["ELEMENTWISE_KINDS", "SHARDING_RULES", "SPACE", "Found", "build_tables",
            "lower_bound", "search"]
@@ -104,7 +104,7 @@ class Found(NamedTuple):
   rest split samples) and the plan's cost (ms per iteration; infinite and empty: none)."""
 
   assignment: dict[str, Placement]
-  shardings: dict[str, Sharding]
+  shardings: dict[str, Strategy]
   iteration_ms: float
   heuristic_blocks: int = 0  # blocks searched short of their whole space (lower_bound floors them)
 
@@ -118,7 +118,7 @@ def search(t: _Tables) -> Found:
   final = sol.value[len(top.items) - 1][0]
   g = int(final.argmin())
   out: dict[str, Placement] = {}
-  shards: dict[str, Sharding] = {}
+  shards: dict[str, Strategy] = {}
   if np.isfinite(final[g]):
     _place_chain(t, sol, 0, g, out, shards)
   return Found(out, shards, float(final[g]), heuristic_blocks(sol))

@@ -11,7 +11,6 @@ from dp_jax.hardware.cluster import link_class
 from dp_jax.planner import pricing
 from dp_jax.planner.costs import move_from_parts, move_parts
 from dp_jax.planner.search.tables import ELEMENTWISE_KINDS, _Lane, _run_sync, _Tables
-from dp_jax.planner.sharded import candidates
 
 OPTION_LAYOUTS = 64  # most layouts of one branch the exact tier enumerates
 SHARDED_LAYOUTS = 512  # the same with weight shardings (placements and shardings per layer)
@@ -67,7 +66,7 @@ def _lane_shardings(t: _Tables, row: int, column: int) -> list:
   if t.options is None:
     return out
   node = t.model.graph.node(t.model.names[row])
-  for sh in candidates(node, int(t.counts[column]), t.model.options.sharding)[1:]:
+  for sh in pricing.shardings(t.model, node.name, int(t.counts[column]))[1:]:
     if (sh in t.offers.get((row, column), ())) if t.offers is not None \
         else t.allowed[row, column]:
       out.append(sh)

@@ -91,8 +91,11 @@ SHARDING_RULES = ("samples", "exact")  # samples: no weight sharding
 
 
 def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray | None = None,
-                 rule: str = "samples", offers: dict | None = None):
-  """Tables for one search; `penalty_ms` (L, C) is added to compute (memory repair only).
+                 rule: str = "samples", offers: dict | None = None,
+                 penalty_per_gb: float | None = None):
+  """Tables for one search; `penalty_ms` (L, C) is added to the samples split's compute and
+  `penalty_per_gb` prices the other strategies' memory alike (memory repair only:
+  stage_choice.build).
 
   With planner.sharding including weights and rule "exact", every (layer, count) on the
   prefix [0, count) offers its undominated weight shardings (stage_choice) and the chain DP
@@ -116,14 +119,13 @@ def build_tables(model: CostModel, allowed: np.ndarray, penalty_ms: np.ndarray |
   prefix_params = np.repeat((model.grad_bytes > 0)[:, None], len(k), axis=1)
   if rule not in SHARDING_RULES:
     raise ValueError(f"unknown sharding rule {rule!r}")
-  options = None
-  if "weights" in model.options.sharding and rule == "exact":
-    options = stage_choice.build(model, compute, bwd, prefix_band, allowed, offers)
   if penalty_ms is not None:
     compute_k = compute_k + penalty_ms[None]
     compute = compute + penalty_ms
-    if options is not None:
-      stage_choice.add_compute(options, penalty_ms)
+  options = None
+  if model.options.chooses_strategies and rule == "exact":
+    options = stage_choice.build(model, compute, bwd, prefix_band, allowed, offers,
+                                 penalty_per_gb)
   return _Tables(model=model, counts=k, budget=model.options.num_devices, allowed=allowed,
                  compute=compute, bwd=bwd, compute_k=compute_k, bwd_k=bwd_k, band=band,
                  lat=lat, link0=link0, has_params=model.grad_bytes > 0, prefix_band=prefix_band,
