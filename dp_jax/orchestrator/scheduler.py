@@ -106,6 +106,11 @@ class BackgroundStats:
   # windows (interleaved)
   piece_ms: float = 0.0  # measured device time of the pieces run before drain(), all devices
   batch: int = 0
+  # what the replay runs on (orchestrator/replay.py): per piece index, each measured time (ms)
+  # of the pieces run before drain(); and each host gap (ms) from a piece's end to the next
+  # piece's start on its device when the gate admitted that one at once (no wait for a window)
+  piece_times_ms: dict[int, list[float]] = field(default_factory=dict)
+  gaps_ms: list[float] = field(default_factory=list)
 
   @property
   def steps(self) -> int:
@@ -352,7 +357,9 @@ class BackgroundScheduler:
     runner = self.runners[d]
     n = len(runner.program.stages)
     timer: list[dict[str, Any]] = []
-    state = {"seen": 0, "last": None}
+    # last: the piece admitted last; end: when the device's last piece ended; gap_from: that
+    # end if the gate admitted the next piece at once (its start - end is then host time)
+    state = {"seen": 0, "last": None, "end": None, "gap_from": None}
 
     def observe() -> None:
       calls = [t for t in timer if t["phase"] in PIECE_PHASES]
@@ -363,6 +370,10 @@ class BackgroundScheduler:
           self.admission.observe(state["last"], ms)
           if self._t_stop is None:
             self.stats.piece_ms += ms
+            self.stats.piece_times_ms.setdefault(state["last"], []).append(ms)
+            if state["gap_from"] is not None:
+              self.stats.gaps_ms.append(1e3 * (t["start_s"] - state["gap_from"]))
+        state["end"] = t["end_s"]
       state["seen"] = len(calls)
 
     def gate(sp, phase: str) -> None:
@@ -370,6 +381,7 @@ class BackgroundScheduler:
       k = piece_index(n, sp.stage.index, phase)
       with self.cond:
         self.running.discard(d)
+        at_once = not self.free_run
         while not self.free_run:
           end, g = self.window_end[d], self.generation
           if end is not None and self.admission.admit(
@@ -377,7 +389,9 @@ class BackgroundScheduler:
             break
           if end is not None:
             self.stats.refused += 1
+          at_once = False
           self.cond.wait_for(lambda g=g: self.free_run or self.generation != g)
+        state["gap_from"] = state["end"] if at_once else None
         if self.stopping and self.job is None:
           raise _Stop
         self.stats.dispatched += 1
@@ -392,6 +406,7 @@ class BackgroundScheduler:
             self.cond.notify_all()
             self.cond.wait_for(lambda: not self.pause_requested or self.stopping)
             self.paused.discard(d)
+            state["end"] = None  # the pause is no host time of the job's
           if self.stopping:
             return
         timer.clear()

@@ -9,7 +9,10 @@ Interference model (docs/simulator.md, "Background fill"):
   alone steps) minus the time already used. An admitted piece runs for its true time (the
   profile unless `actual_ms` says otherwise), is never preempted, and its measured time corrects
   the policy's next predictions. Handing the device back costs switch_ms after each piece
-  (default: the device's per-kernel overhead, dp_jax/hardware/devices.py).
+  (default: the device's per-kernel overhead, dp_jax/hardware/devices.py); the policy charges
+  switch_ms, the time advances by `actual_switch_ms` when given (a run's measured host gap
+  between pieces, dp_jax/orchestrator/replay.py), as the true piece times differ from the
+  profile.
 - Every foreground task on a device waits for the background piece running there; a piece that
   outlasts the window delays the foreground. The policy charges that predicted overrun to one
   budget per iteration (cap x alone iteration) shared by all devices, so the cap holds at
@@ -92,14 +95,18 @@ def noise_factors(alone_steps_ms) -> np.ndarray:
 def fill(tl: Timeline, classes: DeviceClasses, windows: list[Window], job: BackgroundJob, *,
          cap: float, switch_ms: float, policy: str = "fit", iterations: int = 4,
          margin: float = 0.0, actual_ms: np.ndarray | None = None,
-         alone_steps_ms=None, seed: int = 0, log_decisions: bool = False) -> Fill:
+         actual_switch_ms: float | None = None, alone_steps_ms=None, seed: int = 0,
+         log_decisions: bool = False) -> Fill:
   """Run the policy over `iterations` steady iterations (after a warm-up one).
 
   actual_ms: each piece's true time (default: its profiled time, the policy's prediction);
+  actual_switch_ms: the true host time after each piece (default: switch_ms, the one charged);
   alone_steps_ms: measured alone iterations whose spread is the foreground's noise (seeded by
   `seed`; default: none, no noise); log_decisions: return every admission decision.
   """
   validate(cap, switch_ms, policy, iterations)
+  true_switch = switch_ms if actual_switch_ms is None else actual_switch_ms
+  validate(cap, true_switch, policy, iterations)
   actual = job.pieces_ms if actual_ms is None else np.asarray(actual_ms, dtype=float)
   if actual.shape != job.pieces_ms.shape:
     raise ValueError(f"actual_ms has {actual.shape} pieces, the job {job.pieces_ms.shape}")
@@ -111,7 +118,7 @@ def fill(tl: Timeline, classes: DeviceClasses, windows: list[Window], job: Backg
                         log_decisions=log_decisions)
   scale = (np.random.default_rng(seed).choice(factors, size=iterations + 2) if noisy
            else np.ones(iterations + 2))
-  sim = _Sim(tl, classes, windows, job, actual, admission, iterations, scale)
+  sim = _Sim(tl, classes, windows, job, actual, admission, iterations, scale, float(true_switch))
   times, work, steps, free, events = sim.run()
   return Fill(float(cap), tl.iteration_ms, sim.used, times[1:], work[1:], steps[1:], free[1:],
               tuple(events), float(times[0]), admission.admitted, admission.refused,
@@ -122,8 +129,9 @@ def fill(tl: Timeline, classes: DeviceClasses, windows: list[Window], job: Backg
 class _Sim:
   """Re-times the foreground task graph with the pieces the policy admits."""
 
-  def __init__(self, tl, classes, windows, job, actual, admission, iterations, scale):
+  def __init__(self, tl, classes, windows, job, actual, admission, iterations, scale, switch):
     self.tl, self.classes, self.windows, self.job = tl, classes, windows, job
+    self.switch = switch  # the true host time after each piece (the policy charges its own)
     self.actual, self.policy, self.iterations = actual, admission, iterations
     self.scale = scale  # per iteration (warm-up first): the foreground's noise factor
     self.order = np.lexsort((np.arange(len(tl.tasks)), tl.start_ms))
@@ -153,7 +161,7 @@ class _Sim:
       a = float(self.actual[k])
       self.policy.observe(k, a)
       out.append((opened + t, opened + t + a))
-      t += a + self.policy.switch
+      t += a + self.switch
       nxt[c] = (k + 1) % n
     if out:
       self.used[w] = True
@@ -195,7 +203,7 @@ class _Sim:
           ran = self.pieces(w, c, opened, ready, nxt)
           if ran:
             bg += sum(e - s for s, e in ran) * self.sizes[c]
-            bg_until[c] = ran[-1][1] + self.policy.switch
+            bg_until[c] = ran[-1][1] + self.switch
             if keep:
               shown.extend((c, s, e) for s, e in ran)
         s = ready

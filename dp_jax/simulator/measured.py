@@ -41,7 +41,7 @@ def chain_timeline(calls: Sequence[tuple[Sequence[int], float, str]],
 
 def fill_measured(calls: Sequence[tuple[Sequence[int], float, str]], num_devices: int,
                   job: BackgroundJob, *, cap: float, iterations: int, switch_ms: float = 0.0,
-                  actual_ms: np.ndarray | None = None,
+                  actual_ms: np.ndarray | None = None, actual_switch_ms: float | None = None,
                   alone_steps_ms: Sequence[float] | None = None, seed: int = 0,
                   log_decisions: bool = False) -> Fill:
   """The shared policy replayed on a measured alone step (with the measured alone steps'
@@ -49,5 +49,6 @@ def fill_measured(calls: Sequence[tuple[Sequence[int], float, str]], num_devices
   tl = chain_timeline(calls, num_devices)
   classes = device_classes(tl)
   return fill(tl, classes, idle_windows(tl, classes), job, cap=cap, switch_ms=switch_ms,
-              iterations=iterations, actual_ms=actual_ms, alone_steps_ms=alone_steps_ms,
+              iterations=iterations, actual_ms=actual_ms, actual_switch_ms=actual_switch_ms,
+              alone_steps_ms=alone_steps_ms,
               seed=seed, log_decisions=log_decisions)
