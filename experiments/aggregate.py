@@ -47,6 +47,7 @@ class Study:
   finish: Callable[[list[Row]], list[Row]] = list  # columns that need the whole table
   kind: str = "predicted"  # what its numbers are: predicted, simulated, measured (or a mix)
   fits: tuple[str, ...] = ()  # summary keys every finished cell of the study's app has
+  lead: Callable[[list[Row]], str] | None = None  # markdown right under the title: the answer
 
   @property
   def csv_columns(self) -> list[str]:
@@ -165,7 +166,8 @@ def markdown(study: Study, rows: Sequence[Row], prov: dict[str, Any],
   figs = "".join(f"![{p.stem}]({p.name}) ([PDF]({p.with_suffix('.pdf').name}))\n\n"
                  for p in figures)
   missing = "".join(f"- {m}\n" for m in prov.get("missing") or [])
-  return (f"# {title}\n\n{textwrap.dedent(rest).strip(chr(10))}\n\n"
+  lead = "" if study.lead is None else study.lead(ok(rows)).strip() + "\n\n"
+  return (f"# {title}\n\n{lead}{textwrap.dedent(rest).strip(chr(10))}\n\n"
           f"All numbers here are **{study.kind}**. Cells: {prov['cells']} ({prov['ok']} ok, "
           f"{prov['failed']} failed); commit {', '.join(s[:12] for s in prov['git_shas'])}"
           f"{' (uncommitted changes)' if prov['git_dirty'] else ''}. Written by "

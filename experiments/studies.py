@@ -9,7 +9,7 @@ from dp_jax.base.errors import UserError
 from experiments.aggregate import Study
 
 NAMES = ("strong_scaling", "amplification", "cluster_throughput", "network", "runtime",
-         "time_to_accuracy", "validation", "weight_sharding")
+         "time_to_accuracy", "validation", "weight_sharding", "where_burst_pays")
 
 
 def study(name: str) -> Study:

@@ -2,7 +2,7 @@
 # Run a study's Hydra multirun and aggregate it into CSV, PNG figures and a markdown table.
 #   scripts/reproduce.sh <study> [--quick] [--out DIR] [--sweep DIR] [extra Hydra overrides...]
 # Studies: strong_scaling amplification cluster_throughput network weight_sharding runtime
-# time_to_accuracy validation (experiments/studies.py; experiments/<study>.py).
+# time_to_accuracy validation where_burst_pays (experiments/studies.py; experiments/<study>.py).
 # --quick runs conf/experiment/<study>_quick.yaml (a reduced grid). Outputs: --out, default
 # results/<study>/ for a full study and results/local/<study>_quick/ for --quick. The sweep
 # itself goes to --sweep, default multirun/<overlay>/<timestamp>/ (one folder per cell:
