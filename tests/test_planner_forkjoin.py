@@ -3,8 +3,8 @@
 Brute force over every layer on every contiguous device range (tests/forkjoin_brute.py), on
 random fork/join graphs (G = B = 4; 2-3 branches of up to 2 layers). FORKJOIN_MARGIN is
 measured, not proven: on the slow set (48 graphs of up to 6 layers) a plan outside the
-planner's space (dp_jax/planner/search.py docstring: fork and join off the prefix) won once,
-by 0.37%; every other graph is solved exactly (docs/cost_model.md).
+planner's space (dp_jax/planner/search/__init__.py docstring: fork and join off the prefix)
+won once, by 0.37%; every other graph is solved exactly (docs/cost_model.md).
 """
 
 import math

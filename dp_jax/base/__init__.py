@@ -1,1 +1,2 @@
-"""What every layer below the apps uses: one-line user errors and strict JSON files."""
+"""What every layer below the apps uses: one-line user errors (errors.py), strict JSON and YAML
+files (jsonfile.py, yamlfile.py) and config groups as checked frozen dataclasses (checks.py)."""

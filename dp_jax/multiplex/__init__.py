@@ -1,2 +1,3 @@
-"""Multiplexing: the policy that packs background work into idle windows (policy.py, no JAX,
-shared with the simulator) and the runtime's background jobs that follow it (JAX)."""
+"""Multiplexing (no JAX): the policy that packs background work into idle windows (policy.py,
+shared by the simulator and the orchestrator's background jobs, dp_jax/orchestrator/) and the
+background group as the apps name it (background.py: BackgroundConfig)."""

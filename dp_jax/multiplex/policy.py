@@ -1,7 +1,7 @@
 """The multiplexing policy: background pieces admitted into foreground idle windows under a cap.
 
 Pure Python (no JAX), shared by the simulator (dp_jax/simulator/fill.py) and the runtime's
-orchestrator (dp_jax/multiplex/), so both describe one mechanism (docs/orchestrator.md).
+orchestrator (dp_jax/orchestrator/), so both describe one mechanism (docs/orchestrator.md).
 
 A background job's training step is a sequence of pieces (per-layer-group forward programs, the
 last group's forward+backward, then each group's backward with its optimizer update), each with

@@ -14,7 +14,7 @@ instead of reading as a slowdown (or hiding one). The first step of an off windo
 "with" step (a piece admitted before it may still run), and each on window's admission is
 rebased on the alone time of the off window before it (`Admission.rebase`).
 
-Each job device has one dispatch thread running the job's steps (orchestrator/background.py);
+Each job device has one dispatch thread running the job's steps (orchestrator/runners.py);
 before each piece, the thread asks the shared policy (dp_jax/multiplex/policy.py) whether the
 piece's
 predicted time (plus the switch cost, `switch_ms`, as the simulator charges it) fits what is

@@ -116,7 +116,7 @@ def dominating_data_parallel(model, data_parallel: dict[int, Any], iteration_ms:
   """Data parallelism on the d <= G devices that is faster than the plan and uses less GPU
   time, both beyond the tolerance, and fits in memory (the fastest such d), or None: a plan the
   amplification limit forced off data parallelism can lose on both (the limit is per layer).
-  data_parallel: d -> its evaluation (sim.engine.data_parallel_evaluations)."""
+  data_parallel: d -> its evaluation (planner.baseline.data_parallel_evaluations)."""
   best = None
   for c, e in sorted(data_parallel.items()):
     if (e.iteration_ms * (1 + tolerance) < iteration_ms and e.gpu_ms * (1 + tolerance) < gpu_ms
