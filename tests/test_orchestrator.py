@@ -161,7 +161,7 @@ def test_failing_background_job_is_stopped_and_reported(tiny, caplog):
 
     r.step = flaky
   hook = make_background_hook(job, broken, start_after=ALONE, slowdown_cap=math.inf)
-  with caplog.at_level(logging.WARNING, logger="dp_jax.multiplex"):
+  with caplog.at_level(logging.WARNING, logger="dp_jax.orchestrator"):
     fake_steps(hook, ALONE + 3)
     stats = hook.drain()
   assert stats.failures >= 1 and not hook.alive and calls and stats.steps == 0
