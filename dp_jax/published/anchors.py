@@ -43,8 +43,11 @@ from dp_jax.planner import evaluate_plan
 ANCHORS_FILE = Path(__file__).resolve().parent / "anchors.yaml"
 SCHEMA = "dp_jax.anchors/2"
 ROLES = ("fit", "held_out", "not_modelled")
-UNITS = ("images/s", "sequences/s", "tflops_per_device", "ms_per_iteration")
-SETUP_KEYS = ("optimizer", "gradient_precision", "overlap_allreduce", "batch_norm", "recompute")
+UNITS = ("images/s", "sequences/s", "tflops_per_device", "ms_per_iteration", "tokens/s/gpu")
+SETUP_KEYS = ("optimizer", "gradient_precision", "overlap_allreduce", "batch_norm", "recompute",
+              "state")
+RECOMPUTE = (False, True, "alternate")  # none, every layer, every second transformer block
+STATES = ("replicated", "optimizer", "full")  # a layer's state over its data-parallel GPUs
 REGIMES = ("small", "large")
 SMALL_BATCH_MAX = 8  # per-GPU batch of the small regime (<= 8)
 
@@ -228,6 +231,10 @@ def _anchor(path: Path, row: dict, models: Mapping, setups: Mapping) -> Anchor:
   unknown = sorted(set(setup) - set(SETUP_KEYS))
   if unknown:
     raise UserError(f"{path}: row {rid}: unknown setup key {unknown[0]}")
+  if setup.get("recompute", False) not in RECOMPUTE:
+    raise UserError(f"{path}: row {rid}: recompute must be one of true, false, alternate")
+  if setup.get("state", "replicated") not in STATES:
+    raise UserError(f"{path}: row {rid}: state must be one of {', '.join(STATES)}")
   row["setup"] = dict(setup)
   try:
     anchor = Anchor(**row)
