@@ -2,6 +2,7 @@
 profile's fit, the three relative checks and the GPU tolerance of each regime taken from them
 (dp_jax/published/anchors.py, scripts/validate_published.py, dp_jax/report/compare.py)."""
 
+import dataclasses
 import importlib.util
 import math
 import statistics
@@ -17,15 +18,19 @@ from dp_jax.published.anchors import (
   ANCHORS_FILE,
   BOTH,
   MIN_ALLREDUCE_BYTES,
+  _graph,
   _ratios,
   _small_batch_table,
   accumulated_ms,
+  block_index,
   evaluation,
   fit_calibration,
   load_anchors,
   load_published,
   predict,
   report,
+  step_ms,
+  strategies,
 )
 from dp_jax.report import compare
 
@@ -244,3 +249,85 @@ def test_the_calibrated_profile_refuses_the_cpu_and_an_uncalibrated_precision():
     calibrated_profile(_tiny(), "A100-SXM4-40GB", "float32", [1])
   table = calibrated_profile(_tiny(), "H100-SXM5-80GB", "mixed bf16", [1, 2])
   assert table.source == "calibrated" and table.meta["calibration"]["fitted_on"]
+
+
+# --- today's dense decoders without pipeline parallelism (issue 44 item 5) ------------------
+
+LLM_SOURCES = ("torchtitan_perf_a100_2404", "torchtitan_h100_2412", "torchtitan_asynctp_h100_2506",
+               "dgxc_llama31_8b_2409", "megatron_bridge_2509", "nemo_automodel_2604",
+               "megatron_core_moe_v09")
+
+
+def _llm_rows():
+  return [a for a in load_published().rows if a.group[2] in LLM_SOURCES]
+
+
+def test_the_llm_rows_are_held_out_or_not_modelled_and_no_fit_reads_them():
+  rows = _llm_rows()
+  assert {a.role for a in rows} == {"held_out", "not_modelled"}
+  assert sum(a.role == "held_out" for a in rows) >= 6
+  assert all(a.why and a.source for a in rows)
+  ids = {a.id for a in rows}
+  assert not ids & set(fit_calibration().fitted_on)  # the calibration never reads them
+  pairs = [p for p in load_published().scaling if p.base.id in ids]
+  assert len(pairs) >= 2 and all(p.role == "held_out" and p.base.role == p.scaled.role
+                                 == "held_out" for p in pairs)
+  for a in rows:  # fp8, context or pipeline parallelism: recorded, never predicted
+    if a.precision == "fp8":
+      assert a.role == "not_modelled", a.id
+
+
+def test_the_llm_rows_are_priced_by_their_per_layer_strategies(rows):
+  by_id = {r.anchor.id: r for r in rows}
+  for a in _llm_rows():
+    if a.role != "held_out":
+      assert by_id[a.id].predicted is None
+      continue
+    graph = _graph(a)
+    st = strategies(a, graph)
+    assert set(st) == set(graph.names)
+    for node in graph.nodes:
+      s = st[node.name]
+      assert s.state == (a.setup["state"] if node.params else "replicated"), (a.id, node.name)
+      block = block_index(node.name)
+      want = block is not None and (a.setup["recompute"] is True or (
+          a.setup["recompute"] == "alternate" and block % 2 == 1))
+      assert s.recompute == want, (a.id, node.name)
+      if a.tensor_parallel > 1 and node.kind in ("gqa_attention", "swiglu_mlp"):
+        assert (s.m, s.split) == (a.tensor_parallel, "heads")
+      if a.tensor_parallel > 1 and node.kind == "lm_head":
+        assert (s.m, s.split) == (a.tensor_parallel, "out")
+    assert by_id[a.id].predicted > 0
+    # tokens per second per GPU from the step: samples x sequence / step / GPUs
+    assert by_id[a.id].predicted == pytest.approx(
+        a.batch * a.model["seq_len"] / (step_ms(a) / 1e3) / a.gpus)
+
+
+def test_recomputing_every_second_block_costs_between_none_and_all():
+  a = next(a for a in _llm_rows() if a.setup.get("recompute") == "alternate")
+  times = {rc: step_ms(dataclasses.replace(a, setup={**a.setup, "recompute": rc}))
+           for rc in (False, "alternate", True)}
+  assert times[False] < times["alternate"] < times[True]
+  # half the blocks recomputed: half the extra forward of recomputing them all
+  assert times["alternate"] - times[False] == pytest.approx((times[True] - times[False]) / 2,
+                                                            rel=0.05)
+  replicated = step_ms(dataclasses.replace(a, setup={**a.setup, "state": "replicated"}))
+  assert replicated != times["alternate"]  # FSDP's gathers and sharded update are priced
+
+
+def test_a_per_gpu_unit_is_not_divided_again_in_a_scaling_pair():
+  pair = next(p for p in load_published().scaling if p.base.unit == "tokens/s/gpu")
+  assert pair.published == pytest.approx(pair.scaled.measured / pair.base.measured)
+
+
+def test_a_bad_llm_setup_is_one_line_naming_the_row(tmp_path):
+  bad = tmp_path / "anchors.yaml"
+  row = ("schema: dp_jax.anchors/2\nrows:\n  - {id: x, role: held_out, why: w, group: [a, b, c], "
+         "regime: small, source: s, hardware: h, measured: 1, unit: tokens/s/gpu, gpus: 1, "
+         "global_batch: 1, setup: {%s}}\n")
+  bad.write_text(row % "recompute: sometimes")
+  with pytest.raises(UserError, match="row x: recompute must be one of"):
+    load_anchors(bad)
+  bad.write_text(row % "state: sharded")
+  with pytest.raises(UserError, match="row x: state must be one of"):
+    load_anchors(bad)

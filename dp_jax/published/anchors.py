@@ -39,12 +39,16 @@ from dp_jax.layer_times.deeppool_import import import_deeppool_a100
 from dp_jax.layer_times.sources import profile_batches
 from dp_jax.models.zoo import ModelConfig
 from dp_jax.planner import evaluate_plan
+from dp_jax.planner.sharding import Strategy, splits_for
 
 ANCHORS_FILE = Path(__file__).resolve().parent / "anchors.yaml"
 SCHEMA = "dp_jax.anchors/2"
 ROLES = ("fit", "held_out", "not_modelled")
-UNITS = ("images/s", "sequences/s", "tflops_per_device", "ms_per_iteration")
-SETUP_KEYS = ("optimizer", "gradient_precision", "overlap_allreduce", "batch_norm", "recompute")
+UNITS = ("images/s", "sequences/s", "tflops_per_device", "ms_per_iteration", "tokens/s/gpu")
+SETUP_KEYS = ("optimizer", "gradient_precision", "overlap_allreduce", "batch_norm", "recompute",
+              "state")
+RECOMPUTE = (False, True, "alternate")  # none, every layer, every second transformer block
+STATES = ("replicated", "optimizer", "full")  # a layer's state over its data-parallel GPUs
 REGIMES = ("small", "large")
 SMALL_BATCH_MAX = 8  # per-GPU batch of the small regime (<= 8)
 
@@ -154,9 +158,12 @@ class Published:
   grid: Mapping[str, tuple[float, ...]]
 
 
+PER_GPU_UNITS = ("tokens/s/gpu", "tflops_per_device")  # already per GPU
+
+
 def _per_gpu(anchor: Anchor, value: float) -> float:
-  """A throughput per GPU (images/s or sequences/s over the row's GPUs)."""
-  return value / anchor.gpus
+  """A throughput per GPU (images/s or sequences/s over the row's GPUs; tokens/s/gpu as is)."""
+  return value if anchor.unit in PER_GPU_UNITS else value / anchor.gpus
 
 
 def load_anchors(path: str | Path = ANCHORS_FILE) -> list[Anchor]:
@@ -228,6 +235,10 @@ def _anchor(path: Path, row: dict, models: Mapping, setups: Mapping) -> Anchor:
   unknown = sorted(set(setup) - set(SETUP_KEYS))
   if unknown:
     raise UserError(f"{path}: row {rid}: unknown setup key {unknown[0]}")
+  if setup.get("recompute", False) not in RECOMPUTE:
+    raise UserError(f"{path}: row {rid}: recompute must be one of true, false, alternate")
+  if setup.get("state", "replicated") not in STATES:
+    raise UserError(f"{path}: row {rid}: state must be one of {', '.join(STATES)}")
   row["setup"] = dict(setup)
   try:
     anchor = Anchor(**row)
@@ -303,6 +314,8 @@ def predict(anchor: Anchor, calibration: Calibration = CALIBRATION,
     return samples / ms * 1e3
   if anchor.unit == "ms_per_iteration":
     return ms
+  if anchor.unit == "tokens/s/gpu":
+    return samples * (anchor.model or {})["seq_len"] / (ms / 1e3) / anchor.gpus
   return model_flops(anchor) / (ms / 1e3) / anchor.gpus / 1e12
 
 
@@ -339,6 +352,11 @@ def evaluation(anchor: Anchor, calibration: Calibration = CALIBRATION,
                     "a sample (mark the row not_modelled)")
   profile = row_profile(anchor, graph, source, calibration)
   setup = dict(anchor.setup)
+  if "state" in setup:  # a per-layer Strategy on every layer (docs/cost_model.md)
+    return evaluate_plan(graph, profile, _cluster(anchor), {n: (0, g) for n in graph.names},
+                         global_batch=b, num_devices=g, shardings=strategies(anchor, graph),
+                         check_memory=False, **{k: v for k, v in setup.items()
+                                                if k not in ("state", "recompute")})
   if setup.pop("recompute", False):
     profile = with_recomputation(profile)
   shardings = {}
@@ -351,6 +369,38 @@ def evaluation(anchor: Anchor, calibration: Calibration = CALIBRATION,
   return evaluate_plan(graph, profile, _cluster(anchor), {n: (0, g) for n in graph.names},
                        global_batch=b, num_devices=g, shardings=shardings, check_memory=False,
                        **setup)
+
+
+BLOCK_KINDS = ("transformer_block", "gqa_attention", "swiglu_mlp", "moe_router", "moe_experts")
+HEADS_KINDS = ("transformer_block", "gqa_attention", "swiglu_mlp")
+
+
+def block_index(name: str) -> int | None:
+  """The transformer block a layer belongs to ('layers.3.mlp' -> 3; None outside blocks)."""
+  parts = name.split(".")
+  return int(parts[1]) if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit() else None
+
+
+def strategies(anchor: Anchor, graph) -> dict[str, Strategy]:
+  """The strategy the row ran, one Strategy per layer, every layer on all its GPUs: with tensor
+  parallelism m, the blocks' attention and MLP split by heads and the logits by vocabulary on a
+  (G/m, m) mesh (the rest split samples over all G); the setup's state on every layer with
+  parameters and a data axis of 2 or more; recompute on every block's layers (true) or on every
+  second block's (alternate: blocks 1, 3, 5, ..., torchtitan's selective_ac_option '2')."""
+  g, m = anchor.gpus, int(anchor.tensor_parallel)
+  state, rc = anchor.setup.get("state", "replicated"), anchor.setup.get("recompute", False)
+  out = {}
+  for node in graph.nodes:
+    mm, split = 1, "samples"
+    if m > 1 and node.kind in HEADS_KINDS and "heads" in splits_for(node, m):
+      mm, split = m, "heads"
+    elif m > 1 and node.kind == "lm_head" and "out" in splits_for(node, m):
+      mm, split = m, "out"
+    block = block_index(node.name) if node.kind in BLOCK_KINDS else None
+    recompute = block is not None and (rc is True or (rc == "alternate" and block % 2 == 1))
+    st = state if node.params and g // mm > 1 else "replicated"
+    out[node.name] = Strategy(mm, split, st, recompute)
+  return out
 
 
 def row_profile(anchor: Anchor, graph, source: str = "calibrated",
