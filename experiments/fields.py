@@ -95,7 +95,7 @@ def pivot(rows: Sequence[Row], *, row_key: str, cols: Sequence[tuple[str, Callab
 
 
 def tolerances_used(rows: Sequence[Row]) -> str:
-  """The tolerances the rows are judged at, each with the regime it belongs to ('11.2% (per-GPU
+  """The tolerances the rows are judged at, each with the regime it belongs to ('10.9% (per-GPU
   batch <= 8), 6.3% (per-GPU batch > 8)'); a tolerance of no regime alone."""
   named: dict[float, str] = {}
   for r in rows:

@@ -20,7 +20,7 @@ VGG16_32_BF16 = ["model=vgg16", "cluster=dgx_a100", "cluster.num_devices=32",
                  "planner.gradient_precision=bf16", "planner.amplification_limit=inf",
                  "profile=deeppool_a100", "logger=disabled"]
 BASIS = ("bf16 gradients; DeepPool's measured A100-SXM4-40GB mixed fp16 profile; A=inf; "
-         "ties within 11.2% (the GPU tolerance of per-GPU batch <= 8)")
+         "ties within 10.9% (the GPU tolerance of per-GPU batch <= 8)")
 
 
 def paragraphs(stdout: str, *starts: str) -> list[str]:
