@@ -25,8 +25,9 @@ planner.recompute none / choose / all allows none / both / all.
 Each setting is priced by planner.evaluate (the one layer time, stage terms and all-reduce) and
 must fit: memory.device_bytes within the device's memory (the same per-device peak the burst
 plan is held to). Settings are pruned by memory first (their peak summed over the layers'
-distinct contents, pricing.signature), then the ones that fit are evaluated. Pure Python and
-numpy: no JAX.
+distinct contents, pricing.signature), then the ones that fit are evaluated in the order of
+the sum of their layers' times (a lower bound on the iteration: the all-reduce and stage terms
+only add) until that bound exceeds the best iteration found. Pure Python and numpy: no JAX.
 """
 
 from __future__ import annotations
@@ -170,24 +171,35 @@ def strategies(model: CostModel, setting: Setting) -> dict[str, Strategy]:
   return out
 
 
-def peak_bytes(model: CostModel, setting: Setting) -> float:
+def peak_bytes(model: CostModel, setting: Setting,
+               per: tuple[Strategy, ...] | None = None) -> float:
   """A device's peak under the setting (every device of [0, devices) holds every layer): what
   the layers keep through the step plus the largest transient need of one of them
-  (memory.device_bytes' sum, over the layers' distinct contents times their number)."""
-  saves = _saves(model)
+  (memory.device_bytes' sum, over the layers' distinct contents times their number). `per`:
+  the strategy of each content (_per_content), when the caller has it."""
+  per = _per_content(model, setting) if per is None else per
+  memo = pricing.memo(model)
   kept, transient = 0.0, 0.0
-  for row, (name, times) in _contents(model).items():
-    node = model.graph.node(name)
-    s = layer_strategy(node, setting, saves[name])
+  for (row, (name, times)), s in zip(_contents(model).items(), per, strict=True):
     key = ("uniform need", row, setting.devices, s)
-    hit = pricing.memo(model).get(key)
+    hit = memo.get(key)
     if hit is None:
-      hit = pricing.memo(model)[key] = (
-          memory.layer_need(model, name, setting.devices, s),
-          memory.transient_need(model, name, setting.devices, s))
+      hit = memo[key] = (memory.layer_need(model, name, setting.devices, s),
+                         memory.transient_need(model, name, setting.devices, s))
     kept += times * hit[0]
     transient = max(transient, hit[1])
   return kept + transient
+
+
+def compute_ms(model: CostModel, setting: Setting,
+               per: tuple[Strategy, ...] | None = None) -> float:
+  """The sum of the layers' times under the setting (pricing.layer_time's total, over the
+  layers' distinct contents times their number): a lower bound on its iteration (its one
+  stage adds the exposed all-reduce and the stage terms)."""
+  per = _per_content(model, setting) if per is None else per
+  p = (0, setting.devices)
+  return sum(times * pricing.layer_ms(model, name, p, None if s.plain else s)[0]
+             for (name, times), s in zip(_contents(model).values(), per, strict=True))
 
 
 def best_uniform(model: CostModel) -> Uniform:
@@ -196,32 +208,46 @@ def best_uniform(model: CostModel) -> Uniform:
   start = time.perf_counter()
   cap = memory.capacity_bytes(model)
   check = model.options.check_memory
-  priced = fitting = 0
   least: tuple[float, Setting] | None = None
-  best: tuple[tuple[float, float, int], Setting, Evaluation, dict, float] | None = None
   seen: set = set()
+  survivors: list[tuple[float, Setting, float]] = []  # (compute bound, setting, peak)
   for setting in settings(model):
-    priced += 1
-    need = peak_bytes(model, setting)
+    per = _per_content(model, setting)
+    key = (setting.devices, per)
+    if key in seen:  # a setting no layer can tell from one already priced
+      continue
+    seen.add(key)
+    need = peak_bytes(model, setting, per)
     if least is None or need < least[0]:
       least = (need, setting)
     if check and need > cap * (1 + 1e-9):
       continue
-    shards = strategies(model, setting)
-    key = (setting.devices, tuple(sorted(shards.items())))
-    if key in seen:  # a setting no layer can tell from one already priced
-      continue
-    seen.add(key)
-    assignment = _assignment(model, setting.devices)
-    if check and not memory.fits(model, assignment, shards):  # the exact check, per device
-      continue
-    fitting += 1
-    ev = evaluate(model, assignment, shards)
-    rank = (ev.iteration_ms, ev.gpu_ms, setting.devices)
-    if best is None or rank < best[0]:
-      best = (rank, setting, ev, shards, need)
+    survivors.append((compute_ms(model, setting, per), setting, need))
+  survivors.sort(key=lambda x: (x[0], x[1].devices))
+  evaluated: dict[Setting, tuple[Evaluation, dict[str, Strategy]]] = {}
+  rejected: set[Setting] = set()
+  while True:
+    best: tuple[tuple[float, float, int], Setting] | None = None
+    for bound, setting, _ in survivors:
+      if setting in rejected:
+        continue
+      if best is not None and bound > best[0][0]:  # its layers alone take longer than the best
+        break
+      if setting not in evaluated:
+        shards = strategies(model, setting)
+        evaluated[setting] = (evaluate(model, _assignment(model, setting.devices), shards),
+                              shards)
+      ev = evaluated[setting][0]
+      rank = (ev.iteration_ms, ev.gpu_ms, setting.devices)
+      if best is None or rank < best[0]:
+        best = (rank, setting)
+    if best is None or not check or memory.fits(
+        model, _assignment(model, best[1].devices), evaluated[best[1]][1]):
+      break
+    rejected.add(best[1])  # over by float rounding: the exact per-device check decides
   seconds = time.perf_counter() - start
   least_bytes, least_setting = (float(least[0]), least[1]) if least is not None else (0.0, None)
+  priced, fitting = len(seen), len(survivors) - len(rejected)
   if best is None:
     need = least_bytes / memory.GB
     reason = (f"no uniform strategy of {model.graph.model} on <= {model.options.num_devices} "
@@ -229,10 +255,18 @@ def best_uniform(model: CostModel) -> Uniform:
               f"({least_setting.describe() if least_setting else 'none'}) needs {need:.2f} GB")
     return Uniform(None, None, {}, 0.0, cap, priced, 0, seconds, reason, least_setting,
                    least_bytes)
-  _, setting, ev, shards, _ = best
+  setting = best[1]
+  ev, shards = evaluated[setting]
   peak = float(memory.device_bytes(model, _assignment(model, setting.devices), shards).max())
   return Uniform(setting, ev, shards, peak, cap, priced, fitting, seconds, None, least_setting,
                  least_bytes)
+
+
+def _per_content(model: CostModel, setting: Setting) -> tuple[Strategy, ...]:
+  """The setting's strategy of each distinct content (_contents' order)."""
+  saves = _saves(model)
+  return tuple(layer_strategy(model.graph.node(name), setting, saves[name])
+               for name, _ in _contents(model).values())
 
 
 def _assignment(model: CostModel, count: int) -> dict[str, Placement]:

@@ -154,7 +154,7 @@ def uniform_comparison(plan, c: dict[str, Any]) -> str | None:
     return None
   p, t = plan.predicted, c["comparison_tolerance"]
   d = plan.data_parallel_devices
-  what = "burst" if d is None else f"the plan (data parallelism on {devices(d)})"
+  what = "burst" if d is None else f"the plan (every layer on the same {devices(d)})"
   head = f"predicted: {what} {p['iteration_ms']:.3f} ms/iter"
   if c["uniform_setting"] is None:
     return f"{head}; {c['uniform_note']}, so there is no uniform baseline — {c['basis']}"
