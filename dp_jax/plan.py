@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,9 @@ class PlanConfig(Checked):
 
 @dataclass(frozen=True)
 class Planned:
-  """What the plan app computes: the model's graph, the profile that priced it, the plan and
-  its fair comparison (report.plan_report.comparisons)."""
+  """What the plan app computes: the model's graph, the profile that priced it, the plan (with
+  the best uniform strategy in extra["uniform"] where it was searched) and its fair comparison
+  (report.plan_report.comparisons)."""
 
   graph: LayerGraph
   profile: ProfileTable
@@ -86,6 +88,8 @@ def make(cfg: PlanConfig) -> Planned:
                   cluster_record=to_record(cluster, g))
   fair = comparisons(graph, profile, cluster, plan,
                      cfg.comparison.for_device(cluster.device, b / g))
+  if fair.get("uniform") is not None:  # the plan JSON keeps the best uniform strategy
+    plan = dataclasses.replace(plan, extra={**plan.extra, "uniform": fair["uniform"]})
   return Planned(graph, profile, plan, fair)
 
 

@@ -1,6 +1,8 @@
-"""A plan presented: its per-layer table, the predicted fair comparison (the fastest data
-parallelism on <= G devices first, then data parallelism on all G), the devices-per-layer chart
-(no JAX; rich and matplotlib imported when used)."""
+"""A plan presented: its per-layer table, its per-device memory, the predicted fair comparison
+(the best uniform strategy first where the planner may choose more than the samples split,
+dp_jax/planner/uniform.py; then the fastest data parallelism on <= G devices, then data
+parallelism on all G), the devices-per-layer chart (no JAX; rich and matplotlib imported when
+used)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from dp_jax.planner.baseline import (
   fastest_data_parallel,
 )
 from dp_jax.planner.evaluate import data_parallel_assignment
+from dp_jax.planner.uniform import STATE_NAMES, best_uniform
 from dp_jax.report.compare import (
   compare,
   data_parallel_on_all,
@@ -44,7 +47,9 @@ def plan_summary(plan, fair: dict[str, Any], path: Path) -> dict[str, Any]:
           "iteration_ms": p["iteration_ms"], "gpu_ms": p["gpu_ms"],
           "data_parallel_iteration_ms": p["data_parallel_iteration_ms"],
           "data_parallel_gpu_ms": p["data_parallel_gpu_ms"],
-          **fair, "fair_comparison": fair_comparison(plan, fair),
+          **{k: v for k, v in fair.items() if k != "uniform"},
+          "fair_comparison": fair_comparison(plan, fair),
+          "uniform_comparison": uniform_comparison(plan, fair),
           "gpu_time_saving": (1 - p["gpu_ms"] / p["data_parallel_gpu_ms"]
                               if fair.get("data_parallel_fits", True) else None),
           "weight_sharded_layers": sum(lp.sharding.split != "samples" for lp in plan.layers),
@@ -62,37 +67,45 @@ def layer_rows(plan) -> list[list[Any]]:
     rows.append([lp.name, x.get("kind", ""), len(lp.devices), lp.devices[0],
                  x.get("per_device_batch", ""), _r(x.get("compute_ms")), _r(x.get("sync_ms")),
                  _r(x.get("move_in_ms")), _r(x.get("amplification")), x.get("stage", ""),
-                 _split(lp.sharding)])
+                 _split(lp.sharding, lp.recompute)])
   return rows
 
 
-def _split(sharding) -> str:
-  """'samples', or a weight split with its mesh: 'out 2x4' (d x m)."""
-  if sharding.split == "samples":
-    return "samples"
+def _split(sharding, recompute: bool = False) -> str:
+  """'samples', or a weight split with its mesh: 'out 2x4' (d x m); then the state sharded
+  over the data axis (ZeRO-1, FSDP) and 'recompute' where the layer recomputes."""
   d, m = sharding.mesh
-  return f"{sharding.split} {d}x{m}"
+  text = "samples" if sharding.split == "samples" else f"{sharding.split} {d}x{m}"
+  if sharding.state != "replicated":
+    text += f" {STATE_NAMES[sharding.state]}"
+  return f"{text} recompute" if recompute else text
 
 
 def _r(v: Any) -> Any:
   return round(v, 4) if isinstance(v, float) and math.isfinite(v) else v
 
 
-def comparisons(graph, profile, cluster, plan, tolerance: float) -> dict[str, Any]:
-  """Predicted: the burst plan against the fastest data parallelism on d <= G devices (the fair
-  baseline) and against data parallelism on all G, each with its margin and verdict; its GPU
-  time against the cheapest data parallelism within the tolerance of the fastest one's time;
-  whether the plan is itself data parallelism, and what the verdicts rest on. Only data
-  parallelism that fits in the devices' memory is a baseline: where none fits the comparisons
-  are missing and `data_parallel_note` says what it would need."""
+def comparisons(graph, profile, cluster, plan, tolerance: float,
+                uniform: bool | None = None) -> dict[str, Any]:
+  """Predicted: the burst plan against the best uniform strategy (uniform_fields; `uniform`:
+  whether to search it, by default where the plan's options let a layer take more than the
+  samples split: otherwise it is the fastest data parallelism), against the fastest data
+  parallelism on d <= G devices and against data parallelism on all G, each with its margin
+  and verdict; its GPU time against the cheapest data parallelism within the tolerance of the
+  fastest one's time; whether the plan is itself data parallelism, and what the verdicts rest
+  on. Only data parallelism that fits in the devices' memory is a baseline: where none fits the
+  comparisons are missing and `data_parallel_note` says what it would need."""
   p = plan.predicted
   model = cost_model_for(graph, profile, cluster, plan)
+  if uniform is None:
+    uniform = model.options.chooses_strategies
+  best = uniform_fields(model, plan, tolerance) if uniform else {}
   dp = data_parallel_evaluations(model)
   d, ms = fastest_data_parallel({c: e.iteration_ms for c, e in dp.items()})
   cheap_d, cheap = cheapest_within(model, dp, tolerance)
   on_all = int(p.get("data_parallel_devices") or plan.num_devices)
   note = ties_note(cluster.device, plan.global_batch / plan.num_devices, tolerance)
-  return {"comparison_tolerance": tolerance, "basis": f"{plan.basis()}; {note}",
+  return {"comparison_tolerance": tolerance, "basis": f"{plan.basis()}; {note}", **best,
           "plan_data_parallel_devices": plan.data_parallel_devices,
           "data_parallel_fits": on_all in dp,
           "data_parallel_note": None if dp else data_parallel_misfit(model),
@@ -109,6 +122,93 @@ def comparisons(graph, profile, cluster, plan, tolerance: float) -> dict[str, An
           **(fields("speedup", compare(p["iteration_ms"], p["data_parallel_iteration_ms"],
                                        tolerance, lower_is_better=True))
              if on_all in dp else none_fields("speedup"))}
+
+
+def uniform_fields(model, plan, tolerance: float) -> dict[str, Any]:
+  """The best uniform strategy (planner.uniform.best_uniform) against the plan: its record
+  (`uniform`, what the plan JSON keeps in extra), its setting, time, GPU time and per-device
+  peak, the plan's speed-up over it (margin, verdict) and the GPU time saved; the reason where
+  no uniform strategy fits."""
+  p = plan.predicted
+  u = best_uniform(model)
+  record = u.to_json()
+  if u.setting is None:
+    return {"uniform": record, "uniform_setting": None, "uniform_iteration_ms": None,
+            "uniform_gpu_ms": None, "uniform_memory_peak_gb": None,
+            "uniform_note": u.reason, "gpu_time_saving_vs_uniform": None,
+            **none_fields("speedup_vs_uniform")}
+  ev = u.evaluation
+  return {"uniform": record, "uniform_setting": u.setting.describe(),
+          "uniform_iteration_ms": ev.iteration_ms, "uniform_gpu_ms": ev.gpu_ms,
+          "uniform_memory_peak_gb": record["memory_peak_gb"], "uniform_note": None,
+          "gpu_time_saving_vs_uniform": 1 - p["gpu_ms"] / ev.gpu_ms,
+          **fields("speedup_vs_uniform", compare(p["iteration_ms"], ev.iteration_ms, tolerance,
+                                                 lower_is_better=True))}
+
+
+def uniform_comparison(plan, c: dict[str, Any]) -> str | None:
+  """The plan against the best uniform strategy in words (None where it was not searched):
+  time, GPU time and per-device peak of both, the ratio and its verdict under the tolerance the
+  basis names; or why no uniform strategy fits."""
+  if "uniform" not in c:
+    return None
+  p, t = plan.predicted, c["comparison_tolerance"]
+  d = plan.data_parallel_devices
+  what = "burst" if d is None else f"the plan (every layer on the same {devices(d)})"
+  head = f"predicted: {what} {p['iteration_ms']:.3f} ms/iter"
+  if c["uniform_setting"] is None:
+    return f"{head}; {c['uniform_note']}, so there is no uniform baseline — {c['basis']}"
+  peak = p.get("memory_peak_gb")
+  mine = "" if peak is None else f", peak {peak:.2f} GB per device"
+  return (f"{head} ({p['gpu_ms']:.0f} GPU-ms{mine}) vs the best uniform strategy "
+          f"({c['uniform_setting']}: {c['uniform_iteration_ms']:.3f} ms/iter, "
+          f"{c['uniform_gpu_ms']:.0f} GPU-ms, peak {c['uniform_memory_peak_gb']:.2f} GB per "
+          f"device): {describe(c['speedup_vs_uniform'], t)}; "
+          f"{gpu_time_change(c['gpu_time_saving_vs_uniform'])} — {c['basis']}")
+
+
+MEMORY_RANGES = 8  # device ranges the memory line shows at most
+
+
+def device_ranges(values, most: int = MEMORY_RANGES) -> list[tuple[int, int, float, float]]:
+  """(first device, last device, least GB, most GB) of runs of consecutive devices: devices
+  with the same peak (to 0.01 GB) together, or, where that gives more than `most` runs, `most`
+  equal runs of devices with their least and most."""
+  vals = [round(float(v), 2) for v in values]
+  runs: list[list[int]] = []
+  for i, v in enumerate(vals):
+    if runs and vals[runs[-1][0]] == v:
+      runs[-1][1] = i
+    else:
+      runs.append([i, i])
+  if len(runs) > most:
+    n = len(vals)
+    cuts = [round(k * n / most) for k in range(most + 1)]
+    runs = [[a, b - 1] for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+  return [(a, b, min(vals[a:b + 1]), max(vals[a:b + 1])) for a, b in runs]
+
+
+def memory_line(plan, c: dict[str, Any] | None = None) -> str | None:
+  """The plan's predicted per-device peak memory (its largest, and by device range), and the
+  best uniform strategy's beside it; None for a plan without per-device memory."""
+  per = plan.extra.get("memory_gb_per_device")
+  if not per:
+    return None
+  p = plan.predicted
+  cap = p.get("memory_capacity_gb")
+  top = max(range(len(per)), key=lambda i: per[i])
+  parts = []
+  for a, b, low, high in device_ranges(per):
+    where = f"device {a}" if a == b else f"devices {a}-{b}"
+    parts.append(f"{where}: {low:.2f} GB" if low == high else
+                 f"{where}: {low:.2f}-{high:.2f} GB")
+  text = (f"memory per device (predicted): the plan's peak {per[top]:.2f} GB"
+          f"{'' if cap is None else f' of {cap:g} GB'} (device {top}); {'; '.join(parts)}")
+  if c and c.get("uniform_setting"):
+    u = c["uniform"]
+    text += (f" | best uniform: {c['uniform_memory_peak_gb']:.2f} GB on each of its "
+             f"{u['devices']} devices")
+  return text
 
 
 def dominating_data_parallel(model, data_parallel: dict[int, Any], iteration_ms: float,
@@ -203,6 +303,9 @@ def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) 
   console.print(table(f"{plan.model}: B={plan.global_batch} on {plan.num_devices} devices "
                       f"({plan.cluster}), amplification limit {plan.amplification_limit} "
                       "(predicted)", COLUMNS, rows, left=("kind",)))
+  mem = memory_line(plan, fair)
+  if mem:
+    console.print(mem)
   if fair is None:
     all_g = data_parallel_on_all(plan.num_devices, int(p.get("data_parallel_devices")
                                                        or plan.num_devices), plan.global_batch)
@@ -210,12 +313,18 @@ def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) 
                   f"{p['data_parallel_iteration_ms']:.3f} ms/iter (the fastest data "
                   f"parallelism on fewer devices was not computed) — {plan.basis()}")
   else:
+    uniform = uniform_comparison(plan, fair)
+    if uniform:  # the fair baseline first: one recipe for every layer, searched
+      console.print(uniform)
     console.print(fair_comparison(plan, fair))
     console.print(gpu_time_line(plan, fair))
     note = dominated_note(plan, fair)
     if note:
       console.print(note)
-  console.print(f"planned in {plan.planner_seconds:.3f} s")
+  searched = (fair or {}).get("uniform")
+  console.print(f"planned in {plan.planner_seconds:.3f} s" + (
+      "" if not searched else f"; best uniform strategy searched in {searched['seconds']:.3f} s "
+      f"({searched['settings_priced']} settings, {searched['settings_fit']} fit)"))
 
 
 def chart_title(plan, fair: dict[str, Any] | None = None) -> str:
