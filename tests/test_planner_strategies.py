@@ -244,3 +244,22 @@ def test_experts_move_tokens_with_two_all_to_alls_each_way():
                    sharding=("samples", "experts"))
   assert [lp.strategy for lp in as_plan(json.loads(json.dumps(plan.to_json()))).layers] == [
       lp.strategy for lp in plan.layers]
+
+
+# --- never slower than the best uniform strategy ---------------------------------------------
+
+
+@pytest.mark.parametrize("gb", [0.4, 10.0])
+def test_burst_plan_without_a_limit_is_never_slower_than_the_best_uniform_strategy(gb):
+  from dp_jax.planner.costs import build_cost_model
+  from dp_jax.planner.options import PlanOptions
+  from dp_jax.planner.uniform import best_uniform
+  g = _blocky_graph(blocks=8)
+  prof = analytic_profile(g, "A100-SXM4-40GB", "float32", [4096 // d for d in (1, 2, 4, 8)])
+  cl = dataclasses.replace(cluster("a100_nvlink_8"), memory_gb_per_device=gb)
+  opts = {"num_devices": 8, "global_batch": 4096, "amplification_limit": math.inf,
+          "sharding": ("samples", "weights", "state"), "recompute": "choose"}
+  uniform = best_uniform(build_cost_model(g, prof, cl, PlanOptions(**opts)))
+  assert uniform.setting is not None, uniform.reason
+  plan = make_plan(g, prof, cl, **opts)
+  assert plan.predicted["iteration_ms"] <= uniform.evaluation.iteration_ms * (1 + 1e-9)

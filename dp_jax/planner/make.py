@@ -32,6 +32,7 @@ from dp_jax.planner.options import PlanOptions, candidate_counts
 from dp_jax.planner.search import SHARDING_RULES, SPACE, build_tables, lower_bound, search
 from dp_jax.planner.sharded import Strategy
 from dp_jax.planner.sharding import LayerSharding, layer_sharding, sample_ranges
+from dp_jax.planner.uniform import best_uniform
 
 log = logging.getLogger(__name__)
 # Lagrange multipliers (ms per GB of saved activations) tried when the fastest plan overflows
@@ -191,7 +192,9 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
     if assignment and memory.fits(model, assignment, shardings):
       found.append((evaluate(model, assignment, shardings).iteration_ms, assignment, shardings))
   floor = {"lower_bound_ms": min(floors), "heuristic_blocks": heuristic} if floors else {}
+  uniform = _uniform_candidate(model, offer)
   if found:
+    found.extend(uniform)
     _, assignment, shardings = min(found, key=lambda x: x[0])
     ev = evaluate(model, assignment, shardings)
     return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings, **floor)
@@ -201,6 +204,7 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
       tried = (candidate, shards) if candidate else tried
       if candidate and memory.fits(model, candidate, shards):
         found.append((evaluate(model, candidate, shards).iteration_ms, candidate, shards))
+  found.extend(uniform)
   if baseline is not None:
     count = baseline[0]
     column = int(np.searchsorted(model.counts, count))
@@ -216,6 +220,34 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
   _, assignment, shardings = min(found, key=lambda x: x[0])
   ev = evaluate(model, assignment, shardings)
   return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings, **floor)
+
+
+def _uniform_candidate(model: CostModel, offer) -> list[tuple[float, dict, dict]]:
+  """The best uniform strategy (planner/uniform.py) as a candidate plan where every layer's
+  setting is offered under the limit (`offer`: amplification.offers): it lies in the search's
+  space, so the plan is never slower than it; the memory repair's penalties may miss it."""
+  if offer is None:
+    return []
+  memo = pricing.memo(model)
+  best = memo.get("best uniform")
+  if best is None:
+    best = memo["best uniform"] = best_uniform(model)
+  if best.setting is None:
+    return []
+  count = best.setting.devices
+  column = int(np.searchsorted(model.counts, count))
+  if column >= len(model.counts) or model.counts[column] != count:
+    return []
+  for r, name in enumerate(model.names):
+    s = best.shardings.get(name)
+    plain = s is None or sharded.strategy(s).plain
+    if not (offer.samples[r, column] if plain else
+            sharded.strategy(s) in offer.weights.get((r, column), ())):
+      return []
+  assignment = {n: (0, count) for n in model.names}
+  shards = {n: sharded.strategy(s) for n, s in best.shardings.items()
+            if not sharded.strategy(s).plain}
+  return [(evaluate(model, assignment, shards).iteration_ms, assignment, shards)]
 
 
 EXACT_GAP = 1e-9  # a plan within this (relative: float rounding) of its lower bound is exact

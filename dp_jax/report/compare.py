@@ -107,7 +107,7 @@ class ComparisonConfig(Checked):
 
   tolerance: a margin within +-tolerance is a tie. Default (null): the validated tolerance of
   the cluster's device (validated_tolerance: 4.3% on this machine's CPU; on NVIDIA GPUs the
-  regime's of the per-GPU batch, gpu_tolerance: 11.2% at 8 or fewer samples per GPU, 6.3%
+  regime's of the per-GPU batch, gpu_tolerance: 10.9% at 8 or fewer samples per GPU, 6.3%
   above); `comparison=strict` (0) judges every margin.
   """
 
@@ -160,7 +160,7 @@ def none_fields(name: str) -> dict[str, Any]:
 
 
 def describe(ratio: float | None, tolerance: float, verdict_text: str | None = None) -> str:
-  """'1.23x (+23%, ahead)' / '1.01x (+1%, tie within 11.2%)'; '-' for a missing ratio."""
+  """'1.23x (+23%, ahead)' / '1.01x (+1%, tie within 10.9%)'; '-' for a missing ratio."""
   if ratio is None or not math.isfinite(ratio):
     return "-"
   v = verdict_text or verdict(ratio, tolerance)
