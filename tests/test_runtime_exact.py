@@ -37,8 +37,15 @@ def vgg16_devices(name: str):
   return [2] if name == "classifier.4" else [0, 1]
 
 
+def conv_chain_devices(name: str):
+  """digits_cnn along the devices vgg16_devices gives vgg16: 4 -> 2 -> 2 (others) -> 2 -> 1."""
+  return {"conv1": FIRST4, "pool1": FIRST4, "conv2": [4, 5], "pool2": [4, 5], "flatten": [6, 7],
+          "fc2": [2]}.get(name, [0, 1])
+
+
 LAYOUTS = {
     "vgg16": vgg16_devices,
+    "conv_chain": conv_chain_devices,
     # embed and lm_head on different devices: the tied wte travels each step
     "gpt2": by_prefix([("embed", FIRST4), ("h.0", ALL8), ("h.1", [4, 5]), ("ln_f", [0, 1]),
                        ("lm_head", [2, 3])], ALL8),
@@ -75,6 +82,14 @@ def _exact(name, layout_key, dtype, batch, loss_rtol, param_atol, stat_atol=1e-5
   return program
 
 
+def test_a_conv_chain_burst_plan_matches_one_device():
+  """vgg16's test below at digits_cnn's size: the same device counts along a conv chain."""
+  with jax.enable_x64(True):
+    program = _exact("digits_cnn", "conv_chain", jnp.float64, 4, 1e-9, 1e-9)
+  assert [len(s.stage.devices) for s in program.stages] == [4, 2, 2, 2, 1]
+
+
+@pytest.mark.slow  # about 25 s; the default run keeps the conv chain above at digits_cnn's size
 def test_vgg16_burst_plan_matches_one_device():
   # float64: in float32 the parameters after three steps differ from one device's by 5e-5 to
   # 2e-4 depending on the CPU's kernels (reduction order alone), too close to tell from a bug
