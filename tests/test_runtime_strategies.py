@@ -120,6 +120,26 @@ def test_state_sharding_holds_1_over_d_and_trains_like_one_device():
     assert split_keys, f"{layer}: no array sharded over data"
 
 
+def _collectives(hlo_text):
+  ops = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
+  lines = [ln for ln in hlo_text.splitlines() if " = " in ln]
+  return {op: sum(f" {op}(" in ln for ln in lines) for op in ops}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["replicated", "optimizer", "full"])
+def test_state_sharding_collectives_of_a_forward_backward_stage(how):
+  """The digits MLP's fc2 alone on 8 devices: ZeRO-1 gathers the updated parameters after
+  the update, FSDP gathers them before the forward and again in the backward."""
+  from test_runtime_sharded import _stage_hlo
+  _, fwd, bwd = _stage_hlo({"fc2": ((8, 1), "samples", how)},
+                           layout=lambda n: ALL8 if n == "fc2" else FIRST4)
+  fwd, bwd = _collectives(fwd), _collectives(bwd)
+  assert bwd["all-reduce"] >= 1  # the gradients over "data" (on CPU: then sliced 1/d)
+  assert (fwd["all-gather"] > 0) == (how == "full")
+  assert (bwd["all-gather"] > 0) == (how != "replicated")
+
+
 # --- recompute ---------------------------------------------------------------------------------
 
 RECOMPUTE_LAYOUT = by_prefix([("embed", FIRST4), ("layers.0", FIRST4)], ALL8)
@@ -203,9 +223,12 @@ def test_expert_parallel_layers_train_like_one_device(name):
     sp = program.stages[program.stage_of[layer]]
     assert sp.mesh.devices.shape == (d, m)
     w = state["params"][layer]["w_up"]
-    e, dm, f = w.shape
-    data = d if how == ["full"] else 1
-    assert e == model.layers[-1].experts.n_expert and _device0(w) == (e // m // data, dm, f)
+    spec = ("model", None, None)
+    if how == ["full"]:  # FSDP on top: "data" splits another dimension (state_spec)
+      spec = state_spec(tuple(w.shape), spec, d, m)
+      assert spec[0] == "model" and "data" in spec
+    assert w.shape[0] == model.layers[-1].experts.n_expert
+    assert _device0(w) == _shard_shape(w.shape, spec, (d, m))
     if sp.stage.layers == (layer,):  # alone: its stage takes and returns tokens split d m ways
       assert sp.batch.spec == experts.TOKENS
   if name == "mixtral_tiny":  # the compiled forward moves the slots with two all-to-alls
