@@ -159,7 +159,9 @@ def stage_program(stage: Stage, devices: list[jax.Device], defs: Mapping[str, La
   backward. shardings: per layer, its plan entry (split, parameter specs, state; none:
   samples, replicated); recompute: layers whose forward runs again in the backward."""
   m = meshlib.stage_mesh(devices, stage.mesh_shape)
-  shardings = {n: sh for n, sh in (shardings or {}).items() if n in stage.layers}
+  # non-plain entries only: a stage of plain layers compiles as it did before strategies
+  shardings = {n: sh for n, sh in (shardings or {}).items()
+               if n in stage.layers and not sh.plain}
   for n, sh in shardings.items():
     if tuple(sh.mesh) != tuple(m.devices.shape):
       raise UserError(f"plan layer '{n}': mesh {list(sh.mesh)} differs from its stage's "
