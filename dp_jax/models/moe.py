@@ -24,7 +24,8 @@ layer) are those of the active experts times the capacity factor, not of every e
 token. The math is in pure functions on arrays (`capacity`, `top_k_gates`, `route`,
 `dispatch_slots`, `dispatch`, `expert_swiglu`, `combine`, `moe_ffn`), so an expert-parallel
 runtime (shard_map with an all_to_all over an expert axis between `dispatch` and
-`expert_swiglu` and back before `combine`) reuses them; `dropped_assignments` counts the
+`expert_swiglu` and back before `combine`: `moe_ffn_all_to_all`, which dp_jax/runtime/experts.py
+runs) reuses them; `dropped_assignments` counts the
 assignments a batch drops (the hook for a runtime to report them). There is no auxiliary
 load-balancing loss: the runtime's loss is the cross-entropy (dp_jax/runtime/loss.py).
 
@@ -143,6 +144,27 @@ def moe_ffn(x_TxD, gates_TxE, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD, top_k: int
   y_ExCxD = expert_swiglu(dispatch(x_TxD, slots_TxK, n_expert, cap), w_gate_ExDxF, w_up_ExDxF,
                           w_down_ExFxD)
   return combine(y_ExCxD, slots_TxK, weights_TxK)
+
+
+def moe_ffn_all_to_all(x_BxTxD, gates_BxTxE, w_gate_LxDxF, w_up_LxDxF, w_down_LxFxD,
+                       top_k: int, cap: int, axis_name: str):
+  """The routed experts of B local groups under expert parallelism, inside shard_map: the m
+  devices of `axis_name` each hold their own B sequences and L = E / m experts (device j:
+  experts j L .. j L + L - 1, the weights' leading axis split over `axis_name`). Each device
+  routes and dispatches its own sequences (E x C slots each, as moe_ffn), one all-to-all sends
+  every expert's slots to the device holding it (m B groups of L x C slots there), the experts
+  compute, and one all-to-all returns the outputs for the local combine. Per sequence the same
+  slots and the same arithmetic as moe_ffn, so the result equals the unsplit layer."""
+  n_expert = gates_BxTxE.shape[-1]
+  weights_BxTxK, experts_BxTxK = jax.vmap(lambda g: route(g, top_k))(gates_BxTxE)
+  slots_BxTxK = jax.vmap(lambda e: dispatch_slots(e, n_expert, cap))(experts_BxTxK)
+  x_BxExCxD = jax.vmap(lambda x, s: dispatch(x, s, n_expert, cap))(x_BxTxD, slots_BxTxK)
+  # expert e's slots to device e // L; received groups stacked source device by source device
+  x_GxLxCxD = jax.lax.all_to_all(x_BxExCxD, axis_name, 1, 0, tiled=True)
+  y_GxLxCxD = jax.vmap(expert_swiglu, in_axes=(0, None, None, None))(
+      x_GxLxCxD, w_gate_LxDxF, w_up_LxDxF, w_down_LxFxD)
+  y_BxExCxD = jax.lax.all_to_all(y_GxLxCxD, axis_name, 0, 1, tiled=True)  # back, experts in order
+  return jax.vmap(combine)(y_BxExCxD, slots_BxTxK, weights_BxTxK)
 
 
 def dropped_assignments(gates_BxTxE, top_k: int, cap: int):

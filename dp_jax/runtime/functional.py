@@ -9,7 +9,7 @@ reading the embed layer's wte; its value and gradient belong to the owner).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -32,6 +32,7 @@ class LayerDef:
   keys: tuple[str, ...]
   roles: tuple[str, ...]
   tied: Mapping[str, tuple[str, str]]  # key -> (owner layer, owner key)
+  shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # key -> array shape
 
 
 def split_layers(model) -> tuple[dict[str, LayerDef], dict[str, Arrays], dict[str, Arrays]]:
@@ -43,11 +44,12 @@ def split_layers(model) -> tuple[dict[str, LayerDef], dict[str, Arrays], dict[st
   for spec in model.layer_specs():
     graphdef, state = nnx.split(spec.module)
     flat, treedef = jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_var)
-    keys, roles, tied = [], [], {}
+    keys, roles, tied, shapes = [], [], {}, {}
     params[spec.name], stats[spec.name] = {}, {}
     for path, var in flat:
       key = _key(path)
       keys.append(key)
+      shapes[key] = tuple(var.get_value().shape)
       if id(var) in owners:
         if not isinstance(var, nnx.Param):
           raise UserError(f"layer '{spec.name}' shares non-parameter state '{key}' with layer "
@@ -62,19 +64,28 @@ def split_layers(model) -> tuple[dict[str, LayerDef], dict[str, Arrays], dict[st
         roles.append(STAT)
         stats[spec.name][key] = var.get_value()
     defs[spec.name] = LayerDef(spec.name, tuple(spec.inputs), graphdef, treedef, tuple(keys),
-                               tuple(roles), tied)
+                               tuple(roles), tied, shapes)
   return defs, params, stats
+
+
+def merge_layer(d: LayerDef, params: Arrays, stats: Arrays):
+  """Layer `d` as its nnx module holding these arrays (params include its TIED keys)."""
+  leaves = [stats[k] if r == STAT else params[k] for k, r in zip(d.keys, d.roles, strict=True)]
+  return nnx.merge(d.graphdef, jax.tree.unflatten(d.treedef, leaves))
 
 
 def apply_layer(d: LayerDef, params: Arrays, stats: Arrays, args: Sequence[Any]):
   """Run layer `d` (params include its TIED keys); returns (output, new stats)."""
-  leaves = [stats[k] if r == STAT else params[k] for k, r in zip(d.keys, d.roles, strict=True)]
-  module = nnx.merge(d.graphdef, jax.tree.unflatten(d.treedef, leaves))
-  out = module(*args)
+  module = merge_layer(d, params, stats)
+  return module(*args), layer_stats(d, module)
+
+
+def layer_stats(d: LayerDef, module) -> Arrays:
+  """The STAT arrays of `d`'s module (after it ran: batch norm's new running statistics)."""
   new_leaves = jax.tree.leaves(nnx.state(module))
   if len(new_leaves) != len(d.keys):
     raise RuntimeError(f"layer '{d.name}' changed its state structure while running")
-  return out, {k: v for k, r, v in zip(d.keys, d.roles, new_leaves, strict=True) if r == STAT}
+  return {k: v for k, r, v in zip(d.keys, d.roles, new_leaves, strict=True) if r == STAT}
 
 
 def layer_params(d: LayerDef, params: Mapping[str, Arrays]) -> Arrays:

@@ -25,11 +25,18 @@ on disjoint devices (fork/join branches) run concurrently; host-side nothing wai
 Tied params (GPT-2's lm_head reading embed's wte): the owner is the first layer holding the
 Param; a later stage reading it gets a replicated copy each step and sends its gradient back,
 where it is summed into the owner's gradient before the update.
+Per-layer strategies (the plan's LayerSharding and LayerPlan.recompute; docs/runtime.md): state
+optimizer / full shards the optimizer state / also the params over "data" (runtime/layout.py;
+the forward reads full-state params gathered, the update reads gradients split as the state);
+recompute wraps the layer's forward in jax.checkpoint; split experts runs the layer's routed
+experts with all-to-alls (runtime/experts.py). Dropped-token counts of MoE layers leave the
+stage programs with the new statistics (under DROPPED) and train_step hands them to `counts`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import warnings
 from collections.abc import Callable, Collection, Mapping
@@ -43,7 +50,8 @@ from jax.sharding import Mesh, NamedSharding
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.planner.contract import Plan
-from dp_jax.runtime import layout, residuals, transfer
+from dp_jax.planner.sharding import LayerSharding
+from dp_jax.runtime import experts, layout, residuals, transfer
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.functional import LayerDef, apply_layer
 from dp_jax.runtime.loss import cross_entropy
@@ -54,6 +62,7 @@ from dp_jax.runtime.stages import INPUT, Stage, plan_stages
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 TrainState = dict[str, dict[str, Any]]  # {"params"|"stats"|"opt": {layer: ...}}
+DROPPED = "<dropped>"  # a layer's new-stats entry: assignments it dropped (not a statistic)
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +80,10 @@ class StageProgram:
   fused: Callable | None
   layouts: Mapping[str, layout.Shardings] = dataclasses.field(default_factory=dict)  # by layer
   tied_sharding: Mapping[str, NamedSharding] = dataclasses.field(default_factory=dict)
+  # by layer: stored / compute / optimizer-state shardings (layouts = their stored ones)
+  layer_layouts: Mapping[str, layout.LayerLayout] = dataclasses.field(default_factory=dict)
+  shardings: Mapping[str, LayerSharding] = dataclasses.field(default_factory=dict)  # plan's
+  recompute: frozenset[str] = frozenset()  # layers whose forward runs again in the backward
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,9 +138,11 @@ def build_program(graph: LayerGraph, defs: Mapping[str, LayerDef], plan: Plan,
   programs = []
   for s in stages:
     last = s.index == len(stages) - 1
-    programs.append(stage_program(s, [devices[i] for i in s.devices], defs, optimizer,
-                                  graph.sink if last else None, reads[s.index], owned[s.index],
-                                  specs={n: plan.placements[n].params for n in s.layers}))
+    programs.append(stage_program(
+        s, [devices[i] for i in s.devices], defs, optimizer, graph.sink if last else None,
+        reads[s.index], owned[s.index],
+        shardings={n: plan.placements[n].sharding for n in s.layers},
+        recompute=[n for n in s.layers if plan.placements[n].recompute]))
   everywhere = transfer.replicated_everywhere(devices[:plan.num_devices])
   return Program(graph.model, tuple(programs), defs, stage_of, plan.global_batch,
                  plan.num_devices, everywhere)
@@ -137,16 +152,31 @@ def stage_program(stage: Stage, devices: list[jax.Device], defs: Mapping[str, La
                   optimizer: optax.GradientTransformation, sink: str | None,
                   tied_in: Collection[str] = (), tied_owned: Collection[str] = (),
                   loss_of: Callable = cross_entropy,
-                  specs: Mapping[str, Mapping[str, Any]] | None = None) -> StageProgram:
+                  shardings: Mapping[str, LayerSharding] | None = None,
+                  recompute: Collection[str] = ()) -> StageProgram:
   """One stage's programs on the (stage.mesh_shape) mesh of `devices`: fused
   (loss_of(outs[sink], y)) when `sink` is given, as the last stage runs; else forward and
-  backward. specs: per layer, the PartitionSpecs of its split arrays (none: replicated)."""
+  backward. shardings: per layer, its plan entry (split, parameter specs, state; none:
+  samples, replicated); recompute: layers whose forward runs again in the backward."""
   m = meshlib.stage_mesh(devices, stage.mesh_shape)
-  specs = specs or {}
-  lay = {n: layout.layer_shardings(m, defs[n], specs.get(n, {})) for n in stage.layers}
-  tied_sh = {tied_key(*defs[n].tied[k]): lay[n][k] for n in stage.layers for k in defs[n].tied}
-  sp = StageProgram(stage, m, meshlib.batch_sharding(m), meshlib.replicated(m),
-                    tuple(tied_in), tuple(tied_owned), None, None, None, lay, tied_sh)
+  # non-plain entries only: a stage of plain layers compiles as it did before strategies
+  shardings = {n: sh for n, sh in (shardings or {}).items()
+               if n in stage.layers and not sh.plain}
+  for n, sh in shardings.items():
+    if tuple(sh.mesh) != tuple(m.devices.shape):
+      raise UserError(f"plan layer '{n}': mesh {list(sh.mesh)} differs from its stage's "
+                      f"{list(m.devices.shape)}; the runtime runs a layer on its own mesh")
+  lays = {n: layout.layer_layout(m, defs[n], shardings.get(n)) for n in stage.layers}
+  lay = {n: ll.stored for n, ll in lays.items()}
+  tied_sh = {tied_key(*defs[n].tied[k]): lays[n].compute[k] for n in stage.layers
+             for k in defs[n].tied}
+  splits = {shardings[n].split if n in shardings else "samples" for n in stage.layers}
+  # a stage of experts-split layers only takes and returns its tokens split over both axes
+  batch = (meshlib.spec_sharding(m, list(experts.TOKENS)) if splits == {"experts"}
+           else meshlib.batch_sharding(m))
+  sp = StageProgram(stage, m, batch, meshlib.replicated(m), tuple(tied_in), tuple(tied_owned),
+                    None, None, None, lay, tied_sh, lays, shardings,
+                    frozenset(n for n in recompute if n in stage.layers))
   return dataclasses.replace(sp, **_stage_functions(sp, defs, optimizer, sink, loss_of))
 
 
@@ -158,8 +188,9 @@ def init_state(program: Program, params: Mapping[str, Any], stats: Mapping[str, 
     layers = sp.stage.layers
     p = {n: layout.place(params[n], sp.layouts[n]) for n in layers}
     st = {n: layout.place(stats[n], sp.layouts[n]) for n in layers}
-    opt_sh = {n: layout.opt_shardings(jax.eval_shape(optimizer.init, v), v, sp.layouts[n],
-                                      sp.replicated) for n, v in p.items()}
+    opt_sh = {n: layout.opt_shardings(jax.eval_shape(optimizer.init, v), v,
+                                      _layer_layout(sp, n).opt, sp.replicated)
+              for n, v in p.items()}
     init = jax.jit(lambda p: {n: optimizer.init(v) for n, v in p.items()}, out_shardings=opt_sh)
     state["params"].update(p)
     state["stats"].update(st)
@@ -169,10 +200,13 @@ def init_state(program: Program, params: Mapping[str, Any], stats: Mapping[str, 
 
 def train_step(program: Program, state: TrainState, x: jax.Array, y: jax.Array,
                timer: list[dict[str, Any]] | None = None,
-               on_stage: Callable | None = None) -> tuple[TrainState, jax.Array]:
+               on_stage: Callable | None = None,
+               counts: dict[str, jax.Array] | None = None) -> tuple[TrainState, jax.Array]:
   """One step: (new state, loss on the last stage); with `timer`, waits on and records each call.
 
   on_stage(stage_program, phase) is called just before each stage call (fwd | fwd_bwd | bwd).
+  counts: filled with layer -> the token-expert assignments it dropped by capacity this step
+  (a scalar array; only MoE layers whose capacity can drop any).
   """
   stages, n = program.stages, len(program.stages)
   params, stats, opt = dict(state["params"]), dict(state["stats"]), dict(state["opt"])
@@ -186,7 +220,7 @@ def train_step(program: Program, state: TrainState, x: jax.Array, y: jax.Array,
     x_in = x if INPUT in sp.stage.inputs else None
     p, st = _select(params, sp), _select(stats, sp)
     outs, vjp, new_stats = call(sp, "fwd", sp.fwd, p, st, tied, ins, x_in)
-    stats.update(new_stats)
+    stats.update(_counted(new_stats, counts))
     acts.update(outs)
     saved[sp.stage.index] = (vjp, tied, ins)
   sp = stages[-1]
@@ -196,7 +230,7 @@ def train_step(program: Program, state: TrainState, x: jax.Array, y: jax.Array,
       sp, "fwd_bwd", sp.fused, _select(params, sp), _select(stats, sp), _select(opt, sp), tied,
       ins, x_in, y, {})
   params.update(new_p)
-  stats.update(new_st)
+  stats.update(_counted(new_st, counts))
   opt.update(new_opt)
   cots: dict[str, list[jax.Array]] = {}
   tied_grads: dict[str, list[jax.Array]] = {}
@@ -212,6 +246,25 @@ def train_step(program: Program, state: TrainState, x: jax.Array, y: jax.Array,
     opt.update(new_opt)
     call(sp, "transfer_bwd", _send_back, program, g_tied, g_ins, cots, tied_grads)
   return {"params": params, "stats": stats, "opt": opt}, loss
+
+
+def _counted(new_stats: Mapping[str, Mapping[str, Any]], counts: dict[str, Any] | None
+             ) -> dict[str, dict[str, Any]]:
+  """A stage's new statistics without the DROPPED entries, which go to `counts`."""
+  out = {}
+  for n, st in new_stats.items():
+    out[n] = {k: v for k, v in st.items() if k != DROPPED}
+    if DROPPED in st and counts is not None:
+      counts[n] = st[DROPPED]
+  return out
+
+
+def _layer_layout(sp: StageProgram, name: str) -> layout.LayerLayout:
+  """A layer's LayerLayout (a StageProgram made without them: its layouts, state replicated)."""
+  if name in sp.layer_layouts:
+    return sp.layer_layouts[name]
+  lay = sp.layouts[name]
+  return layout.LayerLayout(lay, lay, lay)
 
 
 def _select(tree: Mapping[str, Any], sp: StageProgram) -> dict[str, Any]:
@@ -284,19 +337,58 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
                      loss_of: Callable = cross_entropy) -> dict[str, Any]:
   stage, batch = sp.stage, sp.batch
 
-  def forward(params, stats, tied, ins, x):
+  lays = {n: _layer_layout(sp, n) for n in stage.layers}
+  sharded_state = {n for n in stage.layers
+                   if n in sp.shardings and sp.shardings[n].state != "replicated"}
+  runs: list[tuple[str, ...]] = []  # each recompute layer alone, the layers between together
+  for name in stage.layers:
+    if runs and name not in sp.recompute and runs[-1][-1] not in sp.recompute:
+      runs[-1] += (name,)
+    else:
+      runs.append((name,))
+
+  def layer(name, params, stats, tied, args):
+    """One layer's output and new stats (DROPPED: assignments an MoE layer dropped)."""
+    d = defs[name]
+    p = _gathered(params[name], lays[name])  # state full: gathered over "data"
+    for key, (owner, okey) in d.tied.items():
+      p[key] = (_gathered({key: params[owner][okey]}, lays[name], lays[owner].gathers)[key]
+                if owner in params else tied[tied_key(owner, okey)])
+    split = sp.shardings[name].split if name in sp.shardings else "samples"
+    run = (functools.partial(experts.apply_expert_parallel, sp.mesh) if split == "experts"
+           else apply_layer)
+    out, st = run(d, p, stats, args)
+    st = layout.constrain(st, sp.layouts[name])
+    dropped = experts.dropped(d, p, stats, args)
+    return out, st if dropped is None else {**st, DROPPED: dropped}
+
+  def forward(params, stats, tied, ins, x, policy=None):
+    """The stage's exports and new stats. Its layers run in pieces (runs): each recompute
+    layer alone under jax.checkpoint (it keeps its inputs, its forward runs again in the
+    backward), the layers between them together, under jax.checkpoint with `policy` if given
+    (a stage's fwd: a checkpoint around the whole stage would decide for the recompute layers
+    too, keeping their matmul outputs)."""
     env = dict(ins)
     if x is not None:
       env[INPUT] = x
     new_stats = {}
-    for name in stage.layers:
-      d = defs[name]
-      p = dict(params[name])
-      for key, (owner, okey) in d.tied.items():
-        p[key] = params[owner][okey] if owner in params else tied[tied_key(owner, okey)]
-      args = [env[i] for i in d.inputs] if d.inputs else [env[INPUT]]
-      env[name], st = apply_layer(d, p, stats[name], args)
-      new_stats[name] = layout.constrain(st, sp.layouts[name])
+    for names in runs:
+      def run(params, stats, tied, env_in, names=names):
+        local, outs, sts = dict(env_in), {}, {}
+        for name in names:
+          args = [local[i] for i in defs[name].inputs] if defs[name].inputs else [local[INPUT]]
+          local[name], sts[name] = layer(name, params, stats[name], tied, args)
+          outs[name] = local[name]
+        return outs, sts
+
+      if names[0] in sp.recompute:
+        run = jax.checkpoint(run)
+      elif policy is not None:
+        run = jax.checkpoint(run, policy=policy)
+      needed = {i: env[i] for n in names for i in (defs[n].inputs or (INPUT,)) if i not in names}
+      outs, sts = run(params, {n: stats[n] for n in names}, tied, needed)
+      env.update(outs)
+      new_stats.update(sts)
     outs = {e: jax.lax.with_sharding_constraint(env[e], batch) for e in stage.exports}
     return outs, new_stats
 
@@ -308,14 +400,16 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
         grads[owner][key] = grads[owner][key] + g
     new_params, new_opt = {}, {}
     for name in stage.layers:
-      upd, o = optimizer.update(grads[name], opt[name], params[name])
-      lay = sp.layouts[name]
-      new_opt[name] = layout.constrain_opt(o, params[name], lay, sp.replicated)
-      new_params[name] = layout.constrain(optax.apply_updates(params[name], upd), lay)
+      ll, strict = lays[name], name in sharded_state
+      g = layout.constrain(grads[name], ll.opt) if strict else grads[name]  # reduce-scattered
+      upd, o = optimizer.update(g, opt[name], params[name])
+      new_opt[name] = layout.constrain_opt(o, params[name], ll.opt, sp.replicated)
+      new_params[name] = layout.constrain(optax.apply_updates(params[name], upd), ll.stored,
+                                          strict=strict)  # ZeRO-1: all-gathered
     return new_params, new_opt
 
   def at_boundary(g_ins):  # cotangents of a split layer's stage leave split by samples only
-    if not layout.is_sharded(sp.layouts):
+    if not layout.is_sharded(sp.layouts) and not sp.shardings:
       return g_ins
     return {k: jax.lax.with_sharding_constraint(v, batch) for k, v in g_ins.items()}
 
@@ -333,8 +427,11 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
     return {"fused": jax.jit(fused, donate_argnums=(0, 1, 2))}
 
   def fwd(params, stats, tied, ins, x):
-    f = jax.checkpoint(lambda params, tied, ins: forward(params, stats, tied, ins, x),
-                       policy=residuals.saved)
+    if sp.recompute:  # each run under its own checkpoint
+      f = lambda params, tied, ins: forward(params, stats, tied, ins, x, residuals.saved)  # noqa: E731
+    else:
+      f = jax.checkpoint(lambda params, tied, ins: forward(params, stats, tied, ins, x),
+                         policy=residuals.saved)
     outs, vjp, new_stats = jax.vjp(f, params, tied, ins, has_aux=True, saveable_args=False)
     return outs, vjp, new_stats
 
@@ -347,6 +444,15 @@ def _stage_functions(sp: StageProgram, defs: Mapping[str, LayerDef],
 
   return {"fwd": jax.jit(fwd, donate_argnums=(1,)),
           "bwd": jax.jit(bwd, donate_argnums=(0, 2, 5))}
+
+
+def _gathered(arrays: Mapping[str, Any], lay: layout.LayerLayout, gathers: bool | None = None
+              ) -> dict[str, Any]:
+  """A layer's arrays with its compute shardings: parameters stored split over "data"
+  (state full) all-gathered there (inside a checkpoint: again in the backward)."""
+  if not (lay.gathers if gathers is None else gathers):
+    return dict(arrays)
+  return layout.constrain(arrays, {k: lay.compute[k] for k in arrays}, strict=True)
 
 
 def _sum(arrays):

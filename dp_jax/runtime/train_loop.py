@@ -7,6 +7,9 @@ only at the end) and at the end, and writes metrics.jsonl (one line per step) an
 checkpoint_dir). With several processes every one trains and checkpoints (orbax writes
 collectively), and process 0 alone writes metrics.jsonl and timeline.json. Batches depend
 only on the step index, so a resumed run repeats exactly what an uninterrupted one does.
+A model whose mixture-of-experts layers can drop tokens by capacity (C < T) reports the
+token-expert assignments they dropped in each step's metrics (`dropped_assignments`) and logs
+a warning line at the first step that drops any.
 """
 
 from __future__ import annotations
@@ -131,14 +134,16 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
   timed_step = min(max(result.start_step + 1, (result.start_step + steps) // 2), steps - 1)
   sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
   bar = _progress(progress)
+  warned = False
   with bar:
     task = bar.add_task("train", total=steps, completed=result.start_step, loss=float("nan"))
     for step in range(result.start_step, steps):
       t0 = time.perf_counter()
       x, y = datalib.batch_at(data, step, batch, x_sh, y_sh)
       timer: list[dict[str, Any]] | None = [] if step == timed_step else None
+      counts: dict[str, jax.Array] = {}
       result.state, loss = train_step(program, result.state, x, y, timer=timer,
-                                      on_stage=on_stage)
+                                      on_stage=on_stage, counts=counts)
       loss_value = float(program.value(loss))
       ms = (time.perf_counter() - t0) * 1e3
       done = step + 1
@@ -149,6 +154,15 @@ def _run(result: TrainResult, data, steps: int, manager, every: int, log_fn, out
                         "optimizer.lr or check the data")
       metrics: dict[str, Any] = {"step": done, "loss": loss_value, "step_ms": ms,
                                  "samples_per_s": batch / ms * 1e3}
+      if counts:
+        dropped = {n: int(program.value(v)) for n, v in counts.items()}
+        metrics["dropped_assignments"] = sum(dropped.values())
+        if metrics["dropped_assignments"] and not warned:
+          warned = True
+          log.warning("step %d: mixture-of-experts layers dropped %d token-expert assignments "
+                      "by capacity (%s); raise model.kwargs.capacity_factor to drop none",
+                      done, metrics["dropped_assignments"],
+                      ", ".join(f"{n}: {c}" for n, c in dropped.items() if c))
       if timer:
         metrics["stage_ms"] = tl.stage_ms(timer)
         if result.metrics_path is not None:
