@@ -8,11 +8,7 @@ import re
 import pytest
 from test_architecture_doc import ROOT, named_paths
 
-# docs/runtime.md names modules that moved and is being rewritten; remove it from here once it
-# is (then every docs/*.md is checked).
-NOT_YET = {"docs/runtime.md"}
-DOCS = sorted([p for p in (ROOT / "docs").glob("*.md")
-               if p.relative_to(ROOT).as_posix() not in NOT_YET] + [ROOT / "README.md"])
+DOCS = sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md"])
 # other projects' files the docs cite (JAX's source, DeepPool's, NVIDIA's BERT examples)
 EXTERNAL = {"jax/_src/lax/slicing.py", "jax/_src/dispatch.py", "examples/vit.py",
             "run_pretraining.py", "optimization.py"}
@@ -42,8 +38,7 @@ def test_the_path_finder_finds_moved_and_missing_modules():
 
 def test_the_docs_are_read():
   names = {p.relative_to(ROOT).as_posix() for p in DOCS}
-  assert {"README.md", "docs/architecture.md", "docs/simulator.md"} <= names
-  assert not names & NOT_YET
+  assert {"README.md", "docs/architecture.md", "docs/simulator.md", "docs/runtime.md"} <= names
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
