@@ -263,3 +263,18 @@ def test_burst_plan_without_a_limit_is_never_slower_than_the_best_uniform_strate
   assert uniform.setting is not None, uniform.reason
   plan = make_plan(g, prof, cl, **opts)
   assert plan.predicted["iteration_ms"] <= uniform.evaluation.iteration_ms * (1 + 1e-9)
+
+
+def test_every_plan_of_a_moe_model_states_its_capacity_factor():
+  from test_models_moe import tiny_graph
+
+  from dp_jax.report.plan_report import experts_line
+  g = tiny_graph("mixtral_tiny")
+  prof = analytic_profile(g, "A100-SXM4-40GB", "float32", [8 // d for d in (1, 2, 4, 8)])
+  plan = make_plan(g, prof, cluster("a100_nvlink_8"), num_devices=8, global_batch=8,
+                   amplification_limit=math.inf)
+  node = g.node("layers.0.experts")
+  rec = as_plan(json.loads(json.dumps(plan.to_json()))).extra["experts"]
+  assert rec["layers.0.experts"]["capacity_factor"] == node.attrs["capacity_factor"]
+  line = experts_line(plan)
+  assert f"capacity factor {node.attrs['capacity_factor']:g}" in line and "in 2 layers" in line

@@ -279,6 +279,15 @@ def _amplification(model: CostModel, amp: np.ndarray, name: str, count: int,
   return sharded_amplification(model, name, count, sh)
 
 
+def experts_record(graph: LayerGraph) -> dict[str, Any]:
+  """{"experts": {layer: capacity factor, capacity per expert per sequence, top-k, experts}}
+  for a model with mixture-of-experts layers (every plan of it states them), else {}."""
+  rec = {n.name: {k: n.attrs.get(k) for k in ("capacity_factor", "capacity", "top_k",
+                                                "n_expert", "seq_len")}
+         for n in graph.nodes if n.kind == "moe_experts"}
+  return {"experts": rec} if rec else {}
+
+
 def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evaluation,
                baseline: tuple[int, Evaluation], *, seconds: float,
                extra: Mapping[str, Any] | None = None,
@@ -356,6 +365,7 @@ def build_plan(model: CostModel, assignment: Mapping[str, Placement], ev: Evalua
       "overhead_ms": s.overhead_ms}) for s in ev.stages)
   more = {
       "memory_gb_per_device": [round(float(x) / memory.GB, 6) for x in used],
+      **experts_record(model.graph),
       "moves": [{"src": m.src, "dst": m.dst, "ms": m.ms, "devices": m.devices}
                 for m in ev.moves],
       "topology": {"nodes": job.num_nodes, "devices_per_node": job.devices_per_node,

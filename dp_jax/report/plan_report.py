@@ -188,6 +188,26 @@ def device_ranges(values, most: int = MEMORY_RANGES) -> list[tuple[int, int, flo
   return [(a, b, min(vals[a:b + 1]), max(vals[a:b + 1])) for a, b in runs]
 
 
+def experts_line(plan) -> str | None:
+  """The mixture-of-experts layers' routing as planned: capacity factor, capacity, top-k (a
+  token past an expert's capacity is dropped: the runtime counts them); None without them."""
+  rec = plan.extra.get("experts")
+  if not rec:
+    return None
+  def one(r: dict[str, Any]) -> str:
+    parts = [f"capacity factor {r['capacity_factor']:g}" if r.get("capacity_factor") is not None
+             else "capacity factor not recorded"]
+    if r.get("capacity") is not None:
+      parts.append(f"{r['capacity']} tokens per expert per sequence"
+                   + (f" of {r['seq_len']}" if r.get("seq_len") else ""))
+    if r.get("top_k") is not None:
+      parts.append(f"top-{r['top_k']}" + (f" of {r['n_expert']}" if r.get("n_expert") else ""))
+    return ", ".join(parts)
+
+  kinds = list(dict.fromkeys(one(r) for r in rec.values()))
+  return "experts (model config): " + "; ".join(kinds) + f" in {len(rec)} layers"
+
+
 def memory_line(plan, c: dict[str, Any] | None = None) -> str | None:
   """The plan's predicted per-device peak memory (its largest, and by device range), and the
   best uniform strategy's beside it; None for a plan without per-device memory."""
@@ -306,6 +326,9 @@ def print_plan(plan, rows: list[list[Any]], fair: dict[str, Any] | None = None) 
   mem = memory_line(plan, fair)
   if mem:
     console.print(mem)
+  moe = experts_line(plan)
+  if moe:
+    console.print(moe)
   if fair is None:
     all_g = data_parallel_on_all(plan.num_devices, int(p.get("data_parallel_devices")
                                                        or plan.num_devices), plan.global_batch)
