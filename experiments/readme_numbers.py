@@ -552,16 +552,27 @@ def published_table(f: Facts) -> list[str]:
           "groups) |"]
 
 
+def where_burst_pays_bullet(f: Facts) -> list[str]:
+  """The where_burst_pays study's answer (results/where_burst_pays/, read from its CSV)."""
+  from experiments import where_burst_pays
+  from experiments.aggregate import load_csv, ok
+  folder = ROOT / "results" / "where_burst_pays"
+  rows = ok(load_csv(where_burst_pays.STUDY, folder)[0])
+  return paragraph("- Today's models ([where_burst_pays](results/where_burst_pays/)): "
+                   + where_burst_pays.answer(rows).strip(), "  ")
+
+
 # Each block's parts in order; CHEAP: the parts that need no planning (read from files).
 BLOCKS: dict[str, tuple[Part, ...]] = {
-    "finds": (tolerance_paragraph, blank, planned_bullet, simulated_bullet, validation_bullet),
+    "finds": (tolerance_paragraph, blank, planned_bullet, simulated_bullet, validation_bullet,
+              where_burst_pays_bullet),
     "headline": (headline_caption, blank, table_head, planned_rows, simulated_rows,
                  published_row, local_row),
     "validation": (validation_results,),
     "published": (published_table,),
 }
-CHEAP = (tolerance_paragraph, blank, validation_bullet, table_head, published_row, local_row,
-         validation_results, published_table)
+CHEAP = (tolerance_paragraph, blank, validation_bullet, where_burst_pays_bullet, table_head,
+         published_row, local_row, validation_results, published_table)
 
 
 def render_block(name: str, facts: Facts) -> str:
