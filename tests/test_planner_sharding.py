@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 from apps import assert_one_line_error, run_app
-from test_planner_zoo import a100_profile, cluster, graph
+from test_planner_zoo import ZOO, a100_profile, cluster, graph
 
 from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph, LayerNode
@@ -22,7 +22,6 @@ from dp_jax.hardware.cluster import (
   volume_ms,
 )
 from dp_jax.layer_times.analytic import analytic_profile
-from dp_jax.models.zoo import MODEL_NAMES
 from dp_jax.planner import Plan, make_plan, memory, pricing, sharded
 from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
@@ -235,7 +234,7 @@ def test_sharded_plan_across_nodes_matches_the_simulator():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", ZOO)
 def test_weight_sharding_is_never_slower_on_every_zoo_model(name):
   _, weights = check_never_slower(name)
   check_planner_equals_simulator(weights, name, "a100_nvlink_8")

@@ -170,7 +170,7 @@ def test_plan_app_fits_vgg16_on_a_1gb_device_only_by_splitting_weights(tmp_path)
   (tmp_path / "w").mkdir()
   samples = run_app("plan", *VGG16_SMALL, "planner.sharding=[samples]", cwd=tmp_path / "s")
   assert_one_line_error(samples, "layer 'classifier.0' does not fit in 1 GB per device",
-                        "planner.sharding=[samples,weights] can split its weights")
+                        "planner.sharding=[samples,weights,state,experts] (weights split")
   weights = run_app("plan", *VGG16_SMALL, "planner.sharding=[samples,weights]",
                     cwd=tmp_path / "w")
   assert weights.returncode == 0, weights.stderr

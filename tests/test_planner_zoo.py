@@ -21,6 +21,13 @@ from dp_jax.planner.search import ELEMENTWISE_KINDS
 from dp_jax.simulator.engine import simulate
 from dp_jax.simulator.metrics import metrics
 
+# The published LLM and MoE shapes fit no plan on these tests' 40 GB A100s at B = 32 without
+# per-layer state sharding and recomputation (tests/test_app_defaults.py checks that refusal);
+# their tiny twins run here, and their plans at scale are checked by tests/test_planner_uniform.py
+# and the where_burst_pays study.
+TOO_LARGE = ("deepseek_moe_16b", "llama3_70b", "llama3_8b", "llava_1_5_7b", "mixtral_8x7b")
+ZOO = tuple(m for m in MODEL_NAMES if m not in TOO_LARGE)
+
 CONF = Path(__file__).resolve().parents[1] / "conf" / "cluster"
 FAST = ("resnet50", "inception_v3")  # fork/join blocks: the cases the rules are about
 SETTINGS = [(g, a) for g in (8, 32) for a in (2.0, math.inf)]
@@ -69,13 +76,13 @@ def test_planner_equals_simulator_alone(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", ZOO)
 def test_planner_equals_simulator_alone_on_every_zoo_model(name):
   check_planner_equals_simulator(name)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", ZOO)
 def test_planner_equals_simulator_alone_with_weight_sharding(name):
   check_planner_equals_simulator(name, ("samples", "weights"))
 
@@ -106,6 +113,6 @@ def test_vgg16_at_32x32_keeps_relu_on_the_conv_devices():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", ZOO)
 def test_no_plan_changes_device_count_into_an_elementwise_layer(name):
   check_no_change_into_elementwise(name)
