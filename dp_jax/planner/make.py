@@ -35,8 +35,9 @@ from dp_jax.planner.sharding import LayerSharding, layer_sharding, sample_ranges
 from dp_jax.planner.uniform import best_uniform
 
 log = logging.getLogger(__name__)
-# Lagrange multipliers (ms per GB of saved activations) tried when the fastest plan overflows
-# device memory; the fastest plan that fits wins.
+# Lagrange multipliers (ms per GB of saved activations) tried in turn when the fastest plan
+# overflows device memory, up to the one after the first whose plan fits; the fastest plan that
+# fits wins.
 MEMORY_PENALTIES_MS_PER_GB = (0.01, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e6)
 
 
@@ -198,12 +199,16 @@ def plan_for_limit(model: CostModel, limit: float, fits: np.ndarray,
     _, assignment, shardings = min(found, key=lambda x: x[0])
     ev = evaluate(model, assignment, shardings)
     return FrontierPoint(limit, ev.iteration_ms, ev.gpu_ms, assignment, shardings, **floor)
-  for lam in MEMORY_PENALTIES_MS_PER_GB:
+  fitted_at = None
+  for k, lam in enumerate(MEMORY_PENALTIES_MS_PER_GB):
+    if fitted_at is not None and k > fitted_at + 1:
+      break  # a larger multiplier only trades more time for memory that already fits
     for rule in rules:
       candidate, shards = _search(tables(rule, lam))
       tried = (candidate, shards) if candidate else tried
       if candidate and memory.fits(model, candidate, shards):
         found.append((evaluate(model, candidate, shards).iteration_ms, candidate, shards))
+        fitted_at = k if fitted_at is None else fitted_at
   found.extend(uniform)
   if baseline is not None:
     count = baseline[0]
