@@ -138,9 +138,11 @@ def layer_sharding(node: LayerNode, mesh: tuple[int, int], split: str,
   if state not in STATES:
     raise UserError(f"layer '{node.name}': state '{state}' is unknown (valid: "
                     f"{', '.join(STATES)})")
-  return {"mesh": [d, m], "axes": list(AXES), "split": split,
-          "params": param_specs(node.kind, node.attrs, split), "state": state,
-          "input": boundary_spec(split), "output": boundary_spec(split)}
+  entry = {"mesh": [d, m], "axes": list(AXES), "split": split,
+           "params": param_specs(node.kind, node.attrs, split)}
+  if state != "replicated":  # as LayerSharding.to_json writes it
+    entry["state"] = state
+  return {**entry, "input": boundary_spec(split), "output": boundary_spec(split)}
 
 
 def param_specs(kind: str, attrs: Mapping[str, Any], split: str) -> dict[str, Spec]:

@@ -136,9 +136,14 @@ def restore_newest_good(manager, like: Any, everywhere=None):
         break
       except Exception as e:  # noqa: BLE001 - orbax reports damage as many exception types
         damaged.append((step, damage(directory / str(step), e)))
-        if not isinstance(e, CheckpointDamaged):  # orbax's reads failed: some are abandoned
+        if not isinstance(e, CheckpointDamaged) or e.__cause__ is not None:
+          # orbax's reads failed (restoring, or reading the step's metadata): some are abandoned
           state["failed"] = True
           _quiet_abandoned_tasks()
+    # every checkpoint damaged: the run ends with one error line, and the abandoned reads may
+    # still print until the process exits (at exit, on a loaded machine): fd 2 stays closed to
+    # them, Python's own output goes on to the terminal
+    state["keep"] = restored is None and bool(damaged) and state["failed"]
   if restored is not None:
     if damaged:
       log = logging.getLogger(__name__)
@@ -184,15 +189,21 @@ def _abandoned_reads_dropped():
   saved = os.dup(2)
   with tempfile.TemporaryFile() as f:
     os.dup2(f.fileno(), 2)
-    state = {"failed": False}
+    state = {"failed": False, "keep": False}
     try:
       yield state
     finally:
-      if state["failed"]:
+      if state["failed"] and not state["keep"]:
         _wait_quiet(f)
       sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
+      if state["keep"]:  # fd 2 to nothing for the rest of the process; sys.stderr to the terminal
+        sink = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(sink, 2)
+        os.close(sink)
+        sys.stderr = _FilteredStderr(os.fdopen(saved, "w", buffering=1))
+      else:
+        os.dup2(saved, 2)
+        os.close(saved)
       f.seek(0)
       for line in f.read().decode(errors="replace").splitlines():
         if not _abandoned_read_line(line):
@@ -210,6 +221,32 @@ def _wait_quiet(f) -> None:
     now = os.fstat(f.fileno()).st_size
     if now != size:
       size, last_change = now, time.monotonic()
+
+
+class _FilteredStderr:
+  """sys.stderr without the abandoned reads' traceback lines (whole lines passed on or dropped;
+  everything else is the stream's): after every checkpoint failed to restore, until the process
+  exits."""
+
+  def __init__(self, stream):
+    self._stream, self._partial = stream, ""
+
+  def write(self, text: str) -> int:
+    lines = (self._partial + text).split("\n")
+    self._partial = lines.pop()
+    for line in lines:
+      if not _abandoned_read_line(line):
+        self._stream.write(line + "\n")
+    return len(text)
+
+  def flush(self) -> None:
+    if self._partial and not _abandoned_read_line(self._partial):
+      self._stream.write(self._partial)
+      self._partial = ""
+    self._stream.flush()
+
+  def __getattr__(self, name: str):
+    return getattr(self._stream, name)
 
 
 class _AbandonedTasks:
