@@ -2,21 +2,12 @@
 alternating windows (issue: the quick start failed its cap on a busy machine)."""
 
 import pytest
-from test_multiplex_agreement import (
-  CALLS,
-  PROFILE_MS,
-  SWITCH_MS,
-  Clock,
-  FakeRunner,
-  call,
-  wait_for_refusal,
-)
+from test_multiplex_agreement import ALONE, lockstep
 
-from dp_jax.multiplex.policy import BackgroundJob
 from dp_jax.orchestrator.launch import measure
 from dp_jax.orchestrator.scheduler import BackgroundScheduler
 
-ALONE, W = 5, 3
+W = 3
 
 
 def test_steps_alternate_on_and_off_and_the_first_off_step_counts_as_with():
@@ -49,25 +40,7 @@ def test_interleaved_windows_cancel_a_drift_that_sequential_ones_read_as_slowdow
 
 def test_no_piece_is_admitted_in_an_off_window():
   """The scheduler on a fake clock: every admitted piece's iteration is an on window's step."""
-  clock = Clock()
-  runner = FakeRunner(clock)
-  job = BackgroundJob("fake", 1, tuple(map(str, range(len(PROFILE_MS)))), PROFILE_MS, 0.0)
-  hook = BackgroundScheduler(job, {1: runner}, start_after=ALONE, slowdown_cap=10.0,
-                             switch_ms=SWITCH_MS, log_decisions=True, window_steps=W,
-                             clock=clock)
-  (busy0, ms0, _), (busy1, ms1, _), (busy2, ms2, _) = CALLS
-  for step in range(ALONE + 4 * W):
-    call(hook, 0, busy0, "fwd")
-    clock.now += ms0 / 1e3
-    seen, opened = len(hook.admission.decisions) if hook.admission else 0, clock.now
-    call(hook, 1, busy1, "fwd_bwd")
-    if hook.background_on(step):
-      wait_for_refusal(hook, seen)  # the pieces moved the clock
-    clock.now = max(opened + ms1 / 1e3, runner.busy_until)
-    call(hook, 0, busy2, "bwd")
-    clock.now += ms2 / 1e3
-  decisions = list(hook.admission.decisions)
-  hook.drain()
+  hook, decisions = lockstep(10.0, steps=4 * W, window_steps=W)
   admitted_steps = {ALONE + d.iteration for d in decisions if d.admitted}
   assert admitted_steps, "the job ran no piece"
   assert all(hook.background_on(k) for k in admitted_steps), sorted(admitted_steps)

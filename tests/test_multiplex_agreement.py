@@ -71,20 +71,23 @@ def wait_for_refusal(hook, seen: int) -> None:
     threading.Event().wait(0.0005)
 
 
-def runtime_decisions(cap: float):
-  """The runtime's decisions: ALONE steps alone, then STEPS with the job, in lockstep."""
+def lockstep(cap: float, *, steps: int = STEPS, batch: int = 1, switch_ms: float = SWITCH_MS,
+             **scheduler):
+  """The runtime's hook driven in lockstep with a fake runner on a fake clock: ALONE steps
+  alone, then `steps` (the job admitted in the steps background_on allows); `scheduler`: more
+  BackgroundScheduler options. Returns (hook, its decisions), the hook drained."""
   clock = Clock()
   runner = FakeRunner(clock)
-  job = BackgroundJob("fake", 1, tuple(map(str, range(len(PROFILE_MS)))), PROFILE_MS, 0.0)
+  job = BackgroundJob("fake", batch, tuple(map(str, range(len(PROFILE_MS)))), PROFILE_MS, 0.0)
   hook = BackgroundScheduler(job, {1: runner}, start_after=ALONE, slowdown_cap=cap,
-                             switch_ms=SWITCH_MS, log_decisions=True, clock=clock)
+                             switch_ms=switch_ms, log_decisions=True, clock=clock, **scheduler)
   (busy0, ms0, _), (busy1, ms1, _), (busy2, ms2, _) = CALLS
-  for step in range(ALONE + STEPS):
+  for step in range(ALONE + steps):
     call(hook, 0, busy0, "fwd")
     clock.now += ms0 / 1e3
     seen, opened = len(hook.admission.decisions) if hook.admission else 0, clock.now
     call(hook, 1, busy1, "fwd_bwd")
-    if step >= ALONE:
+    if hook.background_on(step):
       wait_for_refusal(hook, seen)  # the pieces moved the clock
     # the foreground's next call waits for a piece still running on device 1
     clock.now = max(opened + ms1 / 1e3, runner.busy_until)
@@ -93,6 +96,11 @@ def runtime_decisions(cap: float):
   decisions = list(hook.admission.decisions)
   hook.drain()
   return hook, decisions
+
+
+def runtime_decisions(cap: float):
+  """The runtime's decisions: ALONE steps alone, then STEPS with the job, in lockstep."""
+  return lockstep(cap)
 
 
 def key(d):

@@ -16,41 +16,19 @@ from test_multiplex_agreement import (
   CALLS,
   PROFILE_MS,
   SWITCH_MS,
-  Clock,
-  FakeRunner,
-  call,
-  wait_for_refusal,
+  lockstep,
 )
 
-from dp_jax.multiplex.policy import BackgroundJob
 from dp_jax.orchestrator.replay import measured_pieces, replay
-from dp_jax.orchestrator.scheduler import BackgroundScheduler
 from dp_jax.simulator.measured import fill_measured
 
-ALONE, STEPS = 5, 40
+STEPS = 40
 PROFILED_SWITCH_MS = 0.5  # what the policy charges; the fake runner's host time is SWITCH_MS
 TOLERANCE = 0.10  # |simulated / measured - 1| on the fake (whole steps against fractional ones)
 
 
 def run(cap: float):
-  clock = Clock()
-  runner = FakeRunner(clock)
-  job = BackgroundJob("fake", 4, tuple(map(str, range(len(PROFILE_MS)))), PROFILE_MS, 0.0)
-  hook = BackgroundScheduler(job, {1: runner}, start_after=ALONE, slowdown_cap=cap,
-                             switch_ms=PROFILED_SWITCH_MS, log_decisions=True, clock=clock)
-  (busy0, ms0, _), (busy1, ms1, _), (busy2, ms2, _) = CALLS
-  for step in range(ALONE + STEPS):
-    call(hook, 0, busy0, "fwd")
-    clock.now += ms0 / 1e3
-    seen, opened = len(hook.admission.decisions) if hook.admission else 0, clock.now
-    call(hook, 1, busy1, "fwd_bwd")
-    if step >= ALONE:
-      wait_for_refusal(hook, seen)
-    clock.now = max(opened + ms1 / 1e3, runner.busy_until)
-    call(hook, 0, busy2, "bwd")
-    clock.now += ms2 / 1e3
-  hook.drain()
-  return hook
+  return lockstep(cap, steps=STEPS, batch=4, switch_ms=PROFILED_SWITCH_MS)[0]
 
 
 @pytest.mark.parametrize("cap", [0.05, 0.25])

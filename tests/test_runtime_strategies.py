@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from runtime_helpers import by_prefix, run_plan, run_reference, sgd, state_diffs
+from test_models_moe import token_batches
 
 from dp_jax.base.errors import UserError
 from dp_jax.models import llama, moe
@@ -37,21 +38,12 @@ def _f64(name, **kw):
   return MAKE[name](dtype=jnp.float64, rngs=nnx.Rngs(0), **kw)
 
 
-def _tokens(model, batch=8, steps=3):
-  rng = np.random.default_rng(0)
-  out = []
-  for _ in range(steps):
-    tok = rng.integers(0, model.vocab_size, (batch, model.seq_len + 1), dtype=np.int32)
-    out.append((tok[:, :-1], tok[:, 1:]))
-  return out
-
-
 def _exact(name, layout, shardings, **kw):
   """Train `name` (float64) under the layout and per-layer strategies and on one device: the
   same losses and weights; (program, state)."""
   with jax.enable_x64(True):
     model = _f64(name, **kw)
-    steps = _tokens(model)
+    steps = token_batches(model, 8, 3)
     losses, program, state = run_plan(model, name, layout, steps, sgd(), shardings=shardings)
     reference = _f64(name, **kw)
     ref_losses = run_reference(reference, steps, sgd())
@@ -155,7 +147,7 @@ def _stage0_residuals(model, name, shardings):
   state = init_state(program, params, stats, sgd())
   sp = program.stages[0]
   layers = sp.stage.layers
-  x = jax.device_put(_tokens(model, steps=1)[0][0], sp.batch)
+  x = jax.device_put(token_batches(model, 8, 1)[0][0], sp.batch)
   _, rows = residuals.stage_residuals(sp, {n: state["params"][n] for n in layers},
                                       {n: state["stats"][n] for n in layers}, {}, {}, x)
   return sp, rows

@@ -95,32 +95,26 @@ def boundary_spec(split: str) -> list[Any]:
 Spec = list[Any]
 
 
+# Per layer kind, the splits it allows and the attribute the model axis must divide
+SPLIT_DIMENSIONS: dict[str, tuple[tuple[str, str], ...]] = {
+    "linear": (("out_features", "out"), ("in_features", "in")),
+    "conv2d": (("out_channels", "out"),),
+    "lm_head": (("vocab_size", "out"),),
+    "transformer_block": (("n_head", "heads"),),
+    "gqa_attention": (("n_kv_head", "heads"),),
+    "swiglu_mlp": (("ffn_dim", "heads"),),
+    "moe_experts": (("n_expert", "experts"),),
+}
+
+
 def splits_for(node: LayerNode, m: int) -> tuple[str, ...]:
   """The splits `node` allows on a model axis of m devices (("samples",) when m == 1)."""
   if m < 1:
     raise UserError(f"layer '{node.name}': model axis size {m} must be at least 1")
   if m == 1:
     return ("samples",)
-  a = node.attrs
-  out: list[str] = []
-  if node.kind == "linear":
-    if _divides(m, a.get("out_features")):
-      out.append("out")
-    if _divides(m, a.get("in_features")):
-      out.append("in")
-  elif node.kind == "conv2d" and _divides(m, a.get("out_channels")):
-    out.append("out")
-  elif node.kind == "lm_head" and _divides(m, a.get("vocab_size")):
-    out.append("out")
-  elif node.kind == "transformer_block" and _divides(m, a.get("n_head")):
-    out.append("heads")
-  elif node.kind == "gqa_attention" and _divides(m, a.get("n_kv_head")):
-    out.append("heads")
-  elif node.kind == "swiglu_mlp" and _divides(m, a.get("ffn_dim")):
-    out.append("heads")
-  elif node.kind == "moe_experts" and _divides(m, a.get("n_expert")):
-    out.append("experts")
-  return tuple(out)
+  return tuple(split for attr, split in SPLIT_DIMENSIONS.get(node.kind, ())
+               if _divides(m, node.attrs.get(attr)))
 
 
 def layer_sharding(node: LayerNode, mesh: tuple[int, int], split: str,
