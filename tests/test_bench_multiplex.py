@@ -69,6 +69,7 @@ def test_more_processes_than_cores_is_a_one_line_error():
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
 def test_pinned_run_writes_the_issue_json_and_threads_stay_on_their_cores(tmp_path):
   out = tmp_path / "bench.json"

@@ -36,6 +36,7 @@ def read_csv(path):
     return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # a sweep of training runs (~20 s); the fit and tables are tested below
 def test_quick_study_measures_steps_fits_and_combines(quick):
   tmp, out = quick
   rows = read_csv(out / "time_to_accuracy.csv")

@@ -107,6 +107,7 @@ def assert_same(a, b):
     np.testing.assert_array_equal(u, v)
 
 
+@pytest.mark.slow  # VGG16 on 8 devices (~40 s); the main job's test runs pieces in windows
 def test_pieces_run_only_in_idle_windows_and_the_foreground_is_identical(fg, tiny, monkeypatch):
   program, data, losses, params = fg
   runners, job = tiny

@@ -98,6 +98,7 @@ def test_only_steps_may_grow(tmp_path, finished, cache):
   assert [s for s, _ in losses(run_dir)] == list(range(1, 11))
 
 
+@pytest.mark.slow  # a resume after a kill (~10 s), beside the 20-kill test (slow)
 def test_a_metrics_line_cut_by_a_kill_is_dropped_and_its_steps_replayed(tmp_path, finished,
                                                                         cache):
   run_dir = copy_of(finished, tmp_path)
@@ -115,6 +116,7 @@ def _damage(step_dir):
   manifest.write_bytes(manifest.read_bytes()[:10])
 
 
+@pytest.mark.slow  # the bit-flip case below names the file and uses the one before (fast)
 def test_a_damaged_checkpoint_is_named_and_the_one_before_used(tmp_path, finished, cache):
   run_dir = copy_of(finished, tmp_path)
   _damage(run_dir / "checkpoints" / str(STEPS))

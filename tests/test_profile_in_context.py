@@ -122,6 +122,7 @@ def test_prefix_programs_take_turns_each_timed_right_after_itself():
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_profiled_layers_sum_to_the_measured_one_stage_step(tmp_path):
   """Independent check: the runtime's one-stage train_step, timed apart from the profile, is
   within 25% of the sum of the profiled layers plus one dispatch (the empty round)."""

@@ -109,6 +109,7 @@ def test_the_fit_reproduces_the_calibration_from_the_fit_rows_alone():
     assert refit.efficiency[key] == pytest.approx(value, abs=1e-3), key
 
 
+@pytest.mark.slow  # the whole report: traces 16 published models (about 40 s)
 def test_fit_rows_are_reproduced_and_held_out_rows_are_predicted(rows):
   for r in rows:
     if r.anchor.role == "fit" and r.anchor.kind == "training":
@@ -119,6 +120,7 @@ def test_fit_rows_are_reproduced_and_held_out_rows_are_predicted(rows):
       assert r.predicted > 0
 
 
+@pytest.mark.slow  # the whole report: traces 16 published models (about 40 s)
 def test_each_regime_tolerance_is_the_committed_one_recomputed_from_the_table(rep):
   for regime, constant in (("small", compare.GPU_TOLERANCE_SMALL_BATCH),
                            ("large", compare.GPU_TOLERANCE_LARGE_BATCH)):
@@ -136,6 +138,7 @@ def test_each_regime_tolerance_is_the_committed_one_recomputed_from_the_table(re
                                                                "allreduce"}
 
 
+@pytest.mark.slow  # the whole report: traces 16 published models (about 40 s)
 def test_the_checks_judge_held_out_entries_only(rep):
   table = load_published()
   fit_curves = {c.id for c in table.allreduce if c.role == "fit"}
@@ -147,6 +150,7 @@ def test_the_checks_judge_held_out_entries_only(rep):
                                                   if p.role == "held_out"}
 
 
+@pytest.mark.slow  # the whole report: traces 16 published models (about 40 s)
 def test_scaling_is_the_per_gpu_throughput_of_two_scales_of_one_table(rep):
   j = next(j for j in rep.check("scaling") if j.id == "dle_pyt_rn50_a100_8gpu_amp_vs_1gpu")
   assert j.published == pytest.approx(16621 / 8 / 2470)  # 0.84, as the issue quotes it
@@ -167,6 +171,7 @@ def test_a_step_accumulates_micro_batches_with_one_all_reduce_and_one_update():
   assert per_sample[1] < per_sample[0]  # the all-reduce and update amortised
 
 
+@pytest.mark.slow  # the whole report: traces 16 published models (about 40 s)
 def test_leave_one_model_out_fits_the_shape_on_the_other_tables_only(rep):
   table = load_published()
   tables = {t.id: _small_batch_table(t) for t in table.small_batch}
@@ -186,6 +191,7 @@ def test_leave_one_model_out_fits_the_shape_on_the_other_tables_only(rep):
     assert {int(j.id.split("=")[1]) for j in judged} == set(tables[fold.left_out].spec.batches)
 
 
+@pytest.mark.slow  # the whole report: traces 16 published models (about 40 s)
 def test_the_script_ends_with_the_three_checks_and_one_tolerance_per_regime(capsys, rep):
   spec = importlib.util.spec_from_file_location("validate_published",
                                                 ROOT / "scripts" / "validate_published.py")
@@ -277,6 +283,7 @@ def test_the_llm_rows_are_held_out_or_not_modelled_and_no_fit_reads_them():
       assert a.role == "not_modelled", a.id
 
 
+@pytest.mark.slow  # the whole report: traces 16 published models (about 40 s)
 def test_the_llm_rows_are_priced_by_their_per_layer_strategies(rows):
   by_id = {r.anchor.id: r for r in rows}
   for a in _llm_rows():

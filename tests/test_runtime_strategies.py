@@ -258,6 +258,7 @@ def _dropped_reference(model, x):
   return dropped
 
 
+@pytest.mark.slow  # a training run; the count itself: test_models_moe (fast)
 def test_a_run_that_drops_tokens_reports_how_many(tmp_path, caplog):
   # capacity factor 1: 4 slots per expert for 32 assignments of 16 tokens over 8 experts;
   # block 0 in a forward/backward stage, block 1 in the last (fused) one

@@ -65,6 +65,7 @@ def test_finished_run_writes_its_outputs(finished):
   assert len(json.loads((finished / "plan.json").read_text())["layers"]) == 5
 
 
+@pytest.mark.slow  # an app killed mid-run; test_runtime_train_loop resumes in-process
 def test_sigkilled_run_resumes_to_the_same_parameters(tmp_path, finished):
   plan = burst_plan_file(tmp_path)
   env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path),

@@ -85,6 +85,7 @@ def dying_background(monkeypatch):
   monkeypatch.setattr(DeviceRunner, "step", step)
 
 
+@pytest.mark.slow  # the continue policy below runs the same dying job in the default tier
 def test_a_background_job_that_dies_fails_the_run_after_the_foreground_kept_its_files(
     tmp_path, dying_background):
   summary = training.train_spec(spec(tmp_path), jax.devices()[:2])
