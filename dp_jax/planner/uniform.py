@@ -77,7 +77,7 @@ class Setting:
     parts.append(STATE_NAMES[self.state])
     if self.recompute:
       parts.append("recompute")
-    return f"{', '.join(parts)}, on {self.devices} devices"
+    return f"{', '.join(parts)}, on {self.devices} device{'s' if self.devices != 1 else ''}"
 
 
 @dataclass(frozen=True)
