@@ -24,9 +24,11 @@ slowdown cap of the foreground. A shared cluster runs many such one-GPU jobs; a 
 of an 8B-70B foreground fits no device, and GPT-2 small at batch 8 (11 GB in the memory model)
 would not fit beside a fifth of the plans that fit, ResNet-50 (0.9 GB) beside all but the few
 that leave less than 0.9 GB free (those cells fail, listed below with the memory they lack).
-Cluster throughput is foreground + background samples/s as DeepPool counts it (a sequence and
-an image count alike), so against a baseline with the same background job it measures how many
-devices each leaves to that job at the same foreground speed. The baseline is the matched
+Cluster throughput is foreground + background samples/s as DeepPool counts it: a sequence of
+thousands of tokens and a 224-px image count alike, so where the foreground's samples are far
+larger than the background's, the ratio is mostly the background's images: read it as how much
+room for the background job each leaves at the same foreground speed, not as work of the
+foreground's kind (background_samples_per_s is its own column). The baseline is the matched
 uniform strategy + background: of the best uniform strategy on each d <= G devices whose
 foreground is within the tolerance of the burst foreground (with background), with the
 background job alone on the other G - d, the one with the most cluster samples/s
