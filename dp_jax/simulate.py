@@ -52,22 +52,25 @@ class SimulateConfig(Checked):
 
 
 def print_metrics(metrics: dict[str, Any]) -> list[list[Any]]:
-  """The metrics as a table of full names and rounded values, the data-parallel frontier as a
-  small table of its own, then the verdicts in words; the rows of the first table."""
+  """The metrics as a table of full names and rounded values, the data-parallel and uniform
+  frontiers as small tables of their own, then the verdicts in words; the rows of the first
+  table."""
   from rich.console import Console  # rich: only to print (its import is not free)
 
-  skip = ("fair_comparison", "data_parallel_frontier")
+  skip = ("fair_comparison", "data_parallel_frontier", "uniform_frontier")
   rows = [[k, _rounded(v)] for k, v in metrics.items() if k not in skip]
   console = Console(width=110)
   console.print(table(f"simulation of {metrics['model']} on {metrics['num_devices']} devices "
                       "(simulated)", ["metric", "value"], rows))
-  frontier = metrics.get("data_parallel_frontier")
-  if frontier:
-    console.print(table(
-        "data parallelism on d devices, the background job alone on the other G - d "
-        "(simulated)", ["d", "iteration ms", "cluster samples/s"],
-        [(p["devices"], f"{p['iteration_ms']:.2f}", f"{p['cluster_samples_per_s']:.0f}")
-         for p in frontier]))
+  for key, what in (("data_parallel_frontier", "data parallelism"),
+                    ("uniform_frontier", "the best uniform strategy")):
+    frontier = metrics.get(key)
+    if frontier:
+      console.print(table(
+          f"{what} on d devices, the background job alone on the other G - d (simulated)",
+          ["d", "iteration ms", "cluster samples/s"],
+          [(p["devices"], f"{p['iteration_ms']:.2f}", f"{p['cluster_samples_per_s']:.0f}")
+           for p in frontier]))
   console.print(metrics["fair_comparison"], markup=False)
   return rows
 

@@ -2,19 +2,44 @@
 
     scripts/reproduce.sh where_burst_pays   # sweep + aggregation (--quick: 2 cells)
     # which runs, in .venv (S: a timestamped sweep folder multirun/where_burst_pays/S):
-    python -m dp_jax.plan -m +experiment=where_burst_pays hydra.sweep.dir=S
+    python -m dp_jax.simulate -m +experiment=where_burst_pays hydra.sweep.dir=S
     python -m experiments.where_burst_pays S --out results/where_burst_pays
 
-Plan app, the calibrated GPU profile (mixed bf16), planner.sharding=[samples,weights,state,
-experts] and planner.recompute=choose: every layer chooses its device count, its weight split
-(tensor parallelism), its state (replicated, ZeRO-1, FSDP), expert parallelism and whether it
-recomputes its activations. The baseline is the best uniform strategy (dp_jax/planner/uniform.py):
-one setting for every layer (data parallelism with ZeRO / FSDP, one tensor-parallel degree, one
-expert-parallel degree, recomputation or not), searched over its settings with the same cost
-model and memory model. Both must fit the device's memory. Models: Llama-3 8B and 70B, LLaVA-1.5
-7B, Mixtral 8x7B, DeepSeek-MoE 16B, and the paper's VGG16 and GPT-2; each at its published global
-batch and one below it (conf/experiment/burst_cell/, each cited there); on DGX A100, DGX H100 and
-DGX H200 clusters; G = 64, 256, 1,024; amplification limits 1.5, 2 and none.
+Simulate app (it plans as the plan app does, then simulates the plan alone and with a
+background job), the calibrated GPU profile (mixed bf16), planner.sharding=[samples,weights,
+state,experts] and planner.recompute=choose: every layer chooses its device count, its weight
+split (tensor parallelism), its state (replicated, ZeRO-1, FSDP), expert parallelism and whether
+it recomputes its activations. The baseline is the best uniform strategy
+(dp_jax/planner/uniform.py): one setting for every layer (data parallelism with ZeRO / FSDP, one
+tensor-parallel degree, one expert-parallel degree, recomputation or not), searched over its
+settings with the same cost model and memory model. Both must fit the device's memory. Models:
+Llama-3 8B and 70B, LLaVA-1.5 7B, Mixtral 8x7B, DeepSeek-MoE 16B, and the paper's VGG16 and
+GPT-2; each at its published global batch and one below it (conf/experiment/burst_cell/, each
+cited there); on DGX A100, DGX H100 and DGX H200 clusters; G = 64, 256, 1,024; amplification
+limits 1.5, 2 and none.
+
+With a background job (docs/simulator.md): ResNet-50 at batch 8 per device
+(conf/background/resnet50.yaml) fills the devices the plan leaves idle, under the default 10%
+slowdown cap of the foreground. A shared cluster runs many such one-GPU jobs; a same-family copy
+of an 8B-70B foreground fits no device, and GPT-2 small at batch 8 (11 GB in the memory model)
+would not fit beside a fifth of the plans that fit, ResNet-50 (0.9 GB) beside all but the few
+that leave less than 0.9 GB free (those cells fail, listed below with the memory they lack).
+Cluster throughput is foreground + background samples/s as DeepPool counts it: a sequence of
+thousands of tokens and a 224-px image count alike, so where the foreground's samples are far
+larger than the background's, the ratio is mostly the background's images: read it as how much
+room for the background job each leaves at the same foreground speed, not as work of the
+foreground's kind (background_samples_per_s is its own column). The baseline is the matched
+uniform strategy + background: of the best uniform strategy on each d <= G devices whose
+foreground is within the tolerance of the burst foreground (with background), with the
+background job alone on the other G - d, the one with the most cluster samples/s
+(dp_jax/simulator/metrics.py; "none within" where no uniform strategy is that fast); beside it
+the matched data parallelism + background (most of these models fit no data parallelism).
+
+CSV columns beyond the plan's: background, background_samples_per_s, cluster_samples_per_s,
+matched_uniform_devices, matched_uniform_setting, matched_uniform_cluster_samples_per_s,
+cluster_throughput_vs_matched_uniform (its margin and verdict), and the same of the matched data
+parallelism (matched_data_parallel_*, cluster_throughput_vs_matched_data_parallel); iteration_ms,
+gpu_ms and memory_peak_gb are the planner's (the foreground alone, equal to the simulated one).
 
 The batches sit at and below the critical batch the literature reports for language models:
 Kaplan et al. 2020 (arXiv:2001.08361, sec. 5.1) fit B_crit(L) = B* / L^(1/0.21), B* = 2e8
@@ -24,7 +49,7 @@ sec. 3.1) fits the best batch to compute, B_opt = 0.292 C^0.3271 tokens (about 1
 Llama-3 8B's 15T tokens). The published 4M-token batches are at the critical batch, the 1M-token
 ones below it; the image models' 256 images (VGG) and 64 below. A cell whose G is
 above its global batch is refused by the planner (every device needs at least one sample).
-All numbers are predicted by the cost model.
+The speed-ups are predicted by the cost model; the cluster throughputs are simulated from it.
 """
 
 from __future__ import annotations
@@ -55,6 +80,15 @@ from experiments.fields import (
 
 RESULTS = (*PLAN_BASIS, "iteration_ms", "gpu_ms", "memory_peak_gb", "uniform_iteration_ms",
            "uniform_gpu_ms", "uniform_memory_peak_gb", "uniform_setting")
+# The simulate app's names of the plan's own predictions (its iteration_ms is with background)
+FROM_SIMULATE = {"iteration_ms": "planner_iteration_ms", "gpu_ms": "planner_gpu_ms",
+                 "memory_peak_gb": "foreground_memory_peak_gb"}
+MATCHED = ("cluster_throughput_vs_matched_uniform", "cluster_throughput_vs_matched_data_parallel")
+BACKGROUND = ("background", "max_slowdown", "background_samples_per_s", "cluster_samples_per_s",
+              "matched_uniform_devices", "matched_uniform_setting",
+              "matched_uniform_cluster_samples_per_s", MATCHED[0], *verdict_columns(MATCHED[:1]),
+              "matched_data_parallel_devices", "matched_data_parallel_cluster_samples_per_s",
+              MATCHED[1], *verdict_columns(MATCHED[1:]))
 RATIOS = ("speedup_vs_uniform",)
 # A layer's strategy in a few characters (the plan JSON's sharding entry and recompute flag)
 STATE_LABEL = {"replicated": "", "optimizer": "ZeRO-1", "full": "FSDP"}
@@ -69,10 +103,13 @@ def batch_level(cfg: Row, cell: str) -> str:
 
 
 def derive(row: Row) -> Row:
-  """Identity, the batch level, the plan app's summary and the plan's layer story."""
+  """Identity, the batch level, the simulate app's summary (the plan's predictions, the best
+  uniform strategy, the cluster throughput with background against the matched baselines) and
+  the plan's layer story."""
   out = {**plan_identity(row["config"]), "batch_level": batch_level(row["config"],
                                                                      str(row.get("cell", ""))),
-         **pick(row, RESULTS)}
+         **pick(row, RESULTS), **pick(row, BACKGROUND)}
+  out.update({k: row.get(v) for k, v in FROM_SIMULATE.items()})
   out["per_device_batch"] = per_device_batch(out)
   out["speedup_vs_uniform"] = ratio(out["uniform_iteration_ms"], out["iteration_ms"])
   out["gpu_time_vs_uniform"] = ratio(out["gpu_ms"], out["uniform_gpu_ms"])
@@ -172,8 +209,9 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
 
 
 def answer(rows: list[Row]) -> str:
-  """Three sentences from the cells: how often the burst plan beats the best uniform strategy
-  beyond the tolerance, where it does most, and where it never does."""
+  """Four sentences from the cells: how often the burst plan beats the best uniform strategy
+  beyond the tolerance, where it does most, where it never does, and how the cluster throughput
+  with background fares against the matched uniform strategy + background."""
   judged_rows = [r for r in rows if r.get("speedup_vs_uniform_verdict")]
   if not judged_rows:
     return "No cell has both a burst plan and a uniform strategy that fit.\n"
@@ -201,8 +239,34 @@ def answer(rows: list[Row]) -> str:
          "state or recomputation. "
          if ahead else f"Its best cell is {best['model']} on {best['cluster']} at "
          f"G={best['num_devices']} ({judged(best, 'speedup_vs_uniform')}). ")
-      + (f"It never pays for {', '.join(never)}.\n" if never else
-         "Every model has some cell where it pays.\n"))
+      + (f"It never pays for {', '.join(never)}. " if never else
+         "Every model has some cell where it pays. ")
+      + background_sentence(rows) + "\n")
+
+
+def background_sentence(rows: list[Row]) -> str:
+  """One sentence: the cluster throughput with background against the matched uniform strategy
+  + background, how often ahead / tie / behind, and in how many cells no uniform strategy is as
+  fast as the burst foreground."""
+  with_bg = [r for r in rows if r.get("background") not in (None, "none")
+             and r.get("cluster_samples_per_s") is not None]
+  if not with_bg:
+    return "No cell ran a background job."
+  counts = Counter(r["cluster_throughput_vs_matched_uniform_verdict"] for r in with_bg
+                   if r.get("cluster_throughput_vs_matched_uniform_verdict"))
+  unmatched = sum(r.get("matched_uniform_devices") is None for r in with_bg)
+  freed = [r for r in with_bg if r.get("cluster_throughput_vs_matched_uniform_verdict") == "ahead"]
+  best = max(freed, key=lambda r: r["cluster_throughput_vs_matched_uniform"], default=None)
+  jobs = ", ".join(sorted({str(r["background"]) for r in with_bg}))
+  return (f"With a background job ({jobs}) in the idle devices, the cluster throughput beats "
+          f"the matched uniform strategy + background beyond the tolerance in {counts['ahead']} "
+          f"of {sum(counts.values())} matched cells (ties: {counts['tie']}, behind: "
+          f"{counts['behind']}; simulated)"
+          + (f", most for {best['model']} on {best['cluster']} at G={best['num_devices']}, "
+             f"B={best['global_batch']} ({judged(best, MATCHED[0])} against "
+             f"{best['matched_uniform_setting']})" if best else "")
+          + f"; in {unmatched} cell{'' if unmatched == 1 else 's'} no uniform strategy is "
+          "within the tolerance of the burst foreground, so there is no matched baseline.")
 
 
 def lead(rows: list[Row]) -> str:
@@ -251,6 +315,7 @@ def headline(rows: list[Row]) -> str:
         cells.append("-" if r is None else judged(r, "speedup_vs_uniform"))
       lines.append(f"| {model} | {b} | " + " | ".join(cells) + " |")
     parts.append("\n".join(lines) + "\n")
+  parts.append(background_tables(rows))
   ahead = sorted((r for r in rows if r.get("speedup_vs_uniform_verdict") == "ahead"),
                  key=lambda r: -r["speedup_vs_uniform"])
   parts.append("## Where it pays and why\n")
@@ -282,18 +347,64 @@ def headline(rows: list[Row]) -> str:
   return "\n".join(parts)
 
 
+def matched_cell(r: Row | None) -> str:
+  """'1.23x ahead @dp 8 x tp 8, FSDP, on 64 devices', 'none within' (no uniform strategy is as
+  fast as the burst foreground), '-' (no cell or no background)."""
+  if r is None or r.get("cluster_samples_per_s") is None:
+    return "-"
+  if r.get("matched_uniform_devices") is None:
+    return "none within"
+  return f"{judged(r, MATCHED[0])} @{r['matched_uniform_setting']}"
+
+
+def background_tables(rows: list[Row]) -> str:
+  """Per cluster, the cluster throughput with background against the matched uniform strategy
+  + background at A = 2 (model x B rows, G columns), then the verdicts against the matched
+  data parallelism + background."""
+  sub2 = [r for r in rows if r["amplification_limit"] == 2.0
+          and r.get("cluster_samples_per_s") is not None]
+  if not sub2:
+    return ""
+  job = ", ".join(sorted({str(r["background"]) for r in sub2}))
+  parts = ["## Cluster throughput with background against the matched uniform strategy + "
+           "background (A = 2)\n",
+           f"Simulated; background {job}. A cell: burst + background over the matched uniform "
+           "strategy + background, its verdict, @ that strategy; 'none within': no uniform "
+           "strategy on <= G devices is within the tolerance of the burst foreground.\n"]
+  for cluster in dict.fromkeys(r["cluster"] for r in sub2):
+    sub = [r for r in sub2 if r["cluster"] == cluster]
+    gs = sorted({r["num_devices"] for r in sub})
+    lines = [f"### {cluster}\n", "| model | B | " + " | ".join(f"G={g}" for g in gs) + " |",
+             "|---|---|" + "---|" * len(gs)]
+    for (model, b) in dict.fromkeys((r["model"], r["global_batch"]) for r in sub):
+      cells = [matched_cell(next((x for x in sub if x["model"] == model
+                                  and x["global_batch"] == b and x["num_devices"] == g), None))
+               for g in gs]
+      lines.append(f"| {model} | {b} | " + " | ".join(cells) + " |")
+    parts.append("\n".join(lines) + "\n")
+  dp = Counter(r["cluster_throughput_vs_matched_data_parallel_verdict"] for r in sub2
+               if r.get("cluster_throughput_vs_matched_data_parallel_verdict"))
+  parts.append("Against the matched data parallelism + background (A = 2): "
+               + ", ".join(f"{dp[v]} {v}" for v in VERDICTS)
+               + f"; {len(sub2) - sum(dp.values())} cells have none (no data parallelism that "
+               "fits is within the tolerance of the burst foreground).\n")
+  return "\n".join(parts)
+
+
 def _gb(x) -> str:
   v = number(x)
   return "-" if v is None else f"{v:.1f}"
 
 
-STUDY = Study(name="where_burst_pays", app="plan", doc=__doc__,
+STUDY = Study(name="where_burst_pays", app="simulate", doc=__doc__,
               columns=(*PLAN_IDENTITY, "batch_level", *RESULTS, "per_device_batch",
                        "speedup_vs_uniform", "gpu_time_vs_uniform", "comparison_tolerance",
-                       *verdict_columns(RATIOS), "layers_off_uniform",
+                       *verdict_columns(RATIOS), *BACKGROUND, "layers_off_uniform",
                        "layers_on_fewer_devices"),
-              timing=("planner_seconds",), derive=derive, figures=figures, headline=headline,
-              finish=finish, kind="predicted", fits=("iteration_ms",), lead=lead)
+              timing=("planning_s", "simulation_s"), derive=derive, figures=figures,
+              headline=headline, finish=finish,
+              kind="predicted (speed-ups) and simulated (cluster throughput with background)",
+              fits=("planner_iteration_ms", "cluster_samples_per_s"), lead=lead)
 
 if __name__ == "__main__":
   sys.exit(main(STUDY))

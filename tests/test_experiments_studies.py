@@ -10,7 +10,8 @@ from experiments import studies
                                        ("cluster_throughput", "simulate"),
                                        ("network", "simulate"), ("runtime", "train"),
                                        ("time_to_accuracy", "accuracy"),
-                                       ("weight_sharding", "plan")])
+                                       ("weight_sharding", "plan"),
+                                       ("where_burst_pays", "simulate")])
 def test_each_study_names_its_app_and_columns(name, app):
   s = studies.study(name)
   assert s.name == name and s.app == app

@@ -20,7 +20,7 @@ from dp_jax.planner.costs import build_cost_model
 from dp_jax.planner.evaluate import evaluate
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.sharding import Strategy
-from dp_jax.planner.uniform import Setting, best_uniform, settings
+from dp_jax.planner.uniform import Setting, best_uniform, settings, uniform_frontier
 from dp_jax.report.plan_report import comparisons, layer_rows, print_plan
 
 SEQ, D, FFN, E = 64, 256, 1024, 4  # tokens per sample, width, expert hidden size, experts
@@ -133,6 +133,50 @@ def test_never_returns_a_setting_that_does_not_fit():
     assert float(memory.device_bytes(model, a, u.shardings).max()) <= cap
     assert u.peak_bytes == pytest.approx(float(memory.device_bytes(model, a, u.shardings).max()))
     assert u.evaluation.iteration_ms == pytest.approx(_fastest_that_fits(model)[0], rel=1e-12)
+
+
+def _fastest_on(model, count):
+  """The hand enumeration's fastest setting on exactly `count` devices that fits (None: none)."""
+  cap = memory.capacity_bytes(model)
+  fit = [(ev.iteration_ms, ev.gpu_ms, s) for s, _, ev, peak in _hand()
+         if s.devices == count and peak <= cap]
+  return min(fit, key=lambda x: x[:2]) if fit else None
+
+
+@pytest.mark.parametrize("gb", [40.0, 0.05])
+def test_the_frontier_is_the_fastest_setting_on_each_count(gb):
+  model = _model(gb=gb)
+  front = uniform_frontier(model)
+  cap = memory.capacity_bytes(model)
+  # each count the hand enumeration fits on is in the frontier, at the hand's fastest time
+  want = {c: w for c in (1, 2, 4, 8, 16) if (w := _fastest_on(model, c)) is not None}
+  assert set(front) == set(want) and len(front) >= 2
+  for count, u in front.items():
+    assert u.setting.devices == count
+    assert u.evaluation.iteration_ms == pytest.approx(want[count][0], rel=1e-12)
+    a = {n: (0, count) for n in model.names}
+    assert float(memory.device_bytes(model, a, u.shardings).max()) <= cap
+    assert u.peak_bytes <= cap
+  # its fastest entry is best_uniform's setting and iteration
+  best = best_uniform(model)
+  top = min(front.values(), key=lambda u: (u.evaluation.iteration_ms, u.evaluation.gpu_ms,
+                                           u.setting.devices))
+  assert top.setting == best.setting
+  assert top.evaluation.iteration_ms == best.evaluation.iteration_ms
+  # the counts differ in speed: the frontier is a trade-off, not one point repeated
+  assert len({round(u.evaluation.iteration_ms, 9) for u in front.values()}) > 1
+
+
+def test_the_frontier_leaves_out_the_counts_where_nothing_fits():
+  peaks = {}
+  for s, _, _, peak in _hand():
+    peaks[s.devices] = min(peak, peaks.get(s.devices, math.inf))
+  # room for the least-memory setting on the widest counts only
+  gb = sorted(peaks.values())[1] / memory.GB
+  model = _model(gb=gb)
+  front = uniform_frontier(model)
+  assert set(front) == {c for c, p in peaks.items() if p <= memory.capacity_bytes(model)}
+  assert 0 < len(front) < len(peaks)
 
 
 def test_samples_alone_is_the_fastest_data_parallelism():

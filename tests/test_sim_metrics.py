@@ -5,7 +5,12 @@ from sim_helpers import cluster, graph, plan, profile
 
 from dp_jax.simulator.engine import simulate
 from dp_jax.simulator.job import background_job
-from dp_jax.simulator.metrics import data_parallel_frontier, matched_data_parallel, metrics
+from dp_jax.simulator.metrics import (
+  cluster_frontier,
+  data_parallel_frontier,
+  matched_data_parallel,
+  metrics,
+)
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +133,90 @@ def test_where_no_data_parallelism_fits_there_is_no_baseline_and_a_line_says_why
   note = data_parallel_misfit(model)
   assert note.startswith("no data parallelism on d <= 8 devices fits: on 8 it needs ")
   assert note.endswith("GB per device, over the 0.001 GB a device has")
+
+
+def test_with_samples_only_the_uniform_baselines_are_data_parallelism(sim):
+  # the planner may split samples only: a uniform setting is data parallelism on its count, so
+  # the uniform frontier and its matched point are the data-parallel ones, and the sentence
+  # leads with data parallelism
+  m = metrics(sim)
+  dp = {q["devices"]: q for q in m["data_parallel_frontier"]}
+  uni = {q["devices"]: q for q in m["uniform_frontier"]}
+  assert set(uni) == set(dp) and len(uni) > 2
+  for d, q in uni.items():
+    assert q["setting"] == f"dp {d}, replicated, on {d} device{'s' if d > 1 else ''}"
+    assert q["iteration_ms"] == pytest.approx(dp[d]["iteration_ms"], rel=1e-12)
+    assert q["cluster_samples_per_s"] == pytest.approx(dp[d]["cluster_samples_per_s"], rel=1e-12)
+  assert m["uniform_iteration_ms"] == pytest.approx(m["best_data_parallel_iteration_ms"])
+  assert m["matched_uniform_devices"] == m["matched_data_parallel_devices"]
+  assert m["planner_chooses_strategies"] is False
+  assert "uniform" not in m["fair_comparison"]
+
+
+def test_no_matched_uniform_strategy_where_none_is_as_fast_as_the_burst_foreground(sim):
+  m = metrics(sim, 0.0)  # the burst foreground is faster than every uniform setting
+  assert m["iteration_ms"] < min(q["iteration_ms"] for q in m["uniform_frontier"])
+  assert m["matched_uniform_devices"] is None and m["matched_uniform_setting"] is None
+  assert m["matched_uniform_cluster_samples_per_s"] is None
+  assert m["cluster_throughput_vs_matched_uniform"] is None
+  assert m["cluster_throughput_vs_matched_uniform_verdict"] is None
+  assert m["matched_uniform_note"] == ("no uniform strategy on d <= G is within 0.0% of the "
+                                       "burst foreground")
+  assert m["speedup_vs_uniform_alone"] == pytest.approx(
+      m["uniform_iteration_ms"] / m["alone_iteration_ms"])
+  assert m["speedup_vs_uniform_alone_verdict"] == "ahead"
+
+
+def test_a_state_sharded_uniform_strategy_on_fewer_devices_is_the_fairer_matched_baseline():
+  # G = B = 64, A = 1: the burst foreground is slower than data parallelism on a few devices.
+  # Below the memory DP on 2 devices needs, DP fits on 4 or more only; ZeRO-1 with
+  # recomputation fits on 2 (the planner may shard state and recompute). With a background job
+  # that makes a free device worth more than the foreground's gain from 2 more devices, the
+  # matched uniform strategy runs on 2 and leaves 2 more devices to the background than the
+  # matched DP on 4: more cluster samples/s, so burst's margin against it is smaller.
+  from dp_jax.planner import make_plan, memory
+  from dp_jax.planner.baseline import cost_model_for
+  from dp_jax.planner.evaluate import data_parallel_assignment
+
+  g, p = graph("resnet"), profile("resnet", 64)
+  roomy = make_plan(g, p, cluster(), num_devices=64, global_batch=64, amplification_limit=1.0)
+  model = cost_model_for(g, p, cluster(), roomy)
+  need2 = float(memory.device_bytes(model, data_parallel_assignment(model, 2)).max())
+  tight = cluster().replace(memory_gb_per_device=need2 * 0.92 / memory.GB)
+  plan_ = make_plan(g, p, tight, num_devices=64, global_batch=64, amplification_limit=1.0,
+                    sharding=("samples", "state"), recompute="choose")
+  job = background_job(g, p, tight, 8)
+  m = metrics(simulate(g, p, tight, plan_, job=job, cap=0.1))
+  dp = {q["devices"]: q for q in m["data_parallel_frontier"]}
+  uni = {q["devices"]: q for q in m["uniform_frontier"]}
+  assert min(dp) == 4 and 2 in uni  # DP does not fit on 2, a uniform setting does
+  assert "ZeRO-1" in uni[2]["setting"] or "FSDP" in uni[2]["setting"]
+  d = m["matched_uniform_devices"]
+  assert d == 2 < m["matched_data_parallel_devices"] == 4
+  assert m["matched_uniform_setting"] == uni[2]["setting"]
+  band = [q for q in uni.values()
+          if q["iteration_ms"] <= m["iteration_ms"] * (1 + m["comparison_tolerance"]) + 1e-9]
+  assert uni[d] in band
+  assert all(q["cluster_samples_per_s"] <= uni[d]["cluster_samples_per_s"] for q in band)
+  per_device = job.batch / job.step_ms * 1e3  # the background alone on a free device
+  assert m["matched_uniform_cluster_samples_per_s"] == pytest.approx(
+      64 / uni[2]["iteration_ms"] * 1e3 + 62 * per_device)
+  assert (m["matched_uniform_cluster_samples_per_s"]
+          > m["matched_data_parallel_cluster_samples_per_s"])
+  assert m["cluster_throughput_vs_matched_uniform"] == pytest.approx(
+      m["cluster_samples_per_s"] / m["matched_uniform_cluster_samples_per_s"])
+  assert (m["cluster_throughput_vs_matched_uniform"]
+          < m["cluster_throughput_vs_matched_data_parallel"])
+  # the planner chooses strategies: the uniform baselines lead the sentence, DP follows
+  fair = m["fair_comparison"]
+  assert m["planner_chooses_strategies"] is True
+  assert (fair.index("against the best uniform strategy")
+          < fair.index("against the fastest data parallelism"))
+  assert (fair.index("against the matched uniform strategy (dp 2,")
+          < fair.index("against the matched DP on 4"))
+
+
+def test_cluster_frontier_carries_settings_where_given():
+  front = cluster_frontier({2: 20.0, 4: 12.0}, 8, 32, 100.0, {2: "a", 4: "b"})
+  assert [(q["devices"], q["setting"]) for q in front] == [(2, "a"), (4, "b")]
+  assert front[0]["cluster_samples_per_s"] == pytest.approx(32 / 20.0 * 1e3 + 6 * 100.0)

@@ -27,13 +27,16 @@ must fit: memory.device_bytes within the device's memory (the same per-device pe
 plan is held to). Settings are pruned by memory first (their peak summed over the layers'
 distinct contents, pricing.signature), then the ones that fit are evaluated in the order of
 the sum of their layers' times (a lower bound on the iteration: the all-reduce and stage terms
-only add) until that bound exceeds the best iteration found. Pure Python and numpy: no JAX.
+only add) until that bound exceeds the best iteration found. best_uniform runs that search over
+all candidate counts; uniform_frontier runs it on each count alone (count -> the fastest setting
+on exactly that many devices: the trade-off between speed and devices the simulator's matched
+uniform baseline reads, docs/simulator.md). Pure Python and numpy: no JAX.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +77,7 @@ class Setting:
     parts.append(STATE_NAMES[self.state])
     if self.recompute:
       parts.append("recompute")
-    return f"{', '.join(parts)}, on {self.devices} devices"
+    return f"{', '.join(parts)}, on {self.devices} device{'s' if self.devices != 1 else ''}"
 
 
 @dataclass(frozen=True)
@@ -146,11 +149,12 @@ def ep_degrees(model: CostModel, count: int) -> tuple[int, ...]:
                if all("experts" in splits_for(n, m) for n in experts)))
 
 
-def settings(model: CostModel) -> Iterator[Setting]:
-  """Every uniform setting the planner's options allow on the candidate counts."""
+def settings(model: CostModel, counts: Iterable[int] | None = None) -> Iterator[Setting]:
+  """Every uniform setting the planner's options allow on `counts` (default: the candidate
+  counts)."""
   opts = model.options
   states = ("replicated", "optimizer", "full") if "state" in opts.sharding else ("replicated",)
-  for count in (int(c) for c in model.counts):
+  for count in (int(c) for c in (model.counts if counts is None else counts)):
     tps = tp_degrees(model, count) if "weights" in opts.sharding else (1,)
     eps = ep_degrees(model, count) if "experts" in opts.sharding else (1,)
     for tp in tps:
@@ -205,13 +209,32 @@ def compute_ms(model: CostModel, setting: Setting,
 def best_uniform(model: CostModel) -> Uniform:
   """The fastest uniform setting that fits in memory (least GPU time, then fewest devices on a
   tie), or none with the reason and the least memory any setting needs."""
+  return search(model)
+
+
+def uniform_frontier(model: CostModel) -> dict[int, Uniform]:
+  """Candidate count d -> the fastest uniform setting on exactly d devices that fits (search
+  on d alone), ascending; the counts where none fits are left out. Its fastest entry is
+  best_uniform's setting."""
+  out = {}
+  for count in (int(c) for c in model.counts):
+    u = search(model, (count,))
+    if u.setting is not None:
+      out[count] = u
+  return out
+
+
+def search(model: CostModel, counts: tuple[int, ...] | None = None) -> Uniform:
+  """The fastest uniform setting on `counts` (default: every candidate count) that fits in
+  memory (least GPU time, then fewest devices on a tie), or none with the reason and the least
+  memory any setting needs."""
   start = time.perf_counter()
   cap = memory.capacity_bytes(model)
   check = model.options.check_memory
   least: tuple[float, Setting] | None = None
   seen: set = set()
   survivors: list[tuple[float, Setting, float]] = []  # (compute bound, setting, peak)
-  for setting in settings(model):
+  for setting in settings(model, counts):
     per = _per_content(model, setting)
     key = (setting.devices, per)
     if key in seen:  # a setting no layer can tell from one already priced
@@ -250,8 +273,10 @@ def best_uniform(model: CostModel) -> Uniform:
   priced, fitting = len(seen), len(survivors) - len(rejected)
   if best is None:
     need = least_bytes / memory.GB
-    reason = (f"no uniform strategy of {model.graph.model} on <= {model.options.num_devices} "
-              f"devices fits in {cap / memory.GB:g} GB per device: the least memory one "
+    where = (f"<= {model.options.num_devices}" if counts is None
+             else "/".join(str(c) for c in counts))
+    reason = (f"no uniform strategy of {model.graph.model} on {where} devices fits in "
+              f"{cap / memory.GB:g} GB per device: the least memory one "
               f"({least_setting.describe() if least_setting else 'none'}) needs {need:.2f} GB")
     return Uniform(None, None, {}, 0.0, cap, priced, 0, seconds, reason, least_setting,
                    least_bytes)

@@ -1,8 +1,10 @@
-"""simulate(): a plan's alone timeline, its data-parallel baseline and its background fill."""
+"""simulate(): a plan's alone timeline, its data-parallel and uniform baselines and its background
+fill."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -16,6 +18,7 @@ from dp_jax.planner.contract import Plan
 from dp_jax.planner.costs import CostModel
 from dp_jax.planner.evaluate import Evaluation, evaluate
 from dp_jax.planner.sharded import plan_shardings
+from dp_jax.planner.uniform import Uniform, uniform_frontier
 from dp_jax.simulator.fill import Fill, fill, validate
 from dp_jax.simulator.job import BackgroundJob, check_memory
 from dp_jax.simulator.timeline import Timeline, build_timeline
@@ -37,6 +40,8 @@ class Simulation:
   data_parallel_ms: dict[int, float]  # data parallelism on each candidate count <= G
   job: BackgroundJob | None = None
   fill: Fill | None = None
+  # the best uniform strategy on each candidate count <= G that fits (planner/uniform.py)
+  uniform: Mapping[int, Uniform] = field(default_factory=dict)
 
 
 def default_switch_ms(cluster: ClusterConfig) -> float:
@@ -65,6 +70,6 @@ def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, p
     result = fill(tl, classes, list(windows), job, cap=cap, switch_ms=switch, policy=policy,
                   iterations=iterations)
   return Simulation(plan, model, ev, tl, classes, windows, data_parallel(model), fg_bytes,
-                    data_parallel_ms(model), job, result)
+                    data_parallel_ms(model), job, result, uniform_frontier(model))
 
 

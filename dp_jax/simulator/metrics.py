@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,8 @@ def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str
                 compare(alone, best_ms, tolerance, lower_is_better=True))
          if best_ms is not None else none_fields("speedup_vs_best_data_parallel_alone")),
       "foreground_memory_peak_gb": float(np.max(sim.foreground_bytes)) / GB,
+      "planner_chooses_strategies": sim.model.options.chooses_strategies,
+      **best_uniform_fields(sim, alone, tolerance),
   }
   f, job = sim.fill, sim.job
   if f is None or job is None:
@@ -101,9 +104,15 @@ def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str
     out.update(best_data_parallel_plus_background(sim))
   fg_sps = b / iteration * 1e3
   if f is not None and job is not None:
-    frontier = data_parallel_frontier(sim.data_parallel_ms, g, b, background_per_device(sim))
+    per_device = background_per_device(sim)
+    frontier = cluster_frontier(sim.data_parallel_ms, g, b, per_device)
     out["data_parallel_frontier"] = frontier
-    out.update(matched_data_parallel(frontier, iteration, fg_sps + bg_sps, tolerance))
+    out.update(matched(frontier, iteration, fg_sps + bg_sps, tolerance, "data_parallel"))
+    uniform = cluster_frontier({d: u.evaluation.iteration_ms for d, u in sim.uniform.items()},
+                               g, b, per_device,
+                               {d: u.setting.describe() for d, u in sim.uniform.items()})
+    out["uniform_frontier"] = uniform
+    out.update(matched(uniform, iteration, fg_sps + bg_sps, tolerance, "uniform"))
   cluster = fg_sps + bg_sps
   out.update(iteration_ms=iteration, idle_fraction=idle, samples_per_s=fg_sps,
              background_samples_per_s=bg_sps, cluster_samples_per_s=cluster)
@@ -125,77 +134,159 @@ def fair_comparison(m: dict[str, Any]) -> str:
   """The simulated verdicts in words, one sentence: the foreground against the fastest data
   parallelism on <= G devices (or that the plan is data parallelism) with the cluster
   throughput against the matched baseline and against data parallelism alone on all G; then
-  what they rest on."""
+  what they rest on. Where the planner's options reach beyond the samples split
+  (planner_chooses_strategies) the best uniform strategy and the matched uniform strategy +
+  background come first: they are the fair comparison then; data parallelism follows."""
   t, g = m["comparison_tolerance"], m["num_devices"]
   all_g = data_parallel_on_all(g, m["data_parallel_devices"], m["global_batch"])
   d = m.get("plan_data_parallel_devices")
-  if m.get("best_data_parallel_devices") is None:
+  first = bool(m.get("planner_chooses_strategies"))
+  no_dp = m.get("best_data_parallel_devices") is None
+  if no_dp and not first:
     return (f"simulated: {m['data_parallel_note']}, so there is no data-parallel baseline — "
             f"{m['basis']}")
-  if d is not None:
-    fg = f"the plan is data parallelism on {devices(d)} ({m['alone_iteration_ms']:.3f} ms)"
-    if d != m["best_data_parallel_devices"]:
-      fg += (f", {describe(m['speedup_vs_best_data_parallel_alone'], t)} against the fastest, "
-             f"on {m['best_data_parallel_devices']}")
+  parts = [_uniform_foreground(m, t, d)] if first else []
+  if no_dp:
+    parts.append(f"{m['data_parallel_note']}, so there is no data-parallel baseline")
+  elif d is not None:
+    fastest = (f"{describe(m['speedup_vs_best_data_parallel_alone'], t)} against the fastest, "
+               f"on {m['best_data_parallel_devices']}")
+    if not first:
+      parts.append(f"the plan is data parallelism on {devices(d)} "
+                   f"({m['alone_iteration_ms']:.3f} ms)"
+                   + ("" if d == m["best_data_parallel_devices"] else f", {fastest}"))
+    elif d != m["best_data_parallel_devices"]:
+      parts.append(f"{describe(m['speedup_vs_best_data_parallel_alone'], t)} against the "
+                   f"fastest data parallelism, on {m['best_data_parallel_devices']}")
   else:
     vs_all = (f"{describe(m['speedup_vs_data_parallel_alone'], t)} against {all_g}"
               if m.get("data_parallel_fits", True) else f"{all_g} does not fit in memory")
-    fg = (f"the burst foreground is {describe(m['speedup_vs_best_data_parallel_alone'], t)} "
-          f"against the fastest data parallelism on <= {g} (DP on "
-          f"{m['best_data_parallel_devices']}) and {vs_all}")
+    parts.append(("" if first else "the burst foreground is ")
+                 + f"{describe(m['speedup_vs_best_data_parallel_alone'], t)} against the "
+                 f"fastest data parallelism on <= {g} (DP on "
+                 f"{m['best_data_parallel_devices']}) and {vs_all}")
+  fg = "; ".join(parts)
   if m.get("background", "none") == "none":
     return f"simulated: {fg} — {m['basis']}"
-  alone = (f"{describe(m['cluster_throughput_vs_data_parallel'], t)} against {all_g} "
-           "alone" if m.get("data_parallel_fits", True) else f"{all_g} does not fit")
-  if m.get("matched_data_parallel_devices") is None:
-    cluster = (f"{alone} (no data parallelism on <= {g} devices is within {t:.1%} of the "
-               "foreground, so there is no matched baseline)")
-  else:
-    cluster = (f"{describe(m['cluster_throughput_vs_matched_data_parallel'], t)} against the "
-               f"matched DP on {m['matched_data_parallel_devices']} + background and {alone}")
+  cluster = [_matched_uniform(m, t, g)] if first else []
+  if not no_dp:
+    alone = (f"{describe(m['cluster_throughput_vs_data_parallel'], t)} against {all_g} "
+             "alone" if m.get("data_parallel_fits", True) else f"{all_g} does not fit")
+    if m.get("matched_data_parallel_devices") is None:
+      cluster.append(f"{alone} (no data parallelism on <= {g} devices is within {t:.1%} of "
+                     "the foreground, so there is no matched baseline)")
+    else:
+      cluster.append(f"{describe(m['cluster_throughput_vs_matched_data_parallel'], t)} against "
+                     f"the matched DP on {m['matched_data_parallel_devices']} + background and "
+                     f"{alone}")
   return (f"simulated: {fg}, while with background {m['background']} the cluster throughput "
-          f"is {cluster} — {m['basis']}")
+          f"is {', '.join(cluster)} — {m['basis']}")
 
 
-def data_parallel_frontier(data_parallel_ms: dict[int, float], g: int, b: int,
-                           background_per_device_sps: float) -> list[dict[str, float]]:
-  """Data parallelism on d <= G devices with the background job alone on the other G - d:
-  per d, its iteration time and the cluster's samples/s (the whole trade-off curve)."""
+def _uniform_foreground(m: dict[str, Any], t: float, d: int | None) -> str:
+  """The foreground against the best uniform strategy, in words (fair_comparison)."""
+  if m.get("uniform_setting") is None:
+    return f"{m['uniform_note']}, so there is no uniform baseline"
+  who = ("the burst foreground is" if d is None else
+         f"the plan is data parallelism on {devices(d)} ({m['alone_iteration_ms']:.3f} ms),")
+  return (f"{who} {describe(m['speedup_vs_uniform_alone'], t)} against the best uniform "
+          f"strategy ({m['uniform_setting']})")
+
+
+def _matched_uniform(m: dict[str, Any], t: float, g: int) -> str:
+  """The cluster throughput against the matched uniform strategy + background, in words."""
+  if m.get("matched_uniform_devices") is None:
+    return (f"not matched by a uniform strategy (none on <= {g} devices is within {t:.1%} of "
+            "the foreground)")
+  return (f"{describe(m['cluster_throughput_vs_matched_uniform'], t)} against the matched "
+          f"uniform strategy ({m['matched_uniform_setting']}) + background")
+
+
+# The baselines a frontier can hold: label -> what it is called
+BASELINES = {"data_parallel": "data parallelism", "uniform": "uniform strategy"}
+
+
+def cluster_frontier(iteration_ms: Mapping[int, float], g: int, b: int,
+                     background_per_device_sps: float,
+                     settings: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
+  """A baseline on d <= G devices (d -> its iteration time) with the background job alone on
+  the other G - d: per d, its iteration time, the cluster's samples/s and, where `settings`
+  names it, its setting (the whole trade-off curve)."""
   return [{"devices": int(d), "iteration_ms": float(ms),
-           "cluster_samples_per_s": b / ms * 1e3 + (g - d) * background_per_device_sps}
-          for d, ms in sorted(data_parallel_ms.items())]
+           "cluster_samples_per_s": b / ms * 1e3 + (g - d) * background_per_device_sps,
+           **({} if settings is None else {"setting": settings[d]})}
+          for d, ms in sorted(iteration_ms.items())]
 
 
-def matched_band(frontier: list[dict[str, float]], iteration_ms: float,
-                 tolerance: float) -> list[dict[str, float]]:
+def data_parallel_frontier(data_parallel_ms: Mapping[int, float], g: int, b: int,
+                           background_per_device_sps: float) -> list[dict[str, Any]]:
+  """cluster_frontier of data parallelism on each count that fits."""
+  return cluster_frontier(data_parallel_ms, g, b, background_per_device_sps)
+
+
+def matched_band(frontier: list[dict[str, Any]], iteration_ms: float,
+                 tolerance: float) -> list[dict[str, Any]]:
   """The frontier's points whose foreground is within tolerance of the burst foreground (or
   faster): iteration_ms <= burst iteration x (1 + tolerance)."""
   return [p for p in frontier if p["iteration_ms"] <= iteration_ms * (1 + tolerance) * (1 + 1e-9)]
 
 
-def matched_data_parallel(frontier: list[dict[str, float]], iteration_ms: float,
-                          cluster_sps: float, tolerance: float = VALIDATED_TOLERANCE
-                          ) -> dict[str, Any]:
-  """The fair baseline at matched foreground speed: of data parallelism on every d <= G whose
-  foreground is within tolerance of the burst foreground (matched_band), with the background
-  job on the other G - d, the one with the most cluster samples/s (fewest devices on a tie);
-  None (and a note) when no data parallelism on d <= G is that fast."""
+def matched(frontier: list[dict[str, Any]], iteration_ms: float, cluster_sps: float,
+            tolerance: float, label: str) -> dict[str, Any]:
+  """The fair baseline at matched foreground speed: of the frontier's points (the baseline
+  `label` of BASELINES on each d <= G) whose foreground is within tolerance of the burst
+  foreground (matched_band), with the background job on the other G - d, the one with the most
+  cluster samples/s (fewest devices on a tie); None (and a note) when none is that fast.
+  Keys matched_<label>_*, cluster_throughput_vs_matched_<label> (margin, verdict); a frontier
+  of settings adds matched_<label>_setting."""
+  name, key = BASELINES[label], f"matched_{label}"
+  described = label == "uniform"
   band = matched_band(frontier, iteration_ms, tolerance)
   if not band:
-    return {"matched_data_parallel_devices": None, "matched_data_parallel_iteration_ms": None,
-            "matched_data_parallel_cluster_samples_per_s": None,
-            **none_fields("cluster_throughput_vs_matched_data_parallel"),
-            "matched_data_parallel_note": "no data parallelism on d <= G is within "
-                                          f"{tolerance:.1%} of the burst foreground"}
+    return {f"{key}_devices": None, **({f"{key}_setting": None} if described else {}),
+            f"{key}_iteration_ms": None, f"{key}_cluster_samples_per_s": None,
+            **none_fields(f"cluster_throughput_vs_{key}"),
+            f"{key}_note": f"no {name} on d <= G is within {tolerance:.1%} of the burst "
+                           "foreground"}
   p = max(band, key=lambda q: (q["cluster_samples_per_s"], -q["devices"]))
-  return {"matched_data_parallel_devices": p["devices"],
-          "matched_data_parallel_iteration_ms": p["iteration_ms"],
-          "matched_data_parallel_cluster_samples_per_s": p["cluster_samples_per_s"],
-          **fields("cluster_throughput_vs_matched_data_parallel", compare(
+  what = (f"the {name} {p['setting']}" if described
+          else f"{name} on {devices(p['devices'])}")
+  return {f"{key}_devices": p["devices"],
+          **({f"{key}_setting": p["setting"]} if described else {}),
+          f"{key}_iteration_ms": p["iteration_ms"],
+          f"{key}_cluster_samples_per_s": p["cluster_samples_per_s"],
+          **fields(f"cluster_throughput_vs_{key}", compare(
               cluster_sps, p["cluster_samples_per_s"], tolerance, lower_is_better=False)),
-          "matched_data_parallel_note": f"data parallelism on {devices(p['devices'])} (within "
-                                        f"{tolerance:.1%} of the burst foreground, the best "
-                                        "cluster throughput of those)"}
+          f"{key}_note": f"{what} (within {tolerance:.1%} of the burst foreground, the best "
+                         "cluster throughput of those)"}
+
+
+def matched_data_parallel(frontier: list[dict[str, Any]], iteration_ms: float,
+                          cluster_sps: float, tolerance: float = VALIDATED_TOLERANCE
+                          ) -> dict[str, Any]:
+  """matched() of data parallelism on d <= G (data_parallel_frontier)."""
+  return matched(frontier, iteration_ms, cluster_sps, tolerance, "data_parallel")
+
+
+def best_uniform_fields(sim: Simulation, alone_ms: float, tolerance: float) -> dict[str, Any]:
+  """The best uniform strategy on <= G devices (the uniform frontier's fastest: least
+  iteration time, then GPU time, then fewest devices; planner/uniform.py's best_uniform), its
+  time, GPU time and per-device peak, and the burst foreground alone against it (margin,
+  verdict); None and a note where no uniform strategy fits."""
+  if not sim.uniform:
+    return {"uniform_devices": None, "uniform_setting": None, "uniform_iteration_ms": None,
+            "uniform_gpu_ms": None, "uniform_memory_peak_gb": None,
+            "uniform_note": f"no uniform strategy on d <= {sim.plan.num_devices} devices fits "
+                            "in memory",
+            **none_fields("speedup_vs_uniform_alone")}
+  u = min(sim.uniform.values(), key=lambda u: (u.evaluation.iteration_ms, u.evaluation.gpu_ms,
+                                               u.setting.devices))
+  ev = u.evaluation
+  return {"uniform_devices": u.setting.devices, "uniform_setting": u.setting.describe(),
+          "uniform_iteration_ms": ev.iteration_ms, "uniform_gpu_ms": ev.gpu_ms,
+          "uniform_memory_peak_gb": u.peak_bytes / GB, "uniform_note": None,
+          **fields("speedup_vs_uniform_alone",
+                   compare(alone_ms, ev.iteration_ms, tolerance, lower_is_better=True))}
 
 
 def background_per_device(sim: Simulation) -> float:

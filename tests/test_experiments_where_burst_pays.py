@@ -1,0 +1,81 @@
+"""experiments/where_burst_pays.py: two real cells of the study (simulate app, its overlay, the
+ResNet-50 background) aggregated; the cluster-throughput columns are the cells' metrics and the
+README tables and answer say them."""
+
+import json
+
+import pytest
+from apps import run_task
+
+from experiments import aggregate as report
+from experiments.fields import number
+from experiments.where_burst_pays import STUDY, derive
+
+# gpt2 below its batch at G = 64: a uniform strategy matches the burst foreground; vgg16 below
+# its batch: the burst foreground beats every uniform strategy beyond the tolerance
+CELLS = {"gpt2_below": 0, "vgg16_below": 1}
+
+
+@pytest.fixture(scope="module")
+def cells(tmp_path_factory):
+  """(summary + config + folder, metrics.json) of each cell, as a sweep's cell reads."""
+  out = {}
+  for name, job in CELLS.items():
+    cwd = tmp_path_factory.mktemp(name)
+    overrides = ("cluster=dgx_h100", f"+experiment/burst_cell={name}", "cluster.num_devices=64",
+                 "planner.amplification_limit=2")
+    summary = run_task("simulate", "+experiment=where_burst_pays", *overrides, "logger=disabled",
+                       cwd=cwd)
+    run = cwd / "run"
+    row = {**summary, "job": job, "config": json.loads((run / "config.json").read_text()),
+           "dir": run, "cell": " ".join(overrides), "git_sha": "0" * 40}
+    out[name] = (row, json.loads((run / "metrics.json").read_text()))
+  return out
+
+
+def test_the_background_columns_are_the_cells_metrics(cells):
+  for name, (row, m) in cells.items():
+    r = derive(row)
+    assert r["background"] == "resnet50" and r["batch_level"] == "below"
+    assert r["iteration_ms"] == m["planner_iteration_ms"]  # the plan's, not with background
+    assert r["uniform_iteration_ms"] == m["uniform_iteration_ms"] > 0
+    assert r["cluster_samples_per_s"] == pytest.approx(
+        m["samples_per_s"] + m["background_samples_per_s"])
+    assert r["background_samples_per_s"] > 0  # the job ran in the idle devices
+    for key in ("matched_uniform_devices", "matched_uniform_setting",
+                "matched_uniform_cluster_samples_per_s", "cluster_throughput_vs_matched_uniform",
+                "cluster_throughput_vs_matched_uniform_verdict",
+                "matched_data_parallel_devices", "cluster_throughput_vs_matched_data_parallel"):
+      assert r[key] == m[key], key
+    band = [q for q in m["uniform_frontier"]
+            if q["iteration_ms"] <= m["iteration_ms"] * (1 + m["comparison_tolerance"]) + 1e-9]
+    if name == "gpt2_below":  # matched: the band's best cluster throughput, its own ratio
+      d = r["matched_uniform_devices"]
+      point = next(q for q in band if q["devices"] == d)
+      assert point["setting"] == r["matched_uniform_setting"]
+      assert all(q["cluster_samples_per_s"] <= point["cluster_samples_per_s"] for q in band)
+      assert r["cluster_throughput_vs_matched_uniform"] == pytest.approx(
+          r["cluster_samples_per_s"] / point["cluster_samples_per_s"])
+    else:  # no uniform strategy is as fast as the burst foreground: no matched baseline
+      assert band == [] and r["matched_uniform_devices"] is None
+      assert number(r["speedup_vs_uniform"]) > 1 + m["comparison_tolerance"]
+
+
+def test_the_readme_tables_and_answer_say_the_background_result(cells):
+  rows = STUDY.finish([{**{k: row.get(k) for k in ("job", "cell", "status", "git_sha")},
+                        **derive(row)} for row, _ in cells.values()])
+  prov = {"cells": 2, "ok": 2, "failed": 0, "git_shas": ["0" * 40], "git_dirty": False}
+  md = report.markdown(STUDY, rows, prov)
+  gpt2, vgg = (next(r for r in rows if r["model"] == m) for m in ("gpt2_small", "vgg16"))
+  assert ("## Cluster throughput with background against the matched uniform strategy + "
+          "background (A = 2)") in md
+  ratio = gpt2["cluster_throughput_vs_matched_uniform"]
+  verdict = gpt2["cluster_throughput_vs_matched_uniform_verdict"]
+  assert (f"| gpt2_small | {gpt2['global_batch']} | {ratio:.2f}x {verdict} "
+          f"@{gpt2['matched_uniform_setting']} |") in md
+  assert f"| vgg16 | {vgg['global_batch']} | none within |" in md
+  assert "With a background job (resnet50) in the idle devices" in md
+  assert ("in 1 of 1 matched cells" if verdict == "ahead" else
+          "in 0 of 1 matched cells") in md
+  assert "in 1 cell no uniform strategy is within the tolerance" in md
+  assert list(rows[0]) and set(STUDY.columns) <= set(rows[0])
