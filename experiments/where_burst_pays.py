@@ -22,20 +22,21 @@ With a background job (docs/simulator.md): ResNet-50 at batch 8 per device
 (conf/background/resnet50.yaml) fills the devices the plan leaves idle, under the default 10%
 slowdown cap of the foreground. A shared cluster runs many such one-GPU jobs; a same-family copy
 of an 8B-70B foreground fits no device, and GPT-2 small at batch 8 (11 GB in the memory model)
-would not fit beside a fifth of the plans that fit, ResNet-50 (0.9 GB) beside all but the few
-that leave less than 0.9 GB free (those cells fail, listed below with the memory they lack).
-Cluster throughput is foreground + background samples/s as DeepPool counts it: a sequence of
-thousands of tokens and a 224-px image count alike, so where the foreground's samples are far
-larger than the background's, the ratio is mostly the background's images: read it as how much
-room for the background job each leaves at the same foreground speed, not as work of the
-foreground's kind (background_samples_per_s is its own column). The baseline is the matched
+would not fit beside a fifth of the plans that fit, ResNet-50 (0.9 GB) beside nearly all (it
+runs on the devices with room beside the foreground, background_devices_without_room counts the
+others). Cluster throughput is in foreground samples/s, a background sample counted by its
+FLOPs (background_weight: ResNet-50's 4 GFLOPs per image over the foreground's FLOPs per sample;
+dp_jax/simulator/metrics.py): summing a 224-px image and a sequence of thousands of tokens as
+one sample each would make any idle device lent to the small job read as many times the
+foreground's throughput. The baseline is the matched
 uniform strategy + background: of the best uniform strategy on each d <= G devices whose
 foreground is within the tolerance of the burst foreground (with background), with the
 background job alone on the other G - d, the one with the most cluster samples/s
 (dp_jax/simulator/metrics.py; "none within" where no uniform strategy is that fast); beside it
 the matched data parallelism + background (most of these models fit no data parallelism).
 
-CSV columns beyond the plan's: background, background_samples_per_s, cluster_samples_per_s,
+CSV columns beyond the plan's: background, background_weight, background_devices_without_room,
+background_samples_per_s, cluster_samples_per_s,
 matched_uniform_devices, matched_uniform_setting, matched_uniform_cluster_samples_per_s,
 cluster_throughput_vs_matched_uniform (its margin and verdict), and the same of the matched data
 parallelism (matched_data_parallel_*, cluster_throughput_vs_matched_data_parallel); iteration_ms,
@@ -84,7 +85,8 @@ RESULTS = (*PLAN_BASIS, "iteration_ms", "gpu_ms", "memory_peak_gb", "uniform_ite
 FROM_SIMULATE = {"iteration_ms": "planner_iteration_ms", "gpu_ms": "planner_gpu_ms",
                  "memory_peak_gb": "foreground_memory_peak_gb"}
 MATCHED = ("cluster_throughput_vs_matched_uniform", "cluster_throughput_vs_matched_data_parallel")
-BACKGROUND = ("background", "max_slowdown", "background_samples_per_s", "cluster_samples_per_s",
+BACKGROUND = ("background", "background_weight", "background_devices_without_room",
+              "max_slowdown", "background_samples_per_s", "cluster_samples_per_s",
               "matched_uniform_devices", "matched_uniform_setting",
               "matched_uniform_cluster_samples_per_s", MATCHED[0], *verdict_columns(MATCHED[:1]),
               "matched_data_parallel_devices", "matched_data_parallel_cluster_samples_per_s",

@@ -220,3 +220,54 @@ def test_cluster_frontier_carries_settings_where_given():
   front = cluster_frontier({2: 20.0, 4: 12.0}, 8, 32, 100.0, {2: "a", 4: "b"})
   assert [(q["devices"], q["setting"]) for q in front] == [(2, "a"), (4, "b")]
   assert front[0]["cluster_samples_per_s"] == pytest.approx(32 / 20.0 * 1e3 + 6 * 100.0)
+
+
+def test_a_background_of_another_model_counts_by_its_flops(sim):
+  """A ResNet-like image beside an Inception-like one counts for its FLOPs, in the cluster sum
+  and on the devices a baseline frees alike; the job's own samples/s stay its own."""
+  fg, bg = graph("inception"), graph("resnet")
+  job = background_job(bg, profile("resnet", 32), cluster(), 8)
+  s = simulate(fg, profile("inception", 32), cluster(), plan("inception", 32, 32), job=job,
+               cap=0.1)
+  m = metrics(s)
+  weight = sum(n.flops_per_sample for n in bg.nodes) / sum(n.flops_per_sample for n in fg.nodes)
+  assert job.flops_per_sample > 0 and m["background_weight"] == pytest.approx(weight)
+  assert weight != pytest.approx(1.0, rel=0.05)  # the two models differ: the weight matters
+  assert m["background_samples_per_s"] > 0
+  assert m["cluster_samples_per_s"] == pytest.approx(
+      m["samples_per_s"] + weight * m["background_samples_per_s"])
+  own = job.batch / job.step_ms * 1e3  # the job's samples/s on a device of its own
+  for p in m["data_parallel_frontier"]:
+    assert p["cluster_samples_per_s"] == pytest.approx(
+        32 / p["iteration_ms"] * 1e3 + (32 - p["devices"]) * own * weight)
+  assert f"counted as {weight:.3g} foreground samples" in m["fair_comparison"]
+  assert metrics(sim)["background_weight"] == 1.0  # the foreground's own model
+
+
+def test_the_background_runs_only_on_devices_with_room_beside_the_foreground(sim):
+  """A job larger than what some devices have free runs on the others only (a scheduler
+  starts no job where it does not fit); none with room at all is the one-line error."""
+  from dataclasses import replace
+
+  from dp_jax.base.errors import UserError
+  from dp_jax.planner import memory
+
+  cap = memory.capacity_bytes(sim.model)
+  free = cap - sim.foreground_bytes
+  assert free.min() < free.max()  # the burst plan holds more on some devices than on others
+  job = replace(sim.job, memory_bytes=float((free.min() + free.max()) / 2))
+  s = simulate(graph("inception"), profile("inception", 32), cluster(),
+               plan("inception", 32, 32), job=job, cap=0.1)
+  full = free < job.memory_bytes
+  assert s.background_devices_without_room == int(full.sum()) > 0
+  bg = [e for e in s.fill.events if e.kind == "bg"]
+  assert bg, "the devices with room ran background pieces"
+  for e in bg:
+    first, count = e.devices
+    assert not full[first:first + count].any(), e
+  m = metrics(s)
+  assert m["background_devices_without_room"] == int(full.sum())
+  assert f"on {32 - int(full.sum())} of 32 devices" in m["fair_comparison"]
+  with pytest.raises(UserError, match="GB free beside the foreground"):
+    simulate(graph("inception"), profile("inception", 32), cluster(), plan("inception", 32, 32),
+             job=replace(sim.job, memory_bytes=float(free.max()) * 1.01), cap=0.1)

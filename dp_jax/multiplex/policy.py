@@ -69,6 +69,7 @@ class BackgroundJob:
   pieces_ms: np.ndarray
   memory_bytes: float
   groups: tuple[tuple[str, ...], ...] = ()  # layers of each piece group (a stage each)
+  flops_per_sample: float = 0.0  # its model's forward FLOPs per sample (0: not known)
 
   @property
   def step_ms(self) -> float:

@@ -42,6 +42,8 @@ class Simulation:
   fill: Fill | None = None
   # the best uniform strategy on each candidate count <= G that fits (planner/uniform.py)
   uniform: Mapping[int, Uniform] = field(default_factory=dict)
+  # devices whose foreground leaves no room for the background job (it runs on the others)
+  background_devices_without_room: int = 0
 
 
 def default_switch_ms(cluster: ClusterConfig) -> float:
@@ -64,12 +66,25 @@ def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, p
   classes = device_classes(tl)
   windows = tuple(idle_windows(tl, classes))
   fg_bytes = memory.device_bytes(model, assignment, shardings)
-  result = None
+  result, without_room = None, 0
   if job is not None:
-    check_memory(job, fg_bytes, memory.capacity_bytes(model))
-    result = fill(tl, classes, list(windows), job, cap=cap, switch_ms=switch, policy=policy,
-                  iterations=iterations)
+    room = rooms(job, fg_bytes, memory.capacity_bytes(model), classes)
+    if not room.any():
+      check_memory(job, fg_bytes, memory.capacity_bytes(model))  # its one-line error
+    without_room = int(classes.sizes[~room].sum())
+    result = fill(tl, classes, [w for w in windows if room[w.cls]], job, cap=cap,
+                  switch_ms=switch, policy=policy, iterations=iterations)
   return Simulation(plan, model, ev, tl, classes, windows, data_parallel(model), fg_bytes,
-                    data_parallel_ms(model), job, result, uniform_frontier(model))
+                    data_parallel_ms(model), job, result, uniform_frontier(model), without_room)
+
+
+def rooms(job: BackgroundJob, foreground_bytes: np.ndarray, capacity_bytes: float,
+          classes: DeviceClasses) -> np.ndarray:
+  """Per device class: whether the job fits beside the foreground on each of its devices. A
+  scheduler starts no job where it does not fit, so the background runs on the classes with
+  room only (their windows); the others stay as the foreground leaves them."""
+  free = capacity_bytes - np.asarray(foreground_bytes, dtype=float)
+  return np.array([job.memory_bytes <= free[lo:hi].min() * (1 + 1e-12)
+                   for lo, hi in zip(classes.bounds[:-1], classes.bounds[1:], strict=True)])
 
 

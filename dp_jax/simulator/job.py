@@ -67,7 +67,8 @@ def background_job(graph: LayerGraph, profile: ProfileTable, cluster: ClusterCon
                     "profile; use a profile with timings for it")
   used = float(memory.device_bytes(model, {n: (0, 1) for n in model.names})[0])
   return BackgroundJob(graph.model, batch, tuple(f"{p}:{g}" for p, g, _ in pieces), ms, used,
-                       tuple(tuple(names[i] for i in g) for g in groups))
+                       tuple(tuple(names[i] for i in g) for g in groups),
+                       sum(n.flops_per_sample for n in graph.nodes))
 
 
 def check_memory(job: BackgroundJob, foreground_bytes: np.ndarray, capacity_bytes: float) -> None:

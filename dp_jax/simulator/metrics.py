@@ -84,6 +84,7 @@ def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str
       **best_uniform_fields(sim, alone, tolerance),
   }
   f, job = sim.fill, sim.job
+  weight = 1.0
   if f is None or job is None:
     iteration, bg_sps, idle = alone, 0.0, out["alone_idle_fraction"]
     out.update(background="none", slowdown_cap=None, max_slowdown=0.0)
@@ -93,7 +94,9 @@ def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str
     bg_sps = float(f.bg_steps.sum()) * job.batch / total * 1e3
     idle = 1.0 - (busy * len(f.iteration_ms) + float(f.bg_work_ms.sum())) / (g * total)
     free_sps = float(f.bg_free_ms.sum()) / job.step_ms * job.batch / total * 1e3
-    out.update(background=job.model, background_batch=job.batch,
+    weight = background_weight(sim)
+    out.update(background=job.model, background_batch=job.batch, background_weight=weight,
+               background_devices_without_room=sim.background_devices_without_room,
                background_samples_per_s_on_free_devices=free_sps,
                background_samples_per_s_in_windows=bg_sps - free_sps,
                background_step_ms=job.step_ms, background_pieces=len(job.pieces_ms),
@@ -107,13 +110,14 @@ def metrics(sim: Simulation, tolerance: float = VALIDATED_TOLERANCE) -> dict[str
     per_device = background_per_device(sim)
     frontier = cluster_frontier(sim.data_parallel_ms, g, b, per_device)
     out["data_parallel_frontier"] = frontier
-    out.update(matched(frontier, iteration, fg_sps + bg_sps, tolerance, "data_parallel"))
+    out.update(matched(frontier, iteration, fg_sps + weight * bg_sps, tolerance,
+                       "data_parallel"))
     uniform = cluster_frontier({d: u.evaluation.iteration_ms for d, u in sim.uniform.items()},
                                g, b, per_device,
                                {d: u.setting.describe() for d, u in sim.uniform.items()})
     out["uniform_frontier"] = uniform
-    out.update(matched(uniform, iteration, fg_sps + bg_sps, tolerance, "uniform"))
-  cluster = fg_sps + bg_sps
+    out.update(matched(uniform, iteration, fg_sps + weight * bg_sps, tolerance, "uniform"))
+  cluster = fg_sps + weight * bg_sps
   out.update(iteration_ms=iteration, idle_fraction=idle, samples_per_s=fg_sps,
              background_samples_per_s=bg_sps, cluster_samples_per_s=cluster)
   out.update(**(fields("speedup_vs_data_parallel",
@@ -179,8 +183,16 @@ def fair_comparison(m: dict[str, Any]) -> str:
       cluster.append(f"{describe(m['cluster_throughput_vs_matched_data_parallel'], t)} against "
                      f"the matched DP on {m['matched_data_parallel_devices']} + background and "
                      f"{alone}")
-  return (f"simulated: {fg}, while with background {m['background']} the cluster throughput "
-          f"is {', '.join(cluster)} — {m['basis']}")
+  where = ""
+  if m.get("background_devices_without_room"):
+    where = (f" (on {g - m['background_devices_without_room']} of {g} devices: the others have "
+             "no room beside the foreground)")
+  unit = ""
+  if m.get("background_weight", 1.0) != 1.0:
+    unit = (f", a background sample counted as {m['background_weight']:.3g} foreground samples "
+            "(its FLOPs)")
+  return (f"simulated: {fg}, while with background {m['background']}{where} the cluster "
+          f"throughput{unit} is {', '.join(cluster)} — {m['basis']}")
 
 
 def _uniform_foreground(m: dict[str, Any], t: float, d: int | None) -> str:
@@ -289,12 +301,26 @@ def best_uniform_fields(sim: Simulation, alone_ms: float, tolerance: float) -> d
                    compare(alone_ms, ev.iteration_ms, tolerance, lower_is_better=True))}
 
 
+def background_weight(sim: Simulation) -> float:
+  """What one background sample counts for in cluster samples/s, in foreground samples: its
+  model's forward FLOPs per sample over the foreground's (training is about three forwards for
+  either, so the ratio is the training FLOPs'). 1 for a background of the foreground's own
+  model, and where either count is unknown; so a ResNet-50 image beside a Llama-3 sequence
+  counts for its 4 GFLOPs, not for one sample of 130 TFLOPs."""
+  fg = sum(n.flops_per_sample for n in sim.model.graph.nodes)
+  bg = sim.job.flops_per_sample
+  if sim.job.model == sim.plan.model or not (fg > 0 and bg > 0):
+    return 1.0
+  return float(bg / fg)
+
+
 def background_per_device(sim: Simulation) -> float:
-  """The background job's samples/s on a device of its own (0 when it does not fit there)."""
+  """The background job's throughput on a device of its own, in foreground samples/s
+  (background_weight; 0 when it does not fit there)."""
   job = sim.job
   if job.memory_bytes > memory.capacity_bytes(sim.model):
     return 0.0
-  return job.batch / job.step_ms * 1e3
+  return job.batch / job.step_ms * 1e3 * background_weight(sim)
 
 
 def best_data_parallel_plus_background(sim: Simulation) -> dict[str, Any]:
