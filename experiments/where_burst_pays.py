@@ -211,8 +211,8 @@ def figures(rows: list[Row], out: Path) -> list[Path]:
 
 
 def answer(rows: list[Row]) -> str:
-  """Four sentences from the cells: how often the burst plan beats the best uniform strategy
-  beyond the tolerance, where it does most, where it never does, and how the cluster throughput
+  """Three sentences from the cells: how often the burst plan beats the best uniform strategy
+  beyond the tolerance; where it does most and where it never does; how the cluster throughput
   with background fares against the matched uniform strategy + background."""
   judged_rows = [r for r in rows if r.get("speedup_vs_uniform_verdict")]
   if not judged_rows:
@@ -238,11 +238,11 @@ def answer(rows: list[Row]) -> str:
          f"{len(small)} of the {len(ahead)} wins are at 8 or fewer samples per GPU "
          f"({', '.join(f'{m} {n}' for m, n in where)}); in {len(own)} of them some layer runs "
          "on fewer devices than the others, in the rest the gain is each layer's own split, "
-         "state or recomputation. "
+         "state or recomputation"
          if ahead else f"Its best cell is {best['model']} on {best['cluster']} at "
-         f"G={best['num_devices']} ({judged(best, 'speedup_vs_uniform')}). ")
-      + (f"It never pays for {', '.join(never)}. " if never else
-         "Every model has some cell where it pays. ")
+         f"G={best['num_devices']} ({judged(best, 'speedup_vs_uniform')})")
+      + (f"; it never pays for {', '.join(never)}. " if never else
+         "; every model has some cell where it pays. ")
       + background_sentence(rows) + "\n")
 
 

@@ -121,6 +121,7 @@ def test_an_impossible_cell_fails_alone_and_is_listed(tmp_path, capsys):
   assert "1 failed" in md and "cluster.num_devices=64" in md.split("## Failed cells")[1]
 
 
+@pytest.mark.slow  # the default run's reproduce.sh: test_bare_clone's quick study
 def test_reproduce_script_runs_sweep_and_aggregation(tmp_path):
   env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO),
          "WANDB_DIR": str(tmp_path)}
