@@ -559,7 +559,7 @@ def where_burst_pays_bullet(f: Facts) -> list[str]:
   folder = ROOT / "results" / "where_burst_pays"
   rows = ok(load_csv(where_burst_pays.STUDY, folder)[0])
   return paragraph("- Today's models ([where_burst_pays](results/where_burst_pays/)): "
-                   + where_burst_pays.answer(rows).strip(), "  ")
+                   + where_burst_pays.brief(rows), "  ")
 
 
 # Each block's parts in order; CHEAP: the parts that need no planning (read from files).

@@ -271,6 +271,29 @@ def background_sentence(rows: list[Row]) -> str:
           "within the tolerance of the burst foreground, so there is no matched baseline.")
 
 
+def brief(rows: list[Row]) -> str:
+  """The answer in one sentence (the project README's bullet): the verdict counts against the
+  best uniform strategy, the per-GPU batches of the wins, the models where it never pays, and
+  the cluster-throughput counts with background."""
+  judged_rows = [r for r in rows if r.get("speedup_vs_uniform_verdict")]
+  if not judged_rows:
+    return "No cell has both a burst plan and a uniform strategy that fit."
+  counts = Counter(r["speedup_vs_uniform_verdict"] for r in judged_rows)
+  ahead = [r for r in judged_rows if r["speedup_vs_uniform_verdict"] == "ahead"]
+  small = sum((number(r.get("per_device_batch")) or 99) <= 8 for r in ahead)
+  never = sorted({r["model"] for r in judged_rows} - {r["model"] for r in ahead})
+  with_bg = [r.get("cluster_throughput_vs_matched_uniform_verdict") for r in rows
+             if r.get("background") not in (None, "none")]
+  bg = Counter(v for v in with_bg if v)
+  return (f"a per-layer plan beats the best uniform strategy beyond the GPU tolerance in "
+          f"{counts['ahead']} of {len(judged_rows)} cells (ties {counts['tie']}, behind "
+          f"{counts['behind']}; predicted), {small} of them at <= 8 samples per GPU"
+          + (f", never for {', '.join(never)}" if never else "")
+          + (f"; with a background job, cluster throughput beats the matched uniform strategy + "
+             f"background in {bg['ahead']} of {sum(bg.values())} matched cells (ties "
+             f"{bg['tie']}, behind {bg['behind']}; simulated)." if bg else "."))
+
+
 def lead(rows: list[Row]) -> str:
   """The README's opening: the answer (answer()) and what it rests on."""
   return answer(rows) + "\n" + rests_on(rows)

@@ -9,7 +9,7 @@ from apps import run_task
 
 from experiments import aggregate as report
 from experiments.fields import number
-from experiments.where_burst_pays import STUDY, derive
+from experiments.where_burst_pays import STUDY, brief, derive
 
 # gpt2 below its batch at G = 64: a uniform strategy matches the burst foreground; vgg16 below
 # its batch: the burst foreground beats every uniform strategy beyond the tolerance
@@ -83,3 +83,20 @@ def test_the_readme_tables_and_answer_say_the_background_result(cells):
           "in 0 of 1 matched cells") in md
   assert "in 1 cell no uniform strategy is within the tolerance" in md
   assert list(rows[0]) and set(STUDY.columns) <= set(rows[0])
+
+
+def test_the_brief_answer_counts_the_same_verdicts(cells):
+  """The project README's one sentence: the counts of the study's own verdicts."""
+  rows = STUDY.finish([{**{k: row.get(k) for k in ("job", "cell", "status", "git_sha")},
+                        **derive(row)} for row, _ in cells.values()])
+  vgg = next(r for r in rows if r["model"] == "vgg16")
+  gpt2 = next(r for r in rows if r["model"] == "gpt2_small")
+  text = brief(rows)
+  wins = [r for r in rows if r["speedup_vs_uniform_verdict"] == "ahead"]
+  assert vgg in wins  # beats every uniform strategy beyond the tolerance (the fixture's pick)
+  assert text.startswith(f"a per-layer plan beats the best uniform strategy beyond the GPU "
+                         f"tolerance in {len(wins)} of 2 cells")
+  verdict = gpt2["cluster_throughput_vs_matched_uniform_verdict"]
+  counts = {v: int(verdict == v) for v in ("ahead", "tie", "behind")}
+  assert (f"background in {counts['ahead']} of 1 matched cells (ties {counts['tie']}, behind "
+          f"{counts['behind']}; simulated).") in text
