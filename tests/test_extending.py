@@ -209,6 +209,7 @@ def artifacts(folder):
           and r.artifact.type != "run_table"}
 
 
+@pytest.mark.slow  # a sweep of the simulate app; test_experiments sweeps a simulated study
 def test_simulate_sweep_on_own_cluster_file_writes_one_table_and_groups_its_runs(tmp_path):
   shipped = OmegaConf.load(REPO / "conf" / "cluster" / "a100_nvlink_8.yaml")
   mine = tmp_path / "my_a100.yaml"  # a cluster of one's own: a file outside conf/

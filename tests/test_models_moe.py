@@ -239,6 +239,7 @@ def test_bad_moe_options_are_user_errors(kw, match):
     build_model("mixtral_tiny", abstract=True, **kw)
 
 
+@pytest.mark.slow  # the inspect CLI: test_inspect_app; the tiny graphs: tests above
 def test_inspect_cli_on_the_tiny_models(tmp_path):
   models = ["llama_tiny", "llava_tiny", "mixtral_tiny", "deepseek_moe_tiny"]
   result = run_app("inspect", "-m", f"model={','.join(models)}", "logger=disabled",

@@ -204,6 +204,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_keeps_the_checkpoints(tmp_p
   assert [s for s, _ in losses(tmp_path / "run")] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow  # ~10 s; a sweep folder in use: test_probe_sweeps (fast)
 def test_a_second_run_into_a_folder_in_use_is_refused_without_touching_it(tmp_path, cache):
   args = [a for a in TINY if a != "logger=disabled"] + ["logger=wandb", f"steps={STEPS}",
                                                         f"hydra.run.dir={tmp_path}/run"]

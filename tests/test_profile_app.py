@@ -8,8 +8,10 @@ from apps import assert_one_line_error, run_app, run_task
 from dp_jax.layer_times.table import ProfileTable
 
 
-@pytest.mark.parametrize("model, batch32_ms", [("vgg16", 53.7), ("wide_resnet101_2", None),
-                                               ("inception_v3", None), ("resnet50", None)])
+@pytest.mark.parametrize("model, batch32_ms", [
+    ("vgg16", 53.7), ("resnet50", None),
+    pytest.param("wide_resnet101_2", None, marks=pytest.mark.slow),
+    pytest.param("inception_v3", None, marks=pytest.mark.slow)])
 def test_deeppool_a100_tables_cover_every_layer(tmp_path, model, batch32_ms):
   out = tmp_path / "p.json"
   result = run_app("profile", f"model={model}", "profile=deeppool_a100", "batch_size=32",

@@ -36,6 +36,7 @@ def test_readme_and_doc_have_their_blocks():
   assert numbers.block_names(DOC.read_text()) == ["validation", "published"]
 
 
+@pytest.mark.slow  # the cheap facts trace the 16 published models (~20 s)
 def test_readme_cheap_parts_are_what_the_generator_renders(facts):
   """Tolerances, published rows and the local validation: every such line of the README's
   blocks, in order (the predicted and simulated parts: the slow test below)."""
@@ -46,12 +47,14 @@ def test_readme_cheap_parts_are_what_the_generator_renders(facts):
         at = run_at(lines, part(facts), at)
 
 
+@pytest.mark.slow  # the cheap facts trace the 16 published models (~20 s)
 def test_doc_blocks_are_what_the_generator_renders(facts):
   for name, text in numbers.blocks(DOC.read_text()).items():
     assert all(part in numbers.CHEAP for part in numbers.BLOCKS[name]), name
     assert text == numbers.render_block(name, facts), name
 
 
+@pytest.mark.slow  # the cheap facts trace the 16 published models (~20 s)
 def test_quoted_numbers_come_from_their_sources(facts):
   """The cheap facts against the library's own numbers (not the README's)."""
   from dp_jax.published.anchors import report
@@ -94,6 +97,7 @@ def test_check_names_the_first_edited_line_in_one_line(tmp_path, capsys):
   assert copy.read_text() == edited
 
 
+@pytest.mark.slow  # the cheap facts trace the 16 published models (~20 s)
 def test_hand_text_outside_the_markers_is_left_untouched(tmp_path, facts):
   """The README with its blocks stale (renamed to the cheap blocks, to stay fast): a rewrite
   renders the blocks anew and leaves every byte outside them as it was."""

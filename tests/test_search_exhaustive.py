@@ -390,13 +390,13 @@ def survey(picked) -> dict:
 
 
 def test_no_assignment_of_the_claimed_space_beats_the_plan():
-  """About a hundred small cases, every family with and without weight shardings (each space
+  """About fifty small cases, every family with and without weight shardings (each space
   at most 1,000 assignments): the search's value is evaluate()'s, no assignment of the space
   beats the plan, every plan is exact."""
   start = time.perf_counter()
-  seen = survey(cases(12, 1000, 80))
+  seen = survey(cases(6, 1000, 80))
   print(f"{seen} in {time.perf_counter() - start:.1f} s")
-  assert seen["cases"] >= 100 and all(seen["families"].values()) and seen["weights"] >= 40
+  assert seen["cases"] >= 50 and all(seen["families"].values()) and seen["weights"] >= 20
   assert seen["exact"] == seen["cases"]  # G = 4: every block searched whole
 
 

@@ -43,7 +43,8 @@ def full(name: str) -> LayerGraph:
   return trace_graph(build_model(name, abstract=True), name)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "inception_v3"
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  if n in ("inception_v3", "wide_resnet101_2", "wide_resnet50_2")
                                   else n for n in sorted(TORCHVISION_PARAMS)])
 def test_param_counts_match_torchvision(name):
   g = full(name)
