@@ -65,8 +65,10 @@ def sweeps(tmp_path_factory):
   return get
 
 
-# two studies in the default run (the suite's time), all five with -m slow
-SLOW_QUICK = ("strong_scaling", "amplification", "network", "weight_sharding")
+# every quick study with -m slow; the default run sweeps and aggregates a quick study from a
+# fresh clone (test_bare_clone: network) and a two-cell sweep below (an impossible cell)
+SLOW_QUICK = ("strong_scaling", "amplification", "cluster_throughput", "network",
+              "weight_sharding")
 
 
 @pytest.mark.parametrize("study", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_QUICK

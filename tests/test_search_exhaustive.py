@@ -375,9 +375,9 @@ def cases(per_kind: int, cap: int, seeds: int) -> tuple[tuple[int, str, bool], .
   out = []
   for family in FAMILIES:
     for weights in (False, True):
-      picked = [(seed, family, weights) for seed in range(seeds)
-                if space_size(random_model(seed, family, weights), cap) <= cap]
-      out.extend(picked[:per_kind])
+      picked = ((seed, family, weights) for seed in range(seeds)
+                if space_size(random_model(seed, family, weights), cap) <= cap)
+      out.extend(itertools.islice(picked, per_kind))  # sizes only the seeds it needs
   return tuple(out)
 
 

@@ -85,7 +85,6 @@ def dying_background(monkeypatch):
   monkeypatch.setattr(DeviceRunner, "step", step)
 
 
-@pytest.mark.slow  # the continue policy below runs the same dying job in the default tier
 def test_a_background_job_that_dies_fails_the_run_after_the_foreground_kept_its_files(
     tmp_path, dying_background):
   summary = training.train_spec(spec(tmp_path), jax.devices()[:2])
@@ -98,6 +97,7 @@ def test_a_background_job_that_dies_fails_the_run_after_the_foreground_kept_its_
   assert "background.on_failure=continue" in msg and "6 steps" in msg
 
 
+@pytest.mark.slow  # the same dying job as above, where the default policy (fail) runs by default
 def test_on_failure_continue_keeps_the_run_and_counts_the_failure(tmp_path, dying_background):
   summary = training.check_background(training.train_spec(
       spec(tmp_path, on_failure="continue"), jax.devices()[:2]))
