@@ -317,8 +317,17 @@ def rests_on(rows: list[Row]) -> str:
                "and on clusters whose links differ from the shipped ones. At A = 1.5 or 2 the "
                "limit holds cheap layers (embeddings, norms) to few devices, while the uniform "
                "strategy, which no limit binds, spreads them over all G: that is most of the "
-               "gap where those cells trail.\n")
-  return "".join(parts)
+               "gap where those cells trail.")
+  weights = sorted(number(r.get("background_weight")) for r in rows
+                   if number(r.get("background_weight")) is not None)
+  if weights:
+    parts.append(f" The cluster-throughput verdicts count a background sample by its FLOPs "
+                 f"(background_weight: {weights[0]:.2g} to {weights[-1]:.2g} foreground samples "
+                 "per background sample here); valued by the device time it takes instead, a "
+                 "background job whose arithmetic runs less efficiently than the foreground's "
+                 "would count for more, and ties could turn in burst's favour where its plan "
+                 "leaves more idle device time than the matched uniform strategy.")
+  return "".join(parts) + "\n"
 
 
 def headline(rows: list[Row]) -> str:
