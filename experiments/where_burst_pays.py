@@ -214,17 +214,10 @@ def answer(rows: list[Row]) -> str:
   """Three sentences from the cells: how often the burst plan beats the best uniform strategy
   beyond the tolerance; where it does most and where it never does; how the cluster throughput
   with background fares against the matched uniform strategy + background."""
-  judged_rows = [r for r in rows if r.get("speedup_vs_uniform_verdict")]
+  judged_rows, counts, ahead, never = verdicts(rows)
   if not judged_rows:
     return "No cell has both a burst plan and a uniform strategy that fit.\n"
-  counts = Counter(r["speedup_vs_uniform_verdict"] for r in judged_rows)
-  ahead = [r for r in judged_rows if r["speedup_vs_uniform_verdict"] == "ahead"]
   best = max(judged_rows, key=lambda r: r["speedup_vs_uniform"])
-  by_model = defaultdict(list)
-  for r in judged_rows:
-    by_model[r["model"]].append(r)
-  never = sorted(m for m, rs in by_model.items() if not any(
-      r["speedup_vs_uniform_verdict"] == "ahead" for r in rs))
   where = Counter(r["model"] for r in ahead).most_common(3)
   small = [r for r in ahead if (number(r.get("per_device_batch")) or 99) <= 8]
   own = [r for r in ahead if (number(r.get("layers_on_fewer_devices")) or 0) > 0]
@@ -246,6 +239,24 @@ def answer(rows: list[Row]) -> str:
       + background_sentence(rows) + "\n")
 
 
+def verdicts(rows: list[Row]) -> tuple[list[Row], Counter, list[Row], list[str]]:
+  """The cells judged against the best uniform strategy, their verdict counts, the ones ahead,
+  and the models ahead in none of them."""
+  judged_rows = [r for r in rows if r.get("speedup_vs_uniform_verdict")]
+  counts = Counter(r["speedup_vs_uniform_verdict"] for r in judged_rows)
+  ahead = [r for r in judged_rows if r["speedup_vs_uniform_verdict"] == "ahead"]
+  never = sorted({r["model"] for r in judged_rows} - {r["model"] for r in ahead})
+  return judged_rows, counts, ahead, never
+
+
+def matched_verdicts(rows: list[Row]) -> Counter:
+  """Verdict counts of the cluster throughput against the matched uniform strategy +
+  background, over the cells with a background job and a matched baseline."""
+  return Counter(r["cluster_throughput_vs_matched_uniform_verdict"] for r in rows
+                 if r.get("background") not in (None, "none")
+                 and r.get("cluster_throughput_vs_matched_uniform_verdict"))
+
+
 def background_sentence(rows: list[Row]) -> str:
   """One sentence: the cluster throughput with background against the matched uniform strategy
   + background, how often ahead / tie / behind, and in how many cells no uniform strategy is as
@@ -254,8 +265,7 @@ def background_sentence(rows: list[Row]) -> str:
              and r.get("cluster_samples_per_s") is not None]
   if not with_bg:
     return "No cell ran a background job."
-  counts = Counter(r["cluster_throughput_vs_matched_uniform_verdict"] for r in with_bg
-                   if r.get("cluster_throughput_vs_matched_uniform_verdict"))
+  counts = matched_verdicts(with_bg)
   unmatched = sum(r.get("matched_uniform_devices") is None for r in with_bg)
   freed = [r for r in with_bg if r.get("cluster_throughput_vs_matched_uniform_verdict") == "ahead"]
   best = max(freed, key=lambda r: r["cluster_throughput_vs_matched_uniform"], default=None)
@@ -275,16 +285,11 @@ def brief(rows: list[Row]) -> str:
   """The answer in one sentence (the project README's bullet): the verdict counts against the
   best uniform strategy, the per-GPU batches of the wins, the models where it never pays, and
   the cluster-throughput counts with background."""
-  judged_rows = [r for r in rows if r.get("speedup_vs_uniform_verdict")]
+  judged_rows, counts, ahead, never = verdicts(rows)
   if not judged_rows:
     return "No cell has both a burst plan and a uniform strategy that fit."
-  counts = Counter(r["speedup_vs_uniform_verdict"] for r in judged_rows)
-  ahead = [r for r in judged_rows if r["speedup_vs_uniform_verdict"] == "ahead"]
   small = sum((number(r.get("per_device_batch")) or 99) <= 8 for r in ahead)
-  never = sorted({r["model"] for r in judged_rows} - {r["model"] for r in ahead})
-  with_bg = [r.get("cluster_throughput_vs_matched_uniform_verdict") for r in rows
-             if r.get("background") not in (None, "none")]
-  bg = Counter(v for v in with_bg if v)
+  bg = matched_verdicts(rows)
   return (f"a per-layer plan beats the best uniform strategy beyond the GPU tolerance in "
           f"{counts['ahead']} of {len(judged_rows)} cells (ties {counts['tie']}, behind "
           f"{counts['behind']}; predicted), {small} of them at <= 8 samples per GPU"
@@ -334,21 +339,8 @@ def headline(rows: list[Row]) -> str:
   """The per-cluster tables, where it pays and why, and the verdicts by amplification limit."""
   parts = []
   parts.append("## Speed-up over the best uniform strategy (A = 2)\n")
-  for cluster in dict.fromkeys(r["cluster"] for r in rows):
-    sub = [r for r in rows if r["cluster"] == cluster and r["amplification_limit"] == 2.0]
-    if not sub:
-      continue
-    gs = sorted({r["num_devices"] for r in sub})
-    lines = [f"### {cluster}\n", "| model | B | " + " | ".join(f"G={g}" for g in gs) + " |",
-             "|---|---|" + "---|" * len(gs)]
-    for (model, b) in dict.fromkeys((r["model"], r["global_batch"]) for r in sub):
-      cells = []
-      for g in gs:
-        r = next((x for x in sub if x["model"] == model and x["global_batch"] == b
-                  and x["num_devices"] == g), None)
-        cells.append("-" if r is None else judged(r, "speedup_vs_uniform"))
-      lines.append(f"| {model} | {b} | " + " | ".join(cells) + " |")
-    parts.append("\n".join(lines) + "\n")
+  parts.extend(cluster_grids([r for r in rows if r["amplification_limit"] == 2.0],
+                             lambda r: "-" if r is None else judged(r, "speedup_vs_uniform")))
   parts.append(background_tables(rows))
   ahead = sorted((r for r in rows if r.get("speedup_vs_uniform_verdict") == "ahead"),
                  key=lambda r: -r["speedup_vs_uniform"])
@@ -381,6 +373,23 @@ def headline(rows: list[Row]) -> str:
   return "\n".join(parts)
 
 
+def cluster_grids(rows: list[Row], cell) -> list[str]:
+  """Per cluster of `rows` (in order), a markdown table: a row per (model, B), a column per G,
+  each cell `cell(row)` of that cell's row (None where there is none)."""
+  out = []
+  for cluster in dict.fromkeys(r["cluster"] for r in rows):
+    sub = [r for r in rows if r["cluster"] == cluster]
+    gs = sorted({r["num_devices"] for r in sub})
+    at = {(r["model"], r["global_batch"], r["num_devices"]): r for r in sub}
+    lines = [f"### {cluster}\n", "| model | B | " + " | ".join(f"G={g}" for g in gs) + " |",
+             "|---|---|" + "---|" * len(gs)]
+    for (model, b) in dict.fromkeys((r["model"], r["global_batch"]) for r in sub):
+      lines.append(f"| {model} | {b} | "
+                   + " | ".join(cell(at.get((model, b, g))) for g in gs) + " |")
+    out.append("\n".join(lines) + "\n")
+  return out
+
+
 def matched_cell(r: Row | None) -> str:
   """'1.23x ahead @dp 8 x tp 8, FSDP, on 64 devices', 'none within' (no uniform strategy is as
   fast as the burst foreground), '-' (no cell or no background)."""
@@ -405,17 +414,7 @@ def background_tables(rows: list[Row]) -> str:
            f"Simulated; background {job}. A cell: burst + background over the matched uniform "
            "strategy + background, its verdict, @ that strategy; 'none within': no uniform "
            "strategy on <= G devices is within the tolerance of the burst foreground.\n"]
-  for cluster in dict.fromkeys(r["cluster"] for r in sub2):
-    sub = [r for r in sub2 if r["cluster"] == cluster]
-    gs = sorted({r["num_devices"] for r in sub})
-    lines = [f"### {cluster}\n", "| model | B | " + " | ".join(f"G={g}" for g in gs) + " |",
-             "|---|---|" + "---|" * len(gs)]
-    for (model, b) in dict.fromkeys((r["model"], r["global_batch"]) for r in sub):
-      cells = [matched_cell(next((x for x in sub if x["model"] == model
-                                  and x["global_batch"] == b and x["num_devices"] == g), None))
-               for g in gs]
-      lines.append(f"| {model} | {b} | " + " | ".join(cells) + " |")
-    parts.append("\n".join(lines) + "\n")
+  parts.extend(cluster_grids(sub2, matched_cell))
   dp = Counter(r["cluster_throughput_vs_matched_data_parallel_verdict"] for r in sub2
                if r.get("cluster_throughput_vs_matched_data_parallel_verdict"))
   parts.append("Against the matched data parallelism + background (A = 2): "

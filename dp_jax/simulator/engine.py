@@ -20,7 +20,7 @@ from dp_jax.planner.evaluate import Evaluation, evaluate
 from dp_jax.planner.sharded import plan_shardings
 from dp_jax.planner.uniform import Uniform, uniform_frontier
 from dp_jax.simulator.fill import Fill, fill, validate
-from dp_jax.simulator.job import BackgroundJob, check_memory
+from dp_jax.simulator.job import BackgroundJob, check_memory, rooms
 from dp_jax.simulator.timeline import Timeline, build_timeline
 from dp_jax.simulator.windows import DeviceClasses, Window, device_classes, idle_windows
 
@@ -68,23 +68,15 @@ def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, p
   fg_bytes = memory.device_bytes(model, assignment, shardings)
   result, without_room = None, 0
   if job is not None:
-    room = rooms(job, fg_bytes, memory.capacity_bytes(model), classes)
+    capacity = memory.capacity_bytes(model)
+    room = rooms(job, fg_bytes, capacity, classes.bounds)
     if not room.any():
-      check_memory(job, fg_bytes, memory.capacity_bytes(model))  # its one-line error
+      check_memory(job, fg_bytes, capacity)  # its one-line error
     without_room = int(classes.sizes[~room].sum())
     result = fill(tl, classes, [w for w in windows if room[w.cls]], job, cap=cap,
                   switch_ms=switch, policy=policy, iterations=iterations)
   return Simulation(plan, model, ev, tl, classes, windows, data_parallel(model), fg_bytes,
                     data_parallel_ms(model), job, result, uniform_frontier(model), without_room)
 
-
-def rooms(job: BackgroundJob, foreground_bytes: np.ndarray, capacity_bytes: float,
-          classes: DeviceClasses) -> np.ndarray:
-  """Per device class: whether the job fits beside the foreground on each of its devices. A
-  scheduler starts no job where it does not fit, so the background runs on the classes with
-  room only (their windows); the others stay as the foreground leaves them."""
-  free = capacity_bytes - np.asarray(foreground_bytes, dtype=float)
-  return np.array([job.memory_bytes <= free[lo:hi].min() * (1 + 1e-12)
-                   for lo, hi in zip(classes.bounds[:-1], classes.bounds[1:], strict=True)])
 
 

@@ -26,7 +26,8 @@ from dp_jax.planner import memory, pricing
 from dp_jax.planner.costs import CostModel, build_cost_model
 from dp_jax.planner.options import PlanOptions
 
-__all__ = ["DEFAULT_PIECE_MS", "BackgroundJob", "background_job", "check_memory", "job_bytes"]
+__all__ = ["DEFAULT_PIECE_MS", "BackgroundJob", "background_job", "check_memory", "job_bytes",
+           "rooms"]
 
 
 def job_model(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, batch: int, *,
@@ -71,9 +72,25 @@ def background_job(graph: LayerGraph, profile: ProfileTable, cluster: ClusterCon
                        sum(n.flops_per_sample for n in graph.nodes))
 
 
+def free_bytes(foreground_bytes: np.ndarray, capacity_bytes: float) -> np.ndarray:
+  """Per device: what the foreground leaves of the device's memory."""
+  return capacity_bytes - np.asarray(foreground_bytes, dtype=float)
+
+
+def rooms(job: BackgroundJob, foreground_bytes: np.ndarray, capacity_bytes: float,
+          bounds: np.ndarray) -> np.ndarray:
+  """Per device class (devices [bounds[k], bounds[k + 1])): whether the job fits beside the
+  foreground on each of its devices. A scheduler starts no job where it does not fit, so the
+  background runs on the classes with room only; the others stay as the foreground leaves
+  them."""
+  free = free_bytes(foreground_bytes, capacity_bytes)
+  return np.array([job.memory_bytes <= free[lo:hi].min() * (1 + 1e-12)
+                   for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
+
+
 def check_memory(job: BackgroundJob, foreground_bytes: np.ndarray, capacity_bytes: float) -> None:
   """Raise a one-line UserError unless the job fits beside the foreground on every device."""
-  free = capacity_bytes - np.asarray(foreground_bytes, dtype=float)
+  free = free_bytes(foreground_bytes, capacity_bytes)
   d = int(np.argmin(free))
   if job.memory_bytes > free[d]:
     raise UserError(
