@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dp_jax.runtime.local_devices import other_xla_flags
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -20,7 +22,7 @@ def run_app(app: str, *overrides: str, cwd: Path, timeout: int = 300,
   """`python -W error -m dp_jax.<app> overrides...` with offline W&B; output folders under cwd."""
   full_env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true",
               "WANDB_DIR": str(cwd), "PYTHONPATH": str(REPO), **(env or {})}
-  full_env.pop("XLA_FLAGS", None)  # apps configure their own devices
+  full_env["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
   return subprocess.run([sys.executable, "-W", "error", "-m", f"dp_jax.{app}", *overrides,
                          f"hydra.run.dir={cwd}/run", f"hydra.sweep.dir={cwd}/sweep"],
                         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -9,8 +9,10 @@ import sys
 import pytest
 from apps import REPO
 
+from dp_jax.runtime.local_devices import other_xla_flags
+
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "PYTHON": sys.executable, "WANDB_MODE": "offline"}
-ENV.pop("XLA_FLAGS", None)
+ENV["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
 
 
 def test_list_names_every_step_and_the_output_folder(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from apps import REPO
 
+from dp_jax.runtime.local_devices import other_xla_flags
 from experiments import aggregate as report
 from experiments import studies
 
@@ -27,7 +28,7 @@ def sweep(tmp_path: Path, study: str, *overrides: str, failed_cells: int = 0) ->
   """
   env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true",
          "WANDB_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-  env.pop("XLA_FLAGS", None)  # the apps configure their own devices
+  env["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
   warnings = [f for w in IGNORED for f in ("-W", w)]
   result = subprocess.run(
       [sys.executable, "-W", "error", *warnings, "-m", f"dp_jax.{studies.study(study).app}", "-m",
@@ -127,7 +128,7 @@ def test_an_impossible_cell_fails_alone_and_is_listed(tmp_path, capsys):
 def test_reproduce_script_runs_sweep_and_aggregation(tmp_path):
   env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO),
          "WANDB_DIR": str(tmp_path)}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
   result = subprocess.run(
       ["bash", str(REPO / "scripts" / "reproduce.sh"), "amplification", "--quick", "--out",
        str(tmp_path / "out"), "--sweep", str(tmp_path / "sweep"), "logger=disabled"],

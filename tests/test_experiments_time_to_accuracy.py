@@ -9,6 +9,7 @@ import sys
 import pytest
 from apps import REPO
 
+from dp_jax.runtime.local_devices import other_xla_flags
 from experiments import studies
 from experiments import time_to_accuracy as tta
 
@@ -16,7 +17,7 @@ from experiments import time_to_accuracy as tta
 def reproduce(tmp_path, name, *overrides):
   env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO),
          "WANDB_DIR": str(tmp_path)}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
   result = subprocess.run(
       ["bash", str(REPO / "scripts" / "reproduce.sh"), "time_to_accuracy", "--quick", "--out",
        str(tmp_path / name), "--sweep", str(tmp_path / f"{name}_sweep"), *overrides],

@@ -10,6 +10,8 @@ import pytest
 from apps import REPO, assert_one_line_error, digest, run_app
 from test_plan_app import write_graph_and_profile
 
+from dp_jax.runtime.local_devices import other_xla_flags
+
 QUIET = ["logger=disabled"]
 
 
@@ -102,7 +104,7 @@ def test_bad_options_stop_an_app_before_it_works(tmp_path, app, override, fragme
 
 def test_two_runs_started_together_get_two_default_folders(tmp_path):
   env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
   gpath, ppath = write_graph_and_profile(tmp_path)
   cmd = [sys.executable, "-m", "dp_jax.plan", f"graph={gpath}", f"profile={ppath}",
          "cluster=a100_nvlink_8", "batch_size=8", "cluster.num_devices=4", *QUIET]

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from apps import REPO, assert_one_line_error, digest, run_app
 
+from dp_jax.runtime.local_devices import other_xla_flags
+
 TINY = ["model=gpt2", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
         "model.seq_len=16", "model.vocab_size=64", "runtime.num_devices=2", "logger=disabled",
         "runtime.progress=false", "optimizer.name=adam", "optimizer.lr=0.01",
@@ -26,7 +28,7 @@ STEPS = 8
 def env_with(cache, **extra):
   env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(REPO),
          **cache, **extra}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
   return env
 
 

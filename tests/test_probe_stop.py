@@ -12,6 +12,8 @@ import pytest
 from apps import REPO, assert_one_line_error, run_app
 from test_probe_resume import TINY, cache  # noqa: F401 - the fixture
 
+from dp_jax.runtime.local_devices import other_xla_flags
+
 PINNED = [*(a for a in TINY if not a.startswith("plan=")), "background=same_family",
           "background.batch_per_device=2"]
 STEPS = 40
@@ -62,7 +64,7 @@ def metrics_lines(run_dir):
 def stopped_run(tmp_path, cache, signum):  # noqa: F811
   env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO), **cache,
          "DP_JAX_STEP_SLEEP_S": "0.2"}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
   cmd = [sys.executable, "-m", "dp_jax.train", *PINNED, idle_plan(tmp_path), f"steps={STEPS}",
          f"hydra.run.dir={tmp_path}/run"]
   proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,

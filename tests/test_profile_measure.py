@@ -71,6 +71,22 @@ def test_changed_layer_is_remeasured(tmp_path, counted):
   assert counted[4:] == [("Linear", 1)]
 
 
+def test_a_timing_made_under_other_xla_flags_is_measured_again(tmp_path, counted, monkeypatch):
+  # the flags (an optimisation level, say) are part of what a timing is; the host device count
+  # is not (the key holds the devices)
+  kw = dict(cache_dir=tmp_path, repeats=1, warmup=0, progress=False)
+  model = Tiny()
+  g = trace_graph(model, "tiny")
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  measure.measure_profile(model, g, [1], **kw)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+  again = measure.measure_profile(model, g, [1], **kw)
+  assert again.meta["counts"]["cached"] == len(g.names)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=1")
+  other = measure.measure_profile(model, g, [1], **kw)
+  assert other.meta["counts"]["cached"] == 0 and len(counted) == 2 * len(g.names)
+
+
 def test_time_layer_backward_of_bn_conv():
   conv = Conv2d(3, 4, 3, padding=1, batch_norm=True, activation="relu", rngs=nnx.Rngs(0))
   f, w = measure.time_layer(conv, [jax.ShapeDtypeStruct((1, 8, 8, 3), jnp.float32)], 2,

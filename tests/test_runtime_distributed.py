@@ -13,6 +13,7 @@ from mp_launch import REPO, free_port, start, wait, wait_for_output
 
 from dp_jax.base.errors import UserError
 from dp_jax.runtime import distributed, fatal_filter
+from dp_jax.runtime.local_devices import other_xla_flags
 
 ENV_NAMES = ("DP_JAX_COORDINATOR_ADDRESS", "DP_JAX_NUM_PROCESSES", "DP_JAX_PROCESS_ID")
 MP_WORKER = str(Path(__file__).with_name("mp_worker.py"))
@@ -89,7 +90,7 @@ def test_a_lone_process_says_once_that_it_waits_then_exits_non_zero(tmp_path):
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
          "DP_JAX_COORDINATOR_ADDRESS": address, "DP_JAX_NUM_PROCESSES": "2",
          "DP_JAX_PROCESS_ID": "0"}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
   start = time.monotonic()
   result = subprocess.run(
       [sys.executable, "-m", "dp_jax.train", "model=gpt2", "model.n_layer=1", "model.d_model=16",

@@ -28,6 +28,7 @@ from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.measurement import cache
+from dp_jax.runtime.local_devices import other_xla_flags
 
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 2
@@ -146,7 +147,7 @@ def measure_profile(model, graph: LayerGraph, batches: int | Iterable[int], *,
   dev = jax.devices()[0]
   dtype = model_dtype(model)
   base = {"model": graph.model, "backend": jax.default_backend(), "device_kind": dev.device_kind,
-          "dtype": dtype, "jax": jax.__version__}
+          "dtype": dtype, "jax": jax.__version__, "xla_flags": other_xla_flags()}
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in graph.names}
   seen: dict[tuple, tuple[float, float]] = {}
   stats = {"measured": 0, "cached": 0, "shared": 0}

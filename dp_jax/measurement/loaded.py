@@ -36,7 +36,7 @@ from dp_jax.layer_times.table import ProfileTable
 from dp_jax.measurement import cache
 from dp_jax.measurement.alone import layer_programs, model_dtype, out_structs
 from dp_jax.measurement.plan_timing import RUNS_PER_TURN, STATISTICS
-from dp_jax.runtime.local_devices import DeviceThreads, cpu_cores
+from dp_jax.runtime.local_devices import DeviceThreads, cpu_cores, other_xla_flags
 
 EMPTY_ROUNDS = 50
 
@@ -99,6 +99,7 @@ def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable
   dtype = model_dtype(model)
   base = {"model": graph.model, "backend": jax.default_backend(),
           "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
+          "xla_flags": other_xla_flags(),
           "cores": cpu_cores(), "statistic": statistic, "passes": passes,
           "method": "loaded/3", "runs_per_turn": runs_per_turn}
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in graph.names}

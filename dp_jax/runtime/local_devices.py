@@ -49,10 +49,17 @@ def honest_device_count(requested: int | None = None) -> int:
   return requested
 
 
+def other_xla_flags(flags: str | None = None) -> str:
+  """XLA's flags (`flags`, or this process's XLA_FLAGS) without the host device count: what a
+  process keeps when it sets its own devices, and what a measurement's cache key holds of them
+  (a timing compiled under another optimisation level, say, is another timing)."""
+  flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+  return " ".join(re.sub(rf"{HOST_DEVICES_FLAG}=\d+", "", flags).split())
+
+
 def set_host_device_count(n: int) -> None:
   """Ask XLA's CPU backend for `n` host devices (takes effect only before JAX initialises)."""
-  flags = re.sub(rf"{HOST_DEVICES_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
-  os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}={n}".strip()
+  os.environ["XLA_FLAGS"] = f"{other_xla_flags()} {HOST_DEVICES_FLAG}={n}".strip()
 
 
 class DeviceThreads:

@@ -12,7 +12,6 @@ JAX starts (`check_pinned`) and, after its work, that every thread stayed on tha
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -22,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dp_jax.base.errors import UserError
-from dp_jax.runtime.local_devices import HOST_DEVICES_FLAG, xla_thread_ticks
+from dp_jax.runtime.local_devices import HOST_DEVICES_FLAG, other_xla_flags, xla_thread_ticks
 
 PIN_CORE_ENV = "DP_JAX_PIN_CORE"  # the core a started process pins itself to (check_pinned)
 
@@ -49,7 +48,7 @@ def worker_env(process_id: int, num_processes: int, port: int,
                base: dict[str, str] | None = None) -> dict[str, str]:
   """Worker `process_id`'s environment: the CPU backend, one host device, the coordinator."""
   env = dict(os.environ if base is None else base)
-  flags = re.sub(rf"{HOST_DEVICES_FLAG}=\d+", "", env.get("XLA_FLAGS", "")).strip()
+  flags = other_xla_flags(env.get("XLA_FLAGS", ""))
   env.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"{flags} {HOST_DEVICES_FLAG}=1".strip(),
               "DP_JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
               "DP_JAX_NUM_PROCESSES": str(num_processes), "DP_JAX_PROCESS_ID": str(process_id)})
