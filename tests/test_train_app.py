@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from apps import REPO, assert_one_line_error, digest, once_per_session, run_app, task_error
 
+from dp_jax.runtime.local_devices import other_xla_flags
+
 TINY = ["model=gpt2", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
         "model.seq_len=16", "model.vocab_size=64", "runtime.num_devices=8",
         "logger=disabled", "runtime.progress=false", "optimizer.name=adam",
@@ -70,7 +72,7 @@ def test_sigkilled_run_resumes_to_the_same_parameters(tmp_path, finished):
   plan = burst_plan_file(tmp_path)
   env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path),
          "PYTHONPATH": str(REPO), "DP_JAX_STEP_SLEEP_S": "1"}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
   cmd = [sys.executable, "-m", "dp_jax.train", *TINY, *STEPS, f"plan={plan}",
          f"hydra.run.dir={tmp_path}/run"]
   proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,

@@ -14,6 +14,8 @@ from apps import run_app
 from mp_launch import logs, start, wait
 from test_train_app import TINY, burst_plan_file
 
+from dp_jax.runtime.local_devices import other_xla_flags
+
 HEARTBEAT_S = 10
 ABORT_S = 5  # within the heartbeat timeout, plus the abort itself on a loaded machine
 JAX_REPORT = ("Terminating process", "absl::Status", "Check failure", "coordination_service",
@@ -88,7 +90,7 @@ def test_launch_local_validates_against_one_process(tmp_path):
 
   plan = burst_plan_file(tmp_path)
   env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = other_xla_flags()  # the apps set their devices
   result = subprocess.run(
       [str(REPO / "scripts" / "launch_local.sh"), "2", *TINY, "steps=3", f"plan={plan}",
        f"hydra.run.dir={tmp_path}/run", "validate_against_single=true"],
