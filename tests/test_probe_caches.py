@@ -96,5 +96,7 @@ def test_a_calibration_is_keyed_by_the_flags_and_code_it_was_measured_with(tmp_p
   path = local_links.cache_path(tmp_path, 2)
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_foo")
   assert local_links.cache_path(tmp_path, 2) != path
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # in the key anyway
+  assert local_links.cache_path(tmp_path, 2) == path
   key = local_links.cache_key(2)
   assert key["num_devices"] == 2 and len(key["code"]) == 16 and key["jaxlib"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from dp_jax.planner.contract import check_plan, staged_data_parallel_plan
 from dp_jax.planner.options import PlanOptions
 from dp_jax.planner.stage_terms import update_bytes_per_param
 from dp_jax.runtime import mesh as meshlib
-from dp_jax.runtime.local_devices import cpu_cores
+from dp_jax.runtime.local_devices import cpu_cores, other_xla_flags
 from dp_jax.runtime.stages import structure_graph
 
 CALIBRATION_SCHEMA = "dp_jax.local_calibration/3"
@@ -188,7 +187,7 @@ def calibrate(devices=None, repeats: int = 7) -> LocalCalibration:
 
 def cache_key(num_devices: int) -> dict:
   """What a calibration depends on: the backend, device kind and count, the cores, the JAX and
-  jaxlib versions, XLA's flags and the measuring code (this module, the plan timing it uses,
+  jaxlib versions, XLA's flags (less the host device count) and the measuring code (this module, the plan timing it uses,
   and the runtime whose stage costs it measures)."""
   root = Path(__file__).resolve().parents[1]  # dp_jax/
   code = hashlib.sha256()
@@ -198,7 +197,7 @@ def cache_key(num_devices: int) -> dict:
   return {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
           "num_devices": num_devices, "cores": cpu_cores(), "jax": jax.__version__,
           "jaxlib": getattr(jaxlib, "__version__", None) or metadata.version("jaxlib"),
-          "xla_flags": os.environ.get("XLA_FLAGS", ""), "code": code.hexdigest()[:16]}
+          "xla_flags": other_xla_flags(), "code": code.hexdigest()[:16]}
 
 
 def cache_path(cache_dir: str | Path, num_devices: int) -> Path:
