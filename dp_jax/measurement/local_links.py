@@ -187,8 +187,8 @@ def calibrate(devices=None, repeats: int = 7) -> LocalCalibration:
 
 def cache_key(num_devices: int) -> dict:
   """What a calibration depends on: the backend, device kind and count, the cores, the JAX and
-  jaxlib versions, XLA's flags (less the host device count) and the measuring code (this module, the plan timing it uses,
-  and the runtime whose stage costs it measures)."""
+  jaxlib versions, XLA's flags (less the host device count) and the measuring code (this
+  module, the plan timing it uses, and the runtime whose stage costs it measures)."""
   root = Path(__file__).resolve().parents[1]  # dp_jax/
   code = hashlib.sha256()
   for f in [Path(__file__), root / "measurement" / "plan_timing.py",
