@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from dp_jax.runtime.local_devices import other_xla_flags
+from dp_jax.runtime.local_devices import xla_flags_with_devices
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -27,8 +27,7 @@ def worker_env(process_id: int, num_processes: int, port: int, devices_per_proce
   """The environment of worker `process_id`: its share of CPU devices and the coordinator."""
   env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TESTS}", "JAX_PLATFORMS": "cpu",
          "PYTHONFAULTHANDLER": "1",
-         "XLA_FLAGS": f"{other_xla_flags()} --xla_force_host_platform_device_count="
-                      f"{devices_per_process}".strip(),
+         "XLA_FLAGS": xla_flags_with_devices(devices_per_process),
          "DP_JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
          "DP_JAX_NUM_PROCESSES": str(num_processes), "DP_JAX_PROCESS_ID": str(process_id)}
   return {**env, **(extra or {})}

@@ -128,6 +128,15 @@ def model_dtype(model) -> str:
   return str(leaves[0].dtype) if leaves else "float32"
 
 
+def timing_key(graph: LayerGraph, dtype: str, device: jax.Device) -> dict[str, Any]:
+  """What every measured timing of the model depends on beside its layer, batch and method: the
+  model, its dtype, the device and backend, JAX's version and XLA's flags (less the host device
+  count: the key holds the devices)."""
+  return {"model": graph.model, "backend": jax.default_backend(),
+          "device_kind": device.device_kind, "dtype": dtype, "jax": jax.__version__,
+          "xla_flags": other_xla_flags()}
+
+
 def measure_profile(model, graph: LayerGraph, batches: int | Iterable[int], *,
                     cache_dir: str | Path = cache.DEFAULT_CACHE_DIR,
                     repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
@@ -146,8 +155,7 @@ def measure_profile(model, graph: LayerGraph, batches: int | Iterable[int], *,
   x = model.input_spec(1)
   dev = jax.devices()[0]
   dtype = model_dtype(model)
-  base = {"model": graph.model, "backend": jax.default_backend(), "device_kind": dev.device_kind,
-          "dtype": dtype, "jax": jax.__version__, "xla_flags": other_xla_flags()}
+  base = timing_key(graph, dtype, dev)
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in graph.names}
   seen: dict[tuple, tuple[float, float]] = {}
   stats = {"measured": 0, "cached": 0, "shared": 0}

@@ -53,13 +53,13 @@ from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.measurement import boundary, cache
-from dp_jax.measurement.alone import model_dtype
+from dp_jax.measurement.alone import model_dtype, timing_key
 from dp_jax.measurement.loaded import STATISTICS, checked_counts
 from dp_jax.measurement.plan_timing import RUNS_PER_TURN, timed, turns
 from dp_jax.runtime import data as datalib
 from dp_jax.runtime import mesh as meshlib
 from dp_jax.runtime.functional import split_layers
-from dp_jax.runtime.local_devices import cpu_cores, other_xla_flags
+from dp_jax.runtime.local_devices import cpu_cores
 from dp_jax.runtime.loss import cross_entropy
 from dp_jax.runtime.stages import Stage, group_stages, series_parallel_order
 from dp_jax.runtime.step import stage_program
@@ -226,11 +226,9 @@ def in_context_profile(model, graph: LayerGraph, global_batch: int, counts: Iter
   order = series_parallel_order(graph)
   at = boundary.cut_points(len(order), cuts)
   dtype = model_dtype(model)
-  base = {"model": graph.model, "backend": jax.default_backend(),
-          "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
-          "xla_flags": other_xla_flags(),
-          "cores": cpu_cores(), "statistic": statistic, "passes": passes, "repeats": repeats,
-          "method": METHOD, "cuts": at, "runs_per_turn": runs_per_turn,
+  base = {**timing_key(graph, dtype, devices[0]), "cores": cpu_cores(), "statistic": statistic,
+          "passes": passes, "repeats": repeats, "method": METHOD, "cuts": at,
+          "runs_per_turn": runs_per_turn,
           "layers": [[n, graph.node(n).kind, cache.layer_hash(graph.node(n))] for n in order]}
   totals: dict[int, dict[str, list[float]]] = {}
   todo = []

@@ -34,9 +34,9 @@ from dp_jax.base.errors import UserError
 from dp_jax.graph.layer_graph import LayerGraph
 from dp_jax.layer_times.table import ProfileTable
 from dp_jax.measurement import cache
-from dp_jax.measurement.alone import layer_programs, model_dtype, out_structs
+from dp_jax.measurement.alone import layer_programs, model_dtype, out_structs, timing_key
 from dp_jax.measurement.plan_timing import RUNS_PER_TURN, STATISTICS
-from dp_jax.runtime.local_devices import DeviceThreads, cpu_cores, other_xla_flags
+from dp_jax.runtime.local_devices import DeviceThreads, cpu_cores
 
 EMPTY_ROUNDS = 50
 
@@ -97,11 +97,8 @@ def loaded_profile(model, graph: LayerGraph, global_batch: int, counts: Iterable
   structs = out_structs(model, graph)
   x = model.input_spec(1)
   dtype = model_dtype(model)
-  base = {"model": graph.model, "backend": jax.default_backend(),
-          "device_kind": devices[0].device_kind, "dtype": dtype, "jax": jax.__version__,
-          "xla_flags": other_xla_flags(),
-          "cores": cpu_cores(), "statistic": statistic, "passes": passes,
-          "method": "loaded/3", "runs_per_turn": runs_per_turn}
+  base = {**timing_key(graph, dtype, devices[0]), "cores": cpu_cores(), "statistic": statistic,
+          "passes": passes, "method": "loaded/3", "runs_per_turn": runs_per_turn}
   layers: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in graph.names}
   todo: dict[tuple, dict] = {}  # signature -> what to time, its cache keys, its samples
   found: dict[tuple[str, int], tuple] = {}

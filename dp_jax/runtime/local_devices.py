@@ -57,9 +57,14 @@ def other_xla_flags(flags: str | None = None) -> str:
   return " ".join(re.sub(rf"{HOST_DEVICES_FLAG}=\d+", "", flags).split())
 
 
+def xla_flags_with_devices(n: int, flags: str | None = None) -> str:
+  """XLA's flags (`flags`, or this process's XLA_FLAGS) asking for `n` host devices."""
+  return f"{other_xla_flags(flags)} {HOST_DEVICES_FLAG}={n}".strip()
+
+
 def set_host_device_count(n: int) -> None:
   """Ask XLA's CPU backend for `n` host devices (takes effect only before JAX initialises)."""
-  os.environ["XLA_FLAGS"] = f"{other_xla_flags()} {HOST_DEVICES_FLAG}={n}".strip()
+  os.environ["XLA_FLAGS"] = xla_flags_with_devices(n)
 
 
 class DeviceThreads:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dp_jax.base.errors import UserError
-from dp_jax.runtime.local_devices import HOST_DEVICES_FLAG, other_xla_flags, xla_thread_ticks
+from dp_jax.runtime.local_devices import xla_flags_with_devices, xla_thread_ticks
 
 PIN_CORE_ENV = "DP_JAX_PIN_CORE"  # the core a started process pins itself to (check_pinned)
 
@@ -48,8 +48,8 @@ def worker_env(process_id: int, num_processes: int, port: int,
                base: dict[str, str] | None = None) -> dict[str, str]:
   """Worker `process_id`'s environment: the CPU backend, one host device, the coordinator."""
   env = dict(os.environ if base is None else base)
-  flags = other_xla_flags(env.get("XLA_FLAGS", ""))
-  env.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"{flags} {HOST_DEVICES_FLAG}=1".strip(),
+  env.update({"JAX_PLATFORMS": "cpu",
+              "XLA_FLAGS": xla_flags_with_devices(1, env.get("XLA_FLAGS", "")),
               "DP_JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
               "DP_JAX_NUM_PROCESSES": str(num_processes), "DP_JAX_PROCESS_ID": str(process_id)})
   return env

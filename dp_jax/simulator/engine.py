@@ -77,6 +77,3 @@ def simulate(graph: LayerGraph, profile: ProfileTable, cluster: ClusterConfig, p
                   switch_ms=switch, policy=policy, iterations=iterations)
   return Simulation(plan, model, ev, tl, classes, windows, data_parallel(model), fg_bytes,
                     data_parallel_ms(model), job, result, uniform_frontier(model), without_room)
-
-
-
